@@ -1,0 +1,155 @@
+"""Checks a training DataFrame against the model and lays it out for the workers."""
+
+import functools
+
+import numpy as np
+from pyspark.ml.functions import vector_to_array
+from pyspark.ml.linalg import VectorUDT
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+
+def as_column_list(value):
+    """A column name or a list of names, as a list."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _flat_size(shape):
+    return int(np.prod(shape)) if shape else 1
+
+
+def _is_numeric(data_type):
+    return isinstance(data_type, T.NumericType) or isinstance(data_type, T.BooleanType)
+
+
+def _array_depth_numeric(data_type):
+    depth = 0
+    while isinstance(data_type, T.ArrayType):
+        data_type = data_type.elementType
+        depth += 1
+    return depth > 0 and _is_numeric(data_type)
+
+
+def _to_training_column(dataframe, name):
+    """A column expression that yields numbers or arrays of numbers, or a clear error."""
+    if name not in dataframe.columns:
+        raise ValueError(
+            f"Column {name!r} is not in the DataFrame. Available columns: "
+            f"{dataframe.columns}. Pass the right name as features_col / label_col."
+        )
+    data_type = dataframe.schema[name].dataType
+    if isinstance(data_type, VectorUDT):
+        return vector_to_array(F.col(name), "float32").alias(name)
+    if _is_numeric(data_type) or _array_depth_numeric(data_type):
+        return F.col(name)
+    raise TypeError(
+        f"Column {name!r} has type {data_type.simpleString()}; expected a number, an array "
+        "of numbers or a Spark ML vector."
+    )
+
+
+def _sample_size(value):
+    if value is None:
+        return None
+    if hasattr(value, "toArray"):
+        return value.toArray().size
+    return np.asarray(value, dtype=np.float64).size if isinstance(value, (list, tuple)) else 0
+
+
+def _model_shapes(tensors):
+    return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
+
+
+def validate(dataframe, model, features_col, label_col):
+    """Checks columns, types and sizes against the model before any training starts.
+
+    Args:
+        dataframe: The training DataFrame.
+        model: The `keras.Model` to train.
+        features_col: Input column(s).
+        label_col: Target column(s).
+
+    Returns:
+        The label shapes the data carries: ``()`` for scalar labels, else the model's.
+
+    Raises:
+        ValueError: Naming the column and what the model expects.
+        TypeError: For a column of a type that cannot be trained on.
+    """
+    features_cols = as_column_list(features_col)
+    label_cols = as_column_list(label_col)
+    if len(features_cols) != len(model.inputs):
+        raise ValueError(
+            f"The model has {len(model.inputs)} inputs but features_col names "
+            f"{len(features_cols)} columns: {features_cols}."
+        )
+    if len(label_cols) != len(model.outputs):
+        raise ValueError(
+            f"The model has {len(model.outputs)} outputs but label_col names "
+            f"{len(label_cols)} columns: {label_cols}."
+        )
+    for name in features_cols + label_cols:
+        _to_training_column(dataframe, name)
+    rows = dataframe.select(*(features_cols + label_cols)).limit(1).collect()
+    if not rows:
+        raise ValueError("The DataFrame is empty: there is nothing to train on.")
+    row = rows[0]
+    for name, shape in zip(features_cols, _model_shapes(model.inputs)):
+        size = _sample_size(row[name])
+        if size != _flat_size(shape):
+            raise ValueError(
+                f"Column {name!r} holds {size} values per row but the model's input expects "
+                f"shape {shape} ({_flat_size(shape)} values). Reshape the data or the model."
+            )
+    label_shapes = []
+    for name, shape in zip(label_cols, _model_shapes(model.outputs)):
+        size = _sample_size(row[name])
+        if size == 0 and not isinstance(row[name], (list, tuple)):
+            label_shapes.append(())  # scalar labels, e.g. for a sparse categorical loss
+            continue
+        if size != _flat_size(shape):
+            raise ValueError(
+                f"Label column {name!r} holds {size} values per row but the model's output "
+                f"has shape {shape} ({_flat_size(shape)} values). One-hot encode the labels "
+                "to the output size, or use scalar labels with a sparse loss."
+            )
+        label_shapes.append(shape)
+    return label_shapes
+
+
+def training_frame(dataframe, features_col, label_col):
+    """Selects the training columns, with Spark ML vectors turned into arrays."""
+    columns = as_column_list(features_col) + as_column_list(label_col)
+    return dataframe.select(*[_to_training_column(dataframe, name) for name in columns])
+
+
+def lay_out(dataframe, num_partitions, num_epoch, shuffle=False, seed=None):
+    """Splits the data into ``num_partitions`` balanced partitions, repeated per epoch.
+
+    Each epoch's copy is appended to the same partitions, so one task per partition reads
+    its share of every epoch in turn.
+
+    Args:
+        dataframe: The training columns.
+        num_partitions: Number of worker tasks.
+        num_epoch: Passes over the data.
+        shuffle: Whether to randomize the order of rows (a fresh order each epoch).
+        seed: Seed for the shuffle.
+
+    Returns:
+        A DataFrame with ``num_partitions`` partitions.
+    """
+    def one_epoch(epoch):
+        if not shuffle:
+            return dataframe.repartition(num_partitions)
+        order = F.rand(None if seed is None else seed + epoch)
+        return (dataframe.withColumn("__distkeras_order", order)
+                .repartition(num_partitions)
+                .sortWithinPartitions("__distkeras_order")
+                .drop("__distkeras_order"))
+
+    if num_epoch == 1:
+        return one_epoch(0)
+    epochs = [one_epoch(epoch) for epoch in range(num_epoch)]
+    return functools.reduce(lambda left, right: left.union(right), epochs) \
+        .coalesce(num_partitions)

@@ -1,0 +1,115 @@
+"""Minibatches for a worker, built from the Arrow record batches of its partition.
+
+Spark hands a worker its partition as Arrow record batches (``mapInArrow``); each column
+becomes a numpy array in one vectorized conversion, and minibatches are views into it.
+Memory stays bounded by one record batch plus one minibatch, whatever the partition size.
+"""
+
+import numpy as np
+import pyarrow as pa
+
+
+def _column_to_numpy(column, sample_shape, name):
+    rows = len(column)
+    if column.null_count:
+        raise ValueError(
+            f"Column {name!r} has {column.null_count} null values in this partition; "
+            "drop or fill them before training (for example `df.dropna()`)."
+        )
+    column_type = column.type
+    if pa.types.is_list(column_type) or pa.types.is_large_list(column_type) or \
+            pa.types.is_fixed_size_list(column_type):
+        values = column.flatten()
+        while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
+                pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        flat = values.to_numpy(zero_copy_only=False)
+        size = int(np.prod(sample_shape)) if sample_shape else 1
+        if flat.size != rows * size:
+            raise ValueError(
+                f"Column {name!r} holds arrays of different lengths or of the wrong length: "
+                f"{flat.size} values in {rows} rows, but the model expects {size} per row "
+                f"(shape {tuple(sample_shape)})."
+            )
+        return flat.astype(np.float32, copy=False).reshape((rows, *sample_shape))
+    flat = column.to_numpy(zero_copy_only=False)
+    if np.issubdtype(flat.dtype, np.integer):
+        return flat.astype(np.int32, copy=False)
+    return flat.astype(np.float32, copy=False)
+
+
+def _pick(arrays, single):
+    return arrays[0] if single else arrays
+
+
+class MinibatchFeed:
+    """Iterates ``(x, y)`` minibatches over a stream of Arrow record batches.
+
+    The last minibatch of the stream may be smaller than ``batch_size``; it is yielded,
+    not dropped.
+
+    Args:
+        record_batches: An iterator of `pyarrow.RecordBatch`.
+        features_cols: Column names of the model's inputs, in order.
+        label_cols: Column names of the model's outputs (targets), in order.
+        batch_size: Rows per minibatch.
+        feature_shapes: Per input, the shape of one sample (``()`` for a scalar).
+        label_shapes: Per output, the shape of one target (``()`` for a scalar).
+        single_input: Whether ``x`` is one array rather than a list.
+        single_output: Whether ``y`` is one array rather than a list.
+    """
+
+    def __init__(self, record_batches, features_cols, label_cols, batch_size,
+                 feature_shapes, label_shapes, single_input=True, single_output=True):
+        self.record_batches = record_batches
+        self.features_cols = list(features_cols)
+        self.label_cols = list(label_cols)
+        self.batch_size = batch_size
+        self.feature_shapes = [tuple(shape) for shape in feature_shapes]
+        self.label_shapes = [tuple(shape) for shape in label_shapes]
+        self.single_input = single_input
+        self.single_output = single_output
+        self.samples = 0
+        self._iterator = self._minibatches()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._iterator)
+
+    def _convert(self, record_batch):
+        x = [_column_to_numpy(record_batch.column(name), shape, name)
+             for name, shape in zip(self.features_cols, self.feature_shapes)]
+        y = [_column_to_numpy(record_batch.column(name), shape, name)
+             for name, shape in zip(self.label_cols, self.label_shapes)]
+        return x + y
+
+    def _minibatches(self):
+        size = self.batch_size
+        pending = None  # arrays holding fewer than `size` rows, carried to the next batch
+        for record_batch in self.record_batches:
+            if record_batch.num_rows == 0:
+                continue
+            arrays = self._convert(record_batch)
+            start = 0
+            if pending is not None:
+                start = min(size - len(pending[0]), len(arrays[0]))
+                pending = [np.concatenate([p, a[:start]]) for p, a in zip(pending, arrays)]
+                if len(pending[0]) < size:
+                    continue
+                yield self._split(pending)
+                pending = None
+            rows = len(arrays[0])
+            end = start + (rows - start) // size * size
+            for offset in range(start, end, size):
+                yield self._split([a[offset:offset + size] for a in arrays])
+            if end < rows:
+                pending = [a[end:].copy() for a in arrays]
+        if pending is not None and len(pending[0]):
+            yield self._split(pending)
+
+    def _split(self, arrays):
+        count = len(self.features_cols)
+        self.samples += len(arrays[0])
+        return _pick(arrays[:count], self.single_input), _pick(arrays[count:], self.single_output)

@@ -1,0 +1,234 @@
+"""Parameter servers: hold the center variable on the driver and apply workers' commits.
+
+`SocketParameterServer` serves each worker connection on its own thread. A connection
+starts with the run's token; then the worker sends one-byte actions (pull, commit, history,
+quit). Subclasses define `handle_commit`; everything else is shared.
+"""
+
+import logging
+import secrets
+import socket
+import threading
+
+from distkeras import networking
+from distkeras import update_rules
+from distkeras.networking import recv_data, send_data, weights_array
+
+logger = logging.getLogger(__name__)
+
+
+class ParameterServer:
+    """Holds the center variable and the update counter.
+
+    Args:
+        model: The master `keras.Model`; its weights are the initial center variable.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+    """
+
+    def __init__(self, model, master_port=0):
+        self.model = model
+        self.master_port = master_port
+        self.center_variable = weights_array(model.get_weights())
+        self.num_updates = 0
+        self.mutex = threading.RLock()
+
+    def start(self):
+        """Starts serving."""
+
+    def stop(self):
+        """Stops serving."""
+
+    def get_model(self):
+        """Returns a copy of the master model holding the center variable."""
+        from distkeras.utils import deserialize_model, serialize_model
+
+        model = deserialize_model(serialize_model(self.model))
+        with self.mutex:
+            model.set_weights(list(self.center_variable))
+        return model
+
+
+class SocketParameterServer(ParameterServer):
+    """A parameter server on a TCP socket, one thread per worker connection.
+
+    Args:
+        model: The master `keras.Model`.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+        host: Address to bind; the trainer sets the driver's address.
+        handshake_timeout: Seconds a new connection has to present the token.
+    """
+
+    def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
+        super().__init__(model, master_port)
+        self.host = host
+        self.port = None
+        self.token = secrets.token_hex(32)
+        self.handshake_timeout = handshake_timeout
+        self.weight_spec = [(weight.shape, weight.dtype) for weight in self.center_variable]
+        model_bytes = sum(weight.nbytes for weight in self.center_variable)
+        # Room for two copies of the weights (Experimental sends the delta and the center).
+        self.max_frame_bytes = 2 * model_bytes + (1 << 20)
+        self.history = []
+        self.staleness = []
+        self.errors = []
+        self._history_lock = threading.Lock()
+        self._server_socket = None
+        self._accept_thread = None
+        self._connections = set()
+        self._threads = set()
+        self._running = False
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self):
+        """Binds, listens and starts accepting workers in a background thread."""
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind((self.host, self.master_port))
+        except OSError as error:
+            server.close()
+            raise OSError(
+                f"The parameter server could not bind {self.host}:{self.master_port}: {error}. "
+                "Use master_port=0 to let the OS pick a free port."
+            ) from error
+        server.listen(1024)
+        self.port = server.getsockname()[1]
+        self._server_socket = server
+        self._running = True
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"distkeras-ps-{self.port}", daemon=True)
+        self._accept_thread.start()
+        logger.info("Parameter server %s listening on %s:%s",
+                    type(self).__name__, self.host, self.port)
+
+    def stop(self):
+        """Stops accepting, closes every connection and joins the threads."""
+        self._running = False
+        if self._server_socket is not None:
+            networking.close_socket(self._server_socket)
+        with self._history_lock:
+            connections = list(self._connections)
+            threads = list(self._threads)
+        for conn in connections:
+            conn.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout=10)
+        for thread in threads:
+            thread.join(timeout=10)
+
+    def _accept_loop(self):
+        while self._running:
+            try:
+                sock, addr = self._server_socket.accept()
+            except OSError:
+                break  # the listening socket was closed by stop()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec)
+            thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                                      name=f"distkeras-ps-conn-{addr[1]}")
+            with self._history_lock:
+                self._connections.add(conn)
+                self._threads.add(thread)
+            thread.start()
+
+    # -- one connection ------------------------------------------------------------------
+
+    def _serve(self, conn, addr):
+        conn.worker_id = -1
+        conn.last_pull_update = 0
+        conn.counted = False
+        try:
+            conn.settimeout(self.handshake_timeout)
+            conn.worker_id = networking.check_token(recv_data(conn), self.token)
+            conn.settimeout(None)
+            self._dispatch(conn, addr)
+        except (networking.ProtocolError, ConnectionError, OSError) as error:
+            if self._running:
+                logger.warning("Closed connection from %s (worker %s): %s",
+                               addr, conn.worker_id, error)
+        except Exception as error:  # a bug in a handler: keep it for the trainer to report
+            logger.exception("Parameter server handler failed for %s", addr)
+            with self._history_lock:
+                self.errors.append(f"{type(error).__name__}: {error}")
+        finally:
+            conn.close()
+            with self._history_lock:
+                self._connections.discard(conn)
+                self._threads.discard(threading.current_thread())
+
+    def _dispatch(self, conn, addr):
+        while True:
+            action = networking.recv_action(conn)
+            if action == networking.ACTION_PULL:
+                self.handle_pull(conn, addr)
+            elif action == networking.ACTION_COMMIT:
+                conn.counted = False
+                self.handle_commit(conn, addr)
+                if not conn.counted:  # a custom handler that does not count its updates
+                    with self.mutex:
+                        self.next_update(conn)
+            elif action == networking.ACTION_HISTORY:
+                self.handle_history(conn, addr)
+            elif action in (networking.ACTION_QUIT, b""):
+                return
+            else:
+                raise networking.ProtocolError(f"Unknown action {action!r}.")
+
+    # -- handlers ---------------------------------------------------------------------
+
+    def next_update(self, conn):
+        """Counts one applied commit and records its staleness. Call under ``self.mutex``.
+
+        Staleness is the number of updates by others since this worker's last pull.
+        """
+        self.staleness.append((conn.worker_id, self.num_updates - conn.last_pull_update))
+        self.num_updates += 1
+        conn.counted = True
+
+    def handle_pull(self, conn, addr):
+        """Sends the center variable and the update count read under one lock."""
+        with self.mutex:
+            # Handlers replace the center variable, never modify it in place, so this
+            # reference stays a consistent snapshot after the lock is released.
+            center = self.center_variable
+            num_updates = self.num_updates
+        conn.last_pull_update = num_updates
+        send_data(conn, {"center": center, "num_updates": num_updates})
+
+    def handle_commit(self, conn, addr):
+        """Receives one commit and applies it; subclasses define the rule."""
+        raise NotImplementedError(f"{type(self).__name__} must implement handle_commit().")
+
+    def handle_history(self, conn, addr):
+        """Receives a worker's per-step records."""
+        data = recv_data(conn)
+        columns = data.get("history")
+        if not isinstance(columns, dict):
+            raise networking.ProtocolError("A history message must carry a dict of columns.")
+        from distkeras.workers import history_records
+
+        records = history_records(columns)
+        with self._history_lock:
+            self.history.extend(records)
+
+
+class DeltaParameterServer(SocketParameterServer):
+    """``C += delta`` (DOWNPOUR, and the default for custom trainers)."""
+
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        with self.mutex:
+            self.center_variable = update_rules.add_update(self.center_variable, data["delta"])
+            self.next_update(conn)
+
+
+class ADAGParameterServer(SocketParameterServer):
+    """``C += residual``, the residual being the worker's window-averaged change (ADAG)."""
+
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        residual = data["residual"] if "residual" in data else data["delta"]
+        with self.mutex:
+            self.center_variable = update_rules.add_update(self.center_variable, residual)
+            self.next_update(conn)

@@ -1,0 +1,429 @@
+"""Trainers: the driver side. Validate, start the parameter server, run the Spark job,
+collect the history and return a compiled Keras model.
+
+Every trainer is used the same way::
+
+    trainer = ADAG(keras_model=mlp, worker_optimizer="adam", loss="categorical_crossentropy",
+                   metrics=["accuracy"], num_workers=2, batch_size=32, communication_window=12)
+    model = trainer.train(dataframe)
+"""
+
+import logging
+import socket
+import sys
+import time
+
+import numpy as np
+
+from distkeras import dataframes
+from distkeras import networking
+from distkeras import parameter_servers
+from distkeras import workers
+from distkeras.utils import average_history
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """A worker or the parameter server failed during training."""
+
+
+def _check_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(
+            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def _check_number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
+            not np.isfinite(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
+
+
+def _worker_error_message(error):
+    """The most telling line of a failed Spark job: the worker's own exception."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    python_errors = [line for line in lines
+                     if ("Error:" in line or "Exception:" in line) and not line.startswith("at ")]
+    return python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
+
+
+def _register_user_module(obj):
+    """Lets Spark ship a user's worker class by value when its module is not installed."""
+    module_name = type(obj).__module__
+    if module_name.split(".")[0] in ("distkeras", "__main__"):
+        return
+    from pyspark import cloudpickle
+
+    module = sys.modules.get(module_name)
+    if module is not None:
+        cloudpickle.register_pickle_by_value(module)
+
+
+def _arrow_training_job(worker, label_shapes):
+    """The function each Spark task runs: train on the partition, return one frame."""
+    def run_partition(record_batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        message = worker.run(partition, record_batches, label_shapes)
+        frame = networking.encode_message(message)
+        yield pa.RecordBatch.from_pydict(
+            {"worker_id": [partition], "payload": [frame]},
+            schema=pa.schema([("worker_id", pa.int64()), ("payload", pa.binary())]),
+        )
+
+    return run_partition
+
+
+class Trainer:
+    """Base of every trainer: stores the settings and the results of the last run.
+
+    Args:
+        keras_model: The `keras.Model` to train (left untouched; training uses a copy).
+        worker_optimizer: The Keras optimizer of every replica (name, instance or config).
+        loss: The Keras loss (name, instance or config).
+        metrics: Metrics recorded at every step.
+        loss_weights: Optional loss weights for multi-output models.
+        features_col: Input column, or a list of columns for a multi-input model.
+        label_col: Target column, or a list of columns for a multi-output model.
+        batch_size: Rows per minibatch.
+        num_epoch: Passes over the data.
+    """
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 loss_weights=None, features_col="features", label_col="label",
+                 batch_size=32, num_epoch=1):
+        self.master_model = keras_model
+        self.worker_optimizer = worker_optimizer
+        self.loss = loss
+        self.metrics = list(metrics) if metrics else []
+        self.loss_weights = loss_weights
+        self.features_col = features_col
+        self.label_col = label_col
+        self.batch_size = batch_size
+        self.num_epoch = num_epoch
+        self.training_time = None
+        self.history = []
+
+    # -- configuration ------------------------------------------------------------------
+
+    def get_config(self):
+        """The trainer's settings as a JSON-able dict (the model is not included)."""
+        from distkeras.utils import serialize_keras_object
+
+        return {
+            "worker_optimizer": serialize_keras_object(self.worker_optimizer),
+            "loss": serialize_keras_object(self.loss),
+            "metrics": serialize_keras_object(self.metrics),
+            "loss_weights": self.loss_weights,
+            "features_col": self.features_col,
+            "label_col": self.label_col,
+            "batch_size": self.batch_size,
+            "num_epoch": self.num_epoch,
+        }
+
+    @classmethod
+    def from_config(cls, config, keras_model=None):
+        """Builds a trainer from `get_config()` output and a model."""
+        return cls(keras_model=keras_model, **config)
+
+    def validate_arguments(self):
+        """Raises a clear error for any setting out of range."""
+        import keras
+
+        if not isinstance(self.master_model, keras.Model):
+            raise TypeError(
+                "`keras_model` must be a keras.Model. "
+                f"Received: keras_model={type(self.master_model).__name__}")
+        if self.loss is None:
+            raise ValueError("`loss` is required, for example loss='categorical_crossentropy'.")
+        _check_int("batch_size", self.batch_size)
+        _check_int("num_epoch", self.num_epoch)
+
+    # -- results ------------------------------------------------------------------------
+
+    def get_training_time(self):
+        """Wall-clock seconds of the last `train()`."""
+        return self.training_time
+
+    def get_history(self):
+        """One record per training step: worker_id, iteration, timestamp, loss, metrics."""
+        return list(self.history)
+
+    def get_averaged_history(self):
+        """The history averaged over workers, step by step (a dict of numpy arrays)."""
+        return average_history(self.history)
+
+    def get_executor_history(self, worker_id):
+        """The records of one worker (its partition index)."""
+        return [record for record in self.history if record["worker_id"] == worker_id]
+
+    # -- training -----------------------------------------------------------------------
+
+    def train(self, dataframe, shuffle=False):
+        """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
+
+        Args:
+            dataframe: Rows with the feature and label columns.
+            shuffle: Whether to shuffle the rows before each epoch.
+
+        Returns:
+            The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
+        """
+        self.validate_arguments()
+        label_shapes = dataframes.validate(
+            dataframe, self.master_model, self.features_col, self.label_col)
+        frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
+        start = time.time()
+        self.history = []
+        try:
+            model = self._train(frame, label_shapes, shuffle)
+        finally:
+            self.training_time = time.time() - start
+        self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
+        return self._compile(model)
+
+    def _train(self, frame, label_shapes, shuffle):
+        raise NotImplementedError
+
+    def _compile(self, model):
+        import keras
+
+        from distkeras.utils import deserialize_keras_object
+
+        model.compile(
+            optimizer=keras.optimizers.get(deserialize_keras_object(
+                self._serialized(self.worker_optimizer))),
+            loss=deserialize_keras_object(self._serialized(self.loss)),
+            loss_weights=self.loss_weights,
+            metrics=deserialize_keras_object(self._serialized(self.metrics)) or None,
+        )
+        return model
+
+    @staticmethod
+    def _serialized(obj):
+        from distkeras.utils import serialize_keras_object
+
+        # A fresh object from its config, so the returned model never shares optimizer
+        # state with the one the user passed in.
+        return serialize_keras_object(obj)
+
+    def _configure_worker(self, worker):
+        """Fills the worker's unset settings from the trainer's."""
+        import keras
+
+        defaults = {
+            "optimizer": self.worker_optimizer, "loss": self.loss,
+            "loss_weights": self.loss_weights, "metrics": self.metrics,
+            "features_col": self.features_col, "label_col": self.label_col,
+            "batch_size": self.batch_size, "num_epoch": self.num_epoch,
+        }
+        from distkeras.utils import serialize_keras_object
+
+        for name, value in defaults.items():
+            if getattr(worker, name, None) is None:
+                setattr(worker, name, serialize_keras_object(value))
+        worker.backend = keras.backend.backend()
+        _register_user_module(worker)
+
+    def _run_workers(self, frame, worker, label_shapes, description):
+        """Runs one Spark task per partition of ``frame``; returns the workers' messages."""
+        import pyarrow as pa  # noqa: F401  (fail early on the driver if Arrow is missing)
+
+        spark = frame.sparkSession
+        spark.sparkContext.setJobDescription(description)
+        job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
+                               "worker_id long, payload binary")
+        try:
+            rows = job.collect()
+        except Exception as error:  # Spark wraps the worker's exception; surface it
+            raise TrainingError(
+                f"Training failed on an executor: {_worker_error_message(error)}") from error
+        finally:
+            spark.sparkContext.setJobDescription(None)
+        return [networking.decode_message(row["payload"]) for row in rows]
+
+
+class SingleTrainer(Trainer):
+    """One replica trained on all the data in one Spark task: the baseline."""
+
+    def allocate_worker(self):
+        return workers.SequentialWorker(self.master_model)
+
+    def _train(self, frame, label_shapes, shuffle):
+        layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
+        worker = self.allocate_worker()
+        self._configure_worker(worker)
+        (message,) = self._run_workers(layout, worker, label_shapes,
+                                       f"distkeras {type(self).__name__}")
+        self.history = workers.history_records(message["history"])
+        from distkeras.utils import deserialize_model, serialize_model
+
+        model = deserialize_model(serialize_model(self.master_model))
+        model.set_weights(list(message["weights"]))
+        return model
+
+
+def driver_address(spark):
+    """The address executors use to reach the driver (127.0.0.1 in local mode)."""
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.master", "local").startswith("local"):
+        return "127.0.0.1"
+    return conf.get("spark.driver.host", socket.gethostname())
+
+
+def bind_address(spark):
+    """The address the parameter server listens on: the driver's own."""
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.master", "local").startswith("local"):
+        return "127.0.0.1"
+    return conf.get("spark.driver.bindAddress", None) or socket.gethostbyname(
+        driver_address(spark))
+
+
+class DistributedTrainer(Trainer):
+    """A trainer that runs ``num_workers`` replicas, one Spark task each.
+
+    Args:
+        num_workers: Replicas trained in parallel.
+        parallelism_factor: Partitions per worker (more, smaller tasks).
+        (the rest): See `Trainer`.
+    """
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_workers=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, loss_weights,
+                         features_col, label_col, batch_size, num_epoch)
+        self.num_workers = num_workers
+        self.parallelism_factor = parallelism_factor
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_workers=self.num_workers, parallelism_factor=self.parallelism_factor)
+        return config
+
+    def validate_arguments(self):
+        super().validate_arguments()
+        _check_int("num_workers", self.num_workers)
+        _check_int("parallelism_factor", self.parallelism_factor)
+
+    def num_partitions(self):
+        return self.num_workers * self.parallelism_factor
+
+
+class AsynchronousDistributedTrainer(DistributedTrainer):
+    """Workers train asynchronously against a parameter server on the driver.
+
+    Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
+    (default: `DeltaParameterServer`, ``C += delta``).
+
+    Args:
+        communication_window: Local steps between two commits.
+        master_port: Parameter server port; 0 (default) lets the OS choose.
+        learning_rate: Used by update rules that have one.
+        (the rest): See `DistributedTrainer`.
+    """
+
+    default_window = 5
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_workers=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
+                 parallelism_factor=1, learning_rate=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
+                         batch_size, features_col, label_col, num_epoch, loss_weights,
+                         parallelism_factor)
+        self.communication_window = (self.default_window if communication_window is None
+                                     else communication_window)
+        self.master_port = master_port
+        self.learning_rate = learning_rate
+        self.parameter_server = None
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(communication_window=self.communication_window,
+                      master_port=self.master_port, learning_rate=self.learning_rate)
+        return config
+
+    def validate_arguments(self):
+        super().validate_arguments()
+        _check_int("communication_window", self.communication_window)
+        _check_int("master_port", self.master_port, minimum=0)
+        if self.learning_rate is not None:
+            _check_number("learning_rate", self.learning_rate)
+
+    def allocate_worker(self):
+        """Returns the worker that every task runs; subclasses define it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement allocate_worker().")
+
+    def allocate_parameter_server(self):
+        """Returns the parameter server; `DeltaParameterServer` unless overridden."""
+        return parameter_servers.DeltaParameterServer(self.master_model, self.master_port)
+
+    def get_staleness(self):
+        """Per commit, ``(worker_id, updates by others since that worker's pull)``."""
+        return list(self.parameter_server.staleness) if self.parameter_server else []
+
+    def _configure_worker(self, worker):
+        super()._configure_worker(worker)
+        server = self.parameter_server
+        worker.master_host = self._worker_host
+        worker.master_port = server.port
+        worker.token = server.token
+        if getattr(worker, "communication_window", None) is None:
+            worker.communication_window = self.communication_window
+        if getattr(worker, "learning_rate", None) is None:
+            worker.learning_rate = self.learning_rate
+
+    def _train(self, frame, label_shapes, shuffle):
+        spark = frame.sparkSession
+        layout = dataframes.lay_out(frame, self.num_partitions(), self.num_epoch, shuffle)
+        server = self.allocate_parameter_server()
+        if isinstance(server, parameter_servers.SocketParameterServer):
+            server.host = bind_address(spark)
+        self._worker_host = driver_address(spark)
+        self.parameter_server = server
+        server.start()
+        try:
+            worker = self.allocate_worker()
+            self._configure_worker(worker)
+            self._run_workers(layout, worker, label_shapes,
+                              f"distkeras {type(self).__name__} ({self.num_workers} workers)")
+        finally:
+            server.stop()
+        if getattr(server, "errors", None):
+            raise TrainingError(f"The parameter server failed: {server.errors[0]}")
+        self.history = list(getattr(server, "history", []))
+        return server.get_model()
+
+
+class DOWNPOUR(AsynchronousDistributedTrainer):
+    """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
+
+    Works best with small windows (under 5). Default ``communication_window=5``.
+    """
+
+    default_window = 5
+
+    def allocate_worker(self):
+        return workers.DOWNPOURWorker(self.master_model)
+
+
+class ADAG(AsynchronousDistributedTrainer):
+    """ADAG (asynchronous distributed adaptive gradients, Hermans 2017).
+
+    Workers commit their change since the last pull divided by the window; the server adds
+    it. Robust to its hyperparameters; windows of 10 to 15 work well. Default 12.
+    """
+
+    default_window = 12
+
+    def allocate_worker(self):
+        return workers.ADAGWorker(self.master_model)
+
+    def allocate_parameter_server(self):
+        return parameter_servers.ADAGParameterServer(self.master_model, self.master_port)

@@ -1,0 +1,112 @@
+"""Model transport (`.keras` bytes) and history helpers."""
+
+import io
+import logging
+import os
+import tempfile
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def serialize_model(model):
+    """Serializes a Keras model to the bytes of a `.keras` archive.
+
+    Args:
+        model: A `keras.Model`.
+
+    Returns:
+        The archive as `bytes`: architecture as JSON, weights as HDF5, no pickle.
+    """
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="distkeras-") as folder:
+        path = os.path.join(folder, "model.keras")
+        keras.saving.save_model(model, path)
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def deserialize_model(data, compile=False, custom_objects=None):
+    """Rebuilds a Keras model from `.keras` bytes, with ``safe_mode=True``.
+
+    Args:
+        data: The bytes produced by `serialize_model`.
+        compile: Whether to restore the compile configuration stored in the archive.
+        custom_objects: Optional dict of registered custom classes.
+
+    Returns:
+        A `keras.Model`.
+    """
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="distkeras-") as folder:
+        path = os.path.join(folder, "model.keras")
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return keras.saving.load_model(
+            path, compile=compile, safe_mode=True, custom_objects=custom_objects
+        )
+
+
+def serialize_keras_object(obj):
+    """Turns an optimizer, loss or metric into something JSON-able (strings stay strings)."""
+    import keras
+
+    if obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return [serialize_keras_object(item) for item in obj]
+    if isinstance(obj, dict) and "class_name" in obj:
+        return obj
+    if isinstance(obj, dict):
+        return {key: serialize_keras_object(value) for key, value in obj.items()}
+    return keras.saving.serialize_keras_object(obj)
+
+
+def deserialize_keras_object(config):
+    """Inverse of `serialize_keras_object`; strings are left for `compile()` to resolve."""
+    import keras
+
+    if config is None or isinstance(config, str):
+        return config
+    if isinstance(config, list):
+        return [deserialize_keras_object(item) for item in config]
+    if isinstance(config, dict) and "class_name" in config:
+        return keras.saving.deserialize_keras_object(config, safe_mode=True)
+    if isinstance(config, dict):
+        return {key: deserialize_keras_object(value) for key, value in config.items()}
+    return config
+
+
+def weights_nbytes(weights):
+    """Total bytes of a list of weight arrays."""
+    return int(sum(np.asarray(weight).nbytes for weight in weights))
+
+
+def average_history(records):
+    """Averages per-step history records over workers, step by step.
+
+    Args:
+        records: Records as returned by ``Trainer.get_history()``.
+
+    Returns:
+        A dict of numpy arrays: ``iteration`` and one entry per recorded number (``loss``,
+        the metrics, ``timestamp``), each averaged over the workers that ran that step.
+    """
+    by_iteration = {}
+    for record in records:
+        by_iteration.setdefault(record["iteration"], []).append(record)
+    iterations = sorted(by_iteration)
+    keys = sorted(
+        {key for record in records for key, value in record.items()
+         if key not in ("worker_id", "iteration") and isinstance(value, (int, float))}
+    )
+    averaged = {"iteration": np.asarray(iterations, dtype=np.int64)}
+    for key in keys:
+        averaged[key] = np.asarray(
+            [np.mean([r[key] for r in by_iteration[i] if key in r]) for i in iterations],
+            dtype=np.float64,
+        )
+    return averaged

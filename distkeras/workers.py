@@ -1,0 +1,374 @@
+"""Workers: run on the executors, train a replica of the model on one partition.
+
+A worker is built on the driver (it holds the model as `.keras` bytes and the training
+settings), shipped to the executors by Spark, and there rebuilds the model, reads its
+partition as minibatches and runs `optimize()`. Network workers talk to the parameter
+server on the driver with `pull()` and `commit()`.
+"""
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from distkeras import networking
+from distkeras import update_rules
+from distkeras.feed import MinibatchFeed
+from distkeras.networking import weights_array
+
+logger = logging.getLogger(__name__)
+
+HISTORY_KEYS = ("worker_id", "iteration", "timestamp", "batch_size")
+
+
+def _as_list(value):
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _ensure_backend(backend):
+    """Selects the driver's Keras backend on this executor, before Keras is imported."""
+    import sys
+
+    if backend is None:
+        return
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = backend
+        return
+    import keras
+
+    if keras.backend.backend() != backend:
+        raise RuntimeError(
+            f"This executor's Keras runs the {keras.backend.backend()!r} backend but the "
+            f"driver's runs {backend!r}. Set KERAS_BACKEND={backend} for the executors too "
+            f"(for example --conf spark.executorEnv.KERAS_BACKEND={backend})."
+        )
+
+
+class HistoryLog:
+    """Per-step training records, kept as columns of numbers (compact, JSON-able)."""
+
+    def __init__(self):
+        self.columns = {}
+        self.size = 0
+
+    def append(self, record):
+        for key in record:
+            if key not in self.columns:
+                self.columns[key] = [None] * self.size
+        for key, column in self.columns.items():
+            column.append(record.get(key))
+        self.size += 1
+
+    def drain(self):
+        """Returns the records so far as columns and forgets them."""
+        columns, self.columns, self.size = self.columns, {}, 0
+        return columns
+
+
+def history_records(columns):
+    """Turns history columns back into a list of per-step dicts."""
+    if not columns:
+        return []
+    size = len(next(iter(columns.values())))
+    return [
+        {key: column[index] for key, column in columns.items() if column[index] is not None}
+        for index in range(size)
+    ]
+
+
+class ModelReplica:
+    """The worker's Keras model, with numpy-2 friendly weights and a record of every step.
+
+    ``get_weights()`` returns an object array of per-layer arrays, so the seed's
+    ``np.asarray(self.model.get_weights())`` and ``W1 - W2`` work on numpy 2. Every
+    ``train_on_batch`` call is recorded in the worker's history. Everything else is the
+    Keras model's own.
+    """
+
+    def __init__(self, model, on_batch):
+        self._model = model
+        self._on_batch = on_batch
+
+    def get_weights(self):
+        return weights_array(self._model.get_weights())
+
+    def set_weights(self, weights):
+        self._model.set_weights(list(weights))
+
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                       return_dict=False):
+        logs = self._model.train_on_batch(
+            x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=True
+        )
+        self._on_batch(logs, len(x[0]) if isinstance(x, (list, tuple)) else len(x))
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class Worker:
+    """Trains a replica of the model on one partition.
+
+    Arguments left as None are filled in by the trainer that runs the worker, so a
+    custom worker can be built with just ``MyWorker(self.master_model)``.
+
+    Args:
+        model: A `keras.Model` or the bytes of a `.keras` archive.
+        optimizer: The worker's Keras optimizer (name, instance or config dict).
+        loss: The loss (name, instance or config dict).
+        loss_weights: Optional loss weights for multi-output models.
+        metrics: Metrics to record per step.
+        features_col: Input column name, or a list for multi-input models.
+        label_col: Target column name, or a list for multi-output models.
+        batch_size: Rows per minibatch.
+        num_epoch: Passes over the data (the trainer repeats the data that many times).
+        learning_rate: Used by update rules that have one.
+    """
+
+    def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
+                 features_col=None, label_col=None, batch_size=None, num_epoch=None,
+                 learning_rate=None):
+        from distkeras.utils import serialize_keras_object, serialize_model
+
+        self.master_model = model if isinstance(model, (bytes, bytearray)) \
+            else serialize_model(model)
+        self.optimizer = serialize_keras_object(optimizer)
+        self.loss = serialize_keras_object(loss)
+        self.loss_weights = loss_weights
+        self.metrics = serialize_keras_object(metrics)
+        self.features_col = features_col
+        self.label_col = label_col
+        self.batch_size = batch_size
+        self.num_epoch = num_epoch
+        self.learning_rate = learning_rate
+        self.backend = None
+        self.worker_id = 0
+        self.iteration = 1
+        self.model = None
+        self.history = HistoryLog()
+        self._feed = None
+
+    # -- on the executor -------------------------------------------------------------
+
+    def prepare_model(self):
+        """Rebuilds the model from its `.keras` bytes and compiles it."""
+        _ensure_backend(self.backend)
+        import keras
+
+        from distkeras.utils import deserialize_keras_object, deserialize_model
+
+        model = deserialize_model(bytes(self.master_model))
+        metrics = deserialize_keras_object(self.metrics)
+        model.compile(
+            optimizer=keras.optimizers.get(deserialize_keras_object(self.optimizer)),
+            loss=deserialize_keras_object(self.loss),
+            loss_weights=self.loss_weights,
+            metrics=metrics if metrics else None,
+        )
+        self.model = ModelReplica(model, self._record_step)
+
+    def _record_step(self, logs, batch_size):
+        record = {"worker_id": self.worker_id, "iteration": self.iteration,
+                  "timestamp": time.time(), "batch_size": batch_size}
+        record.update({key: float(value) for key, value in logs.items()})
+        self.history.append(record)
+
+    def _sample_shapes(self, tensors):
+        return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
+
+    def _label_shapes(self, label_shapes):
+        """Output shapes, or ``()`` where the data carries scalar (sparse) labels."""
+        output_shapes = self._sample_shapes(self.model.outputs)
+        return [() if given == () else output
+                for given, output in zip(label_shapes, output_shapes)]
+
+    def open_feed(self, record_batches, label_shapes):
+        """Prepares `get_next_minibatch` over this partition's Arrow record batches."""
+        features_cols = _as_list(self.features_col)
+        label_cols = _as_list(self.label_col)
+        self._feed = MinibatchFeed(
+            record_batches, features_cols, label_cols, self.batch_size,
+            self._sample_shapes(self.model.inputs), self._label_shapes(label_shapes),
+            single_input=not isinstance(self.features_col, (list, tuple)),
+            single_output=not isinstance(self.label_col, (list, tuple)),
+        )
+
+    def get_next_minibatch(self):
+        """Returns the next ``(x, y)`` minibatch.
+
+        Raises:
+            StopIteration: When this partition's data for this run is spent.
+        """
+        return next(self._feed)
+
+    def run(self, worker_id, record_batches, label_shapes):
+        """Trains on one partition; the entry point on the executor.
+
+        Returns:
+            A message dict for the driver (see `result`).
+        """
+        self.worker_id = worker_id
+        self.prepare_model()
+        self.open_feed(record_batches, label_shapes)
+        self.setup()
+        try:
+            try:
+                self.optimize()
+            except StopIteration:
+                pass  # the seed's `while True` loop ends when the data runs out
+            self.finish()
+        finally:
+            self.teardown()
+        return self.result()
+
+    def setup(self):
+        """Hook run before `optimize()` (network workers connect here)."""
+
+    def finish(self):
+        """Hook run after `optimize()` returned normally."""
+
+    def teardown(self):
+        """Hook run after training, even when it failed."""
+
+    def result(self):
+        """The message this worker returns to the driver."""
+        return {"worker_id": self.worker_id, "samples": self._feed.samples}
+
+    def optimize(self):
+        """The training loop; subclasses define it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement optimize().")
+
+
+class SequentialWorker(Worker):
+    """Trains alone on all its data; returns the weights and history (SingleTrainer)."""
+
+    def optimize(self):
+        for x, y in iter(self.get_next_minibatch, None):
+            self.model.train_on_batch(x, y)
+            self.iteration += 1
+
+    def result(self):
+        message = super().result()
+        message["weights"] = self.model.get_weights()
+        message["history"] = self.history.drain()
+        return message
+
+
+class NetworkWorker(Worker):
+    """A worker that talks to the parameter server with `pull()` and `commit()`.
+
+    Args:
+        model, optimizer, loss, loss_weights, metrics, features_col, label_col,
+        batch_size, num_epoch, learning_rate: See `Worker`.
+        master_host: The parameter server's address (set by the trainer).
+        master_port: The parameter server's port (set by the trainer).
+        communication_window: Local steps between two commits.
+    """
+
+    def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
+                 features_col=None, label_col=None, batch_size=None, num_epoch=None,
+                 master_host=None, master_port=None, communication_window=None,
+                 learning_rate=None):
+        super().__init__(model, optimizer, loss, loss_weights, metrics, features_col,
+                         label_col, batch_size, num_epoch, learning_rate)
+        self.master_host = master_host
+        self.master_port = master_port
+        self.communication_window = communication_window
+        self.token = None
+        self.connect_timeout = 60.0
+        self.center_variable = None
+        self.last_update = 0
+        self.socket = None
+
+    def setup(self):
+        self.socket = networking.connect(self.master_host, self.master_port,
+                                         timeout=self.connect_timeout)
+        networking.authenticate(self.socket, self.token, self.worker_id)
+
+    def teardown(self):
+        if self.socket is None:
+            return
+        try:
+            self.flush_history()
+            networking.send_action(self.socket, networking.ACTION_QUIT)
+        except OSError as error:
+            logger.warning("Worker %s could not say goodbye to the server: %s",
+                           self.worker_id, error)
+        networking.close_socket(self.socket)
+        self.socket = None
+
+    def pull(self):
+        """Fetches the center variable into ``self.center_variable``."""
+        networking.send_action(self.socket, networking.ACTION_PULL)
+        data = networking.recv_data(self.socket)
+        self.center_variable = data["center"]
+        self.last_update = data.get("num_updates", 0)
+
+    def commit(self, delta, **extra):
+        """Sends an update (``delta``, plus any extra fields) to the parameter server."""
+        message = {"delta": delta, "worker_id": self.worker_id,
+                   "last_update": self.last_update}
+        message.update(extra)
+        networking.send_action(self.socket, networking.ACTION_COMMIT)
+        networking.send_data(self.socket, message)
+        self.flush_history()
+
+    def flush_history(self):
+        """Sends the steps recorded since the last flush to the driver, keeping none."""
+        if self.history.size:
+            networking.send_action(self.socket, networking.ACTION_HISTORY)
+            networking.send_data(self.socket, {"history": self.history.drain()})
+
+
+class WindowedWorker(NetworkWorker):
+    """The loop every built-in asynchronous worker shares.
+
+    Pull, then train; every ``communication_window`` steps (and once more after the last
+    step, so no work is lost) call `communicate`. Subclasses define `communicate`.
+    """
+
+    def optimize(self):
+        self.pull()
+        self.model.set_weights(self.center_variable)
+        steps_since_commit = 0
+        for x, y in iter(self.get_next_minibatch, None):
+            self.model.train_on_batch(x, y)
+            steps_since_commit += 1
+            if self.iteration % self.communication_window == 0:
+                self.communicate()
+                steps_since_commit = 0
+            self.iteration += 1
+        if steps_since_commit:
+            self.communicate()
+
+    def communicate(self):
+        """Exchanges with the parameter server at the end of a window."""
+        raise NotImplementedError
+
+
+class DOWNPOURWorker(WindowedWorker):
+    """Commits ``W - W_pull``, then pulls and continues from the center."""
+
+    def communicate(self):
+        self.commit(update_rules.downpour_delta(self.model.get_weights(), self.center_variable))
+        self.pull()
+        self.model.set_weights(self.center_variable)
+
+
+class ADAGWorker(WindowedWorker):
+    """Commits ``(W - W_pull) / communication_window``, then pulls and continues."""
+
+    def communicate(self):
+        self.commit(update_rules.adag_residual(
+            self.model.get_weights(), self.center_variable, self.communication_window))
+        self.pull()
+        self.model.set_weights(self.center_variable)
