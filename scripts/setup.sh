@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: Java and the Fashion-MNIST files (Debian packages),
+# a virtual environment in .venv with distkeras and its test tools. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need_apt+=(dataset-fashion-mnist)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c "import distkeras, pytest, hypothesis, keras, jax, pyspark" >/dev/null 2>&1 \
+        || [ pyproject.toml -nt .venv/.distkeras-installed ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test]"
+    touch .venv/.distkeras-installed
+fi

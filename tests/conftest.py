@@ -1,0 +1,49 @@
+"""Shared fixtures: one local[2] SparkSession for the whole run, Fashion-MNIST subsets."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+TRAIN_LIMIT = 6000
+
+
+@pytest.fixture(scope="session")
+def spark():
+    # Spark starts before Keras/JAX are imported by the tests that use it.
+    from distkeras.session import local_spark_session
+
+    session = local_spark_session("local[2]", app_name="distkeras-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def fashion_train(spark):
+    from distkeras.datasets import load_fashion_mnist
+
+    return load_fashion_mnist(spark, "train", limit=TRAIN_LIMIT).cache()
+
+
+@pytest.fixture(scope="session")
+def fashion_test():
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    images, labels = load_fashion_mnist_numpy("test")
+    return images[:2000].reshape(2000, -1).astype("float32") / 255.0, labels[:2000]
+
+
+def build_mlp(hidden=128):
+    import keras
+
+    return keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+
+
+def accuracy(model, data):
+    images, labels = data
+    return float((model.predict(images, batch_size=1000, verbose=0).argmax(1) == labels).mean())

@@ -1,0 +1,136 @@
+"""End to end on the shared local[2] SparkSession, on real Fashion-MNIST data."""
+
+import numpy as np
+import pytest
+from conftest import TRAIN_LIMIT, accuracy, build_mlp
+
+# A model that learned nothing scores about 0.10 on the ten balanced classes; one pass over
+# 6,000 images takes every working trainer past 0.65 (SingleTrainer about 0.78, ADAG with its
+# default window, which keeps 1/12 of each window's progress, about 0.70).
+MIN_ACCURACY = 0.60
+
+
+def _trainer(cls, **kwargs):
+    settings = dict(keras_model=build_mlp(), worker_optimizer="adam",
+                    loss="categorical_crossentropy", metrics=["accuracy"], batch_size=32)
+    settings.update(kwargs)
+    return cls(**settings)
+
+
+@pytest.mark.parametrize("name", ["SingleTrainer", "DOWNPOUR", "ADAG"])
+def test_trainer_learns_fashion_mnist(name, fashion_train, fashion_test):
+    import keras
+
+    from distkeras import trainers
+
+    kwargs = {} if name == "SingleTrainer" else {"num_workers": 2}
+    trainer = _trainer(getattr(trainers, name), **kwargs)
+    model = trainer.train(fashion_train)
+
+    assert isinstance(model, keras.Model)
+    assert model.compiled, "train() must return a compiled model"
+    assert accuracy(model, fashion_test) > MIN_ACCURACY
+    history = trainer.get_history()
+    steps = int(np.ceil(TRAIN_LIMIT / 32)) if name == "SingleTrainer" else None
+    if steps is not None:
+        assert len(history) == steps  # the last partial minibatch is trained too
+    assert sum(record["batch_size"] for record in history) == TRAIN_LIMIT
+    assert {"worker_id", "iteration", "timestamp", "loss", "accuracy"} <= set(history[0])
+    assert trainer.get_training_time() > 0
+    averaged = trainer.get_averaged_history()
+    assert averaged["loss"][-1] < averaged["loss"][0]
+    if name != "SingleTrainer":
+        assert {record["worker_id"] for record in history} == {0, 1}
+        assert len(trainer.get_executor_history(1)) > 0
+        assert len(trainer.get_staleness()) > 0
+
+
+def test_trained_model_evaluates_with_its_compile_settings(fashion_train, fashion_test):
+    from distkeras.trainers import ADAG
+
+    trainer = _trainer(ADAG, num_workers=2, communication_window=4)
+    model = trainer.train(fashion_train.limit(2000))
+    images, labels = fashion_test
+    one_hot = np.eye(10, dtype="float32")[labels]
+    loss, acc = model.evaluate(images, one_hot, verbose=0)
+    assert np.isfinite(loss) and acc > 0.5
+
+
+def test_epochs_and_shuffle_see_every_sample(fashion_train):
+    from distkeras.trainers import DOWNPOUR
+
+    data = fashion_train.limit(640)
+    trainer = _trainer(DOWNPOUR, num_workers=2, num_epoch=2, communication_window=3)
+    trainer.train(data, shuffle=True)
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 2 * 640
+
+
+def test_sparse_labels_and_vector_features(spark, fashion_train, fashion_test):
+    from pyspark.ml.functions import array_to_vector
+
+    from distkeras.trainers import SingleTrainer
+
+    data = fashion_train.limit(3000).select(
+        array_to_vector("features").alias("pixels"), "label_index")
+    trainer = _trainer(SingleTrainer, loss="sparse_categorical_crossentropy",
+                       features_col="pixels", label_col="label_index")
+    model = trainer.train(data)
+    assert accuracy(model, fashion_test) > 0.6
+
+
+def test_user_model_is_not_modified(fashion_train):
+    from distkeras.trainers import ADAG
+
+    trainer = _trainer(ADAG, num_workers=2)
+    before = [w.copy() for w in trainer.master_model.get_weights()]
+    model = trainer.train(fashion_train.limit(500))
+    after = trainer.master_model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"features_col": "nope"}, "Column 'nope' is not in the DataFrame"),
+    ({"label_col": "features"}, "Label column .features. holds 784 values"),
+    ({"num_workers": 0}, "`num_workers` must be an integer >= 1. Received: num_workers=0"),
+    ({"communication_window": 0}, "`communication_window` must be an integer >= 1"),
+    ({"batch_size": 2.5}, "`batch_size` must be an integer >= 1"),
+])
+def test_bad_input_fails_before_training(kwargs, message, fashion_train):
+    from distkeras.trainers import ADAG
+
+    trainer = _trainer(ADAG, num_workers=2, **kwargs)
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(")):
+        trainer.train(fashion_train)
+    assert trainer.get_history() == []
+
+
+def test_wrong_feature_size_is_named(spark):
+    from distkeras.trainers import SingleTrainer
+
+    data = spark.createDataFrame([([0.1] * 10, [1.0] + [0.0] * 9)], "features array<float>, label array<float>")
+    with pytest.raises(ValueError, match=r"holds 10 values per row .* expects shape \(784,\)"):
+        _trainer(SingleTrainer).train(data)
+
+
+def test_worker_error_reaches_caller_and_server_stops(spark, fashion_train):
+    from distkeras.trainers import ADAG, TrainingError
+    from distkeras.workers import ADAGWorker
+
+    class ExplodingWorker(ADAGWorker):
+        def communicate(self):
+            raise RuntimeError("worker exploded on purpose")
+
+    class ExplodingADAG(ADAG):
+        def allocate_worker(self):
+            return ExplodingWorker(self.master_model)
+
+    trainer = _trainer(ExplodingADAG, num_workers=2)
+    with pytest.raises(TrainingError, match="worker exploded on purpose"):
+        trainer.train(fashion_train.limit(200))
+    server = trainer.parameter_server
+    assert server._running is False
+    import socket
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", server.port))  # the port was freed
+    probe.close()
