@@ -149,7 +149,8 @@ def encode_frame(obj):
     def add_array(array):
         array = _as_wire_array(array)
         specs.append([array.dtype.str, list(array.shape)])
-        buffers.append(memoryview(array).cast("B"))
+        # A flat byte view: memoryview.cast refuses shapes with a zero, e.g. (0, 3).
+        buffers.append(memoryview(array.reshape(-1).view(np.uint8)))
         return len(specs) - 1
 
     for key, value in obj.items():
@@ -168,8 +169,8 @@ def encode_frame(obj):
 
 
 def _json_value(key, value):
-    if isinstance(value, np.generic):
-        return value.item()
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return _json_value(key, value.item())
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, (list, tuple)):
@@ -242,7 +243,7 @@ def _parse_spec(spec):
     if not (isinstance(spec, list) and len(spec) == 2):
         raise ProtocolError(f"Bad array description: {spec!r}")
     dtype_str, shape = spec
-    if dtype_str not in _ALLOWED_DTYPES:
+    if not isinstance(dtype_str, str) or dtype_str not in _ALLOWED_DTYPES:
         raise ProtocolError(f"Array dtype {dtype_str!r} is not allowed.")
     if not (isinstance(shape, list) and len(shape) <= 32):
         raise ProtocolError(f"Bad array shape: {shape!r}")
@@ -291,7 +292,11 @@ def _decode_parsed(parsed_header, body, weight_spec):
         raise ProtocolError("Frame body length does not match the arrays it describes.")
     arrays, offset = [], 0
     for dtype, shape, count, nbytes in specs:
-        arrays.append(np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape))
+        try:
+            array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+        except ValueError as error:  # e.g. an empty array whose other dimensions overflow
+            raise ProtocolError(f"Bad array shape {list(shape)}: {error}") from error
+        arrays.append(array)
         offset += nbytes
     used = set()
     message = {}
@@ -307,7 +312,9 @@ def _decode_parsed(parsed_header, body, weight_spec):
             indices = [indices]
         elif kind != "arrays" or not isinstance(indices, list):
             raise ProtocolError(f"Bad field description for {key!r}.")
-        if not all(isinstance(i, int) and 0 <= i < len(arrays) and i not in used for i in indices):
+        if not (all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(arrays)
+                    and i not in used for i in indices)
+                and len(set(indices)) == len(indices)):
             raise ProtocolError(f"Field {key!r} refers to missing or reused arrays.")
         used.update(indices)
         if kind == "array":

@@ -10,6 +10,8 @@ import secrets
 import socket
 import threading
 
+import numpy as np
+
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.networking import recv_data, send_data, weights_array
@@ -186,6 +188,22 @@ class SocketParameterServer(ParameterServer):
         self.num_updates += 1
         conn.counted = True
 
+    def model_update(self, update):
+        """Checks that a commit's update is a list of arrays, one per layer.
+
+        Lists of arrays were checked against the model's shapes and dtypes as they arrived;
+        a single array or a number would broadcast into every layer (and could change their
+        dtype), so they are refused.
+
+        Raises:
+            ProtocolError: If the update is not a list of arrays shaped like the model.
+        """
+        if not (isinstance(update, np.ndarray) and update.dtype == object
+                and len(update) == len(self.weight_spec)):
+            raise networking.ProtocolError(
+                "A commit must carry a list of arrays shaped like the model's weights.")
+        return update
+
     def handle_pull(self, conn, addr):
         """Sends the center variable and the update count read under one lock."""
         with self.mutex:
@@ -218,8 +236,9 @@ class DeltaParameterServer(SocketParameterServer):
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
+        delta = self.model_update(data["delta"])
         with self.mutex:
-            self.center_variable = update_rules.add_update(self.center_variable, data["delta"])
+            self.center_variable = update_rules.add_update(self.center_variable, delta)
             self.next_update(conn)
 
 
@@ -228,7 +247,7 @@ class ADAGParameterServer(SocketParameterServer):
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
-        residual = data["residual"] if "residual" in data else data["delta"]
+        residual = self.model_update(data["residual"] if "residual" in data else data["delta"])
         with self.mutex:
             self.center_variable = update_rules.add_update(self.center_variable, residual)
             self.next_update(conn)

@@ -190,7 +190,8 @@ def test_big_endian_arrays_arrive_correct(pair, dtype):
     array = np.arange(-3, 9).reshape(3, 4).astype(dtype)
     got = roundtrip(pair, {"a": array, "w": [array, array[:1]]})
     assert got["a"].dtype == np.dtype(dtype).newbyteorder("<")
-    np.testing.assert_array_equal(got["a"], np.arange(-3, 9).reshape(3, 4))
+    np.testing.assert_array_equal(got["a"], array)
+    np.testing.assert_array_equal(got["a"], array.astype(np.dtype(dtype).newbyteorder("=")))
     np.testing.assert_array_equal(got["w"][0], array)
     np.testing.assert_array_equal(got["w"][1], array[:1])
 
@@ -529,7 +530,7 @@ def test_weights_array_arithmetic():
     w1 = weights_array([np.ones((2, 3)), np.ones(3)])
     w2 = weights_array([np.full((2, 3), 0.25), np.arange(3.0)])
     assert w1.dtype == object and w1.shape == (2,)
-    assert np.asarray(w1) is not None and np.asarray(w1).shape == (2,)
+    assert np.asarray(w1).shape == (2,)
     assert list(map(np.shape, np.asarray(w1))) == [(2, 3), (3,)]
 
     diff = w1 - w2
@@ -589,14 +590,11 @@ JSON = st.recursive(
     | st.dictionaries(st.text(max_size=3), children, max_size=4),
     max_leaves=12,
 )
-SPEC = st.lists(
+SPEC = st.tuples(
     st.sampled_from(["<f4", "<f8", "|u1", "|b1", "<i8", "|O", "<U1", "f4"]) | JSON,
-    min_size=2, max_size=2,
-).flatmap(lambda spec: st.tuples(
-    st.just(spec[0]),
-    st.lists(st.integers(-2, 4) | st.sampled_from([0, 2**39, 2**31]) | JSON, max_size=4)
+    st.lists(st.integers(-2, 4) | st.sampled_from([0, 2**31, 2**39]) | JSON, max_size=4)
     | JSON,
-)).map(list) | JSON
+).map(list) | JSON
 FIELD = st.fixed_dictionaries({
     "t": st.sampled_from(["json", "array", "arrays", "x"]) | JSON,
     "i": st.integers(-1, 4) | st.lists(st.integers(-1, 4) | JSON, max_size=5) | JSON,

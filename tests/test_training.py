@@ -99,7 +99,7 @@ def test_user_model_is_not_modified(fashion_train):
 def test_bad_input_fails_before_training(kwargs, message, fashion_train):
     from distkeras.trainers import ADAG
 
-    trainer = _trainer(ADAG, num_workers=2, **kwargs)
+    trainer = _trainer(ADAG, **{"num_workers": 2, **kwargs})
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(")):
         trainer.train(fashion_train)
     assert trainer.get_history() == []

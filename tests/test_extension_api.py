@@ -1,0 +1,92 @@
+"""Seed 000's tutorial: a new optimizer from three small classes, run as printed."""
+
+import numpy as np
+from conftest import accuracy, build_mlp
+
+from distkeras.networking import recv_data
+from distkeras.parameter_servers import SocketParameterServer
+from distkeras.trainers import AsynchronousDistributedTrainer
+from distkeras.workers import NetworkWorker
+
+
+class MyOptimizer(AsynchronousDistributedTrainer):
+    def allocate_worker(self):
+        # 告诉框架训练时每个节点用哪种 Worker
+        return MyWorker(self.master_model, self.worker_optimizer, self.loss)
+
+    def allocate_parameter_server(self):
+        # 告诉框架Driver 端用哪种参数服务器
+        return MyParameterServer(self.master_model, self.master_port)
+
+
+class MyWorker(NetworkWorker):
+    def optimize(self):
+        W1 = np.asarray(self.model.get_weights())
+        while True:
+            X, Y = self.get_next_minibatch()  # 取一个 mini-batch
+            self.model.train_on_batch(X, Y)  # 本地更新
+            if self.iteration % self.communication_window == 0:
+                self.commit(W1 - np.asarray(self.model.get_weights()))  # 提交增量
+                self.pull()  # 拉取最新中心变量
+                self.model.set_weights(self.center_variable)
+            self.iteration += 1
+
+
+class MyParameterServer(SocketParameterServer):
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)  # 接收 Worker 提交
+        # 在这里写你自己的聚合/更新逻辑
+        with self.mutex:
+            self.center_variable = self.center_variable + 0.5 * data['delta']
+
+
+class DefaultServerOptimizer(AsynchronousDistributedTrainer):
+    """Without allocate_parameter_server a trainer gets DeltaParameterServer."""
+
+    def allocate_worker(self):
+        return MyWorker(self.master_model)
+
+
+def test_seed_tutorial_runs_as_printed(fashion_train):
+    mlp = build_mlp()
+    keras_optimizer = "adam"
+    trainer = MyOptimizer(keras_model=mlp, worker_optimizer=keras_optimizer,
+                          loss="categorical_crossentropy", num_workers=4, batch_size=32,
+                          communication_window=8)
+    dataframe = fashion_train.limit(1200)
+    model = trainer.train(dataframe)
+
+    server = trainer.parameter_server
+    assert isinstance(server, MyParameterServer)
+    # 1,200 rows over 4 workers: 300 rows, 10 minibatches each, commits at iterations 8.
+    assert server.num_updates == 4
+    assert len(trainer.get_staleness()) == 4
+    initial = mlp.get_weights()
+    # The seed's worker commits W1 - W (the negated change), halved by the server: the
+    # center moved, and by a finite amount.
+    moved = [np.abs(c - i).max() for c, i in zip(model.get_weights(), initial)]
+    assert max(moved) > 0 and all(np.isfinite(moved))
+    assert sum(r["batch_size"] for r in trainer.get_history()) == 1200
+
+
+def test_default_parameter_server_is_delta(fashion_train, fashion_test):
+    from distkeras.parameter_servers import DeltaParameterServer
+
+    trainer = DefaultServerOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
+                                     loss="categorical_crossentropy", num_workers=2,
+                                     communication_window=4)
+    trainer.train(fashion_train.limit(400))
+    assert type(trainer.parameter_server) is DeltaParameterServer
+    # 200 rows per worker: 7 minibatches, one commit (at iteration 4) each.
+    assert trainer.parameter_server.num_updates == 2 * ((200 + 31) // 32 // 4)
+
+
+def test_object_array_weights_on_numpy_2():
+    from distkeras.networking import weights_array
+
+    w = weights_array([np.ones((2, 3), "float32"), np.full(3, 2.0, "float32")])
+    w1 = np.asarray(w)
+    delta = w1 - weights_array([np.zeros((2, 3), "float32"), np.ones(3, "float32")])
+    center = w + 0.5 * delta
+    np.testing.assert_array_equal(center[0], np.full((2, 3), 1.5))
+    np.testing.assert_array_equal(center[1], np.full(3, 2.5))

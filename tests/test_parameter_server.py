@@ -1,0 +1,584 @@
+"""Update rules and the socket parameter servers, over real loopback TCP; no Spark."""
+
+import socket
+import struct
+import threading
+import time
+
+import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
+
+import keras
+import numpy as np
+import pytest
+
+from distkeras import networking, update_rules
+from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.parameter_servers import (
+    ADAGParameterServer,
+    DeltaParameterServer,
+    SocketParameterServer,
+)
+
+PREFIX = struct.Struct("<2sBBIQ")
+KERNEL = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.0]], dtype=np.float32)
+BIAS = np.array([0.125, -0.5], dtype=np.float32)
+
+
+# -- update rules ---------------------------------------------------------------------------
+
+
+def golden_weights():
+    weights = weights_array([np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([0.5, -0.5])])
+    pulled = weights_array([np.array([[0.0, 1.0], [1.0, 1.0]]), np.array([0.25, 0.5])])
+    return weights, pulled
+
+
+def copy_weights(weights):
+    return [np.array(layer, copy=True) for layer in weights]
+
+
+def assert_weights_equal(got, want):
+    assert len(got) == len(want)
+    for got_layer, want_layer in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(got_layer), np.asarray(want_layer))
+
+
+def test_downpour_delta_golden():
+    weights, pulled = golden_weights()
+    before = copy_weights(weights), copy_weights(pulled)
+    delta = update_rules.downpour_delta(weights, pulled)
+    assert_weights_equal(delta, [np.array([[1.0, 1.0], [2.0, 3.0]]), np.array([0.25, -1.0])])
+    assert_weights_equal(weights, before[0])
+    assert_weights_equal(pulled, before[1])
+
+
+def test_adag_residual_golden():
+    weights, pulled = golden_weights()
+    before = copy_weights(weights), copy_weights(pulled)
+    residual = update_rules.adag_residual(weights, pulled, 4)
+    assert_weights_equal(residual, [np.array([[0.25, 0.25], [0.5, 0.75]]),
+                                    np.array([0.0625, -0.25])])
+    assert_weights_equal(weights, before[0])
+    assert_weights_equal(pulled, before[1])
+
+
+def test_add_update_golden():
+    center, update = golden_weights()
+    before = copy_weights(center), copy_weights(update)
+    result = update_rules.add_update(center, update)
+    assert_weights_equal(result, [np.array([[1.0, 3.0], [4.0, 5.0]]), np.array([0.75, 0.0])])
+    assert result is not center
+    assert all(new is not old for new, old in zip(result, center))
+    assert_weights_equal(center, before[0])
+    assert_weights_equal(update, before[1])
+
+
+def test_update_rules_keep_float32():
+    center = weights_array([np.ones((2, 2), np.float32), np.ones(2, np.float32)])
+    delta = weights_array([np.full((2, 2), 0.5, np.float32), np.full(2, 0.5, np.float32)])
+    for result in (update_rules.add_update(center, delta),
+                   update_rules.downpour_delta(center, delta),
+                   update_rules.adag_residual(center, delta, 4)):
+        assert [layer.dtype for layer in result] == [np.float32, np.float32]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def make_model(kernel=KERNEL, bias=BIAS):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.set_weights([kernel, bias])
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+@pytest.fixture
+def servers():
+    """Starts parameter servers on demand and stops every one of them afterwards."""
+    started = []
+
+    def start(cls=DeltaParameterServer, model=None, **kwargs):
+        server = cls(model if model is not None else make_model(), 0, **kwargs)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+class Client:
+    """A fake worker speaking the wire protocol."""
+
+    def __init__(self, server, worker_id=0, token=None, authenticate=True):
+        self.sock = networking.connect("127.0.0.1", server.port, timeout=5)
+        self.sock.settimeout(10)
+        if authenticate:
+            networking.authenticate(self.sock, server.token if token is None else token,
+                                    worker_id)
+
+    def commit(self, delta, key="delta", **extra):
+        networking.send_action(self.sock, networking.ACTION_COMMIT)
+        send_data(self.sock, {key: weights_array(delta), **extra})
+
+    def pull(self):
+        networking.send_action(self.sock, networking.ACTION_PULL)
+        return recv_data(self.sock)
+
+    def send_history(self, columns):
+        networking.send_action(self.sock, networking.ACTION_HISTORY)
+        send_data(self.sock, {"history": columns})
+
+    def quit(self):
+        networking.send_action(self.sock, networking.ACTION_QUIT)
+        networking.close_socket(self.sock)
+
+    def close(self):
+        self.sock.close()
+
+
+def layers(kernel_value, bias_value):
+    return [np.full((3, 2), kernel_value, np.float32), np.full(2, bias_value, np.float32)]
+
+
+def center_copy(server):
+    with server.mutex:
+        return copy_weights(server.center_variable)
+
+
+def expect_closed_by_server(sock, within=5.0):
+    """The server closes the connection: recv sees EOF or a reset, never a timeout."""
+    sock.settimeout(within)
+    start = time.monotonic()
+    try:
+        while True:
+            if sock.recv(65536) == b"":
+                break
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except socket.timeout:
+        pytest.fail("the server kept the connection open")
+    finally:
+        sock.close()
+    return time.monotonic() - start
+
+
+def assert_honest_client_works(server, worker_id=99):
+    before = center_copy(server)
+    updates = server.num_updates
+    client = Client(server, worker_id)
+    client.commit(layers(0.5, -0.25))
+    pulled = client.pull()
+    client.quit()
+    assert pulled["num_updates"] == updates + 1
+    want = [before[0] + np.float32(0.5), before[1] - np.float32(0.25)]
+    assert_weights_equal(pulled["center"], want)
+    assert_weights_equal(server.center_variable, want)
+    assert [layer.dtype for layer in server.center_variable] == [np.float32, np.float32]
+
+
+# -- basic protocol -------------------------------------------------------------------------
+
+
+def test_server_starts_on_loopback_with_free_port(servers):
+    server = servers()
+    assert server.host == "127.0.0.1"
+    assert isinstance(server.port, int) and server.port > 0
+    assert isinstance(server.token, str) and len(server.token) >= 32
+    assert server.weight_spec == [((3, 2), np.float32), ((2,), np.float32)]
+    assert server.num_updates == 0
+
+
+def test_pull_returns_center_and_num_updates(servers):
+    server = servers()
+    client = Client(server, 1)
+    pulled = client.pull()
+    assert pulled["num_updates"] == 0
+    assert pulled["center"].dtype == object
+    assert_weights_equal(pulled["center"], [KERNEL, BIAS])
+    client.commit(layers(1.0, 2.0))
+    pulled = client.pull()
+    assert pulled["num_updates"] == 1
+    assert_weights_equal(pulled["center"], [KERNEL + 1, BIAS + 2])
+    client.quit()
+
+
+def test_concurrent_commits_sum_exactly(servers):
+    server = servers()
+    threads, per_thread, errors = 8, 25, []
+
+    def work(worker_id):
+        try:
+            client = Client(server, worker_id)
+            for step in range(per_thread):
+                client.commit(layers(0.25 * (worker_id + 1), -0.125 * (step % 4)))
+                if step % 10 == 0:
+                    client.pull()
+            client.pull()  # the server serves a connection in order: every commit is applied
+            client.quit()
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    pool = [threading.Thread(target=work, args=(worker,)) for worker in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=30)
+    assert not errors
+    assert not any(thread.is_alive() for thread in pool)
+
+    kernel_sum = per_thread * sum(0.25 * (worker + 1) for worker in range(threads))
+    bias_sum = threads * sum(-0.125 * (step % 4) for step in range(per_thread))
+    assert server.num_updates == threads * per_thread == 200
+    assert len(server.staleness) == 200
+    assert sorted({worker for worker, _ in server.staleness}) == list(range(threads))
+    assert all(staleness >= 0 for _, staleness in server.staleness)
+    assert_weights_equal(server.center_variable, [KERNEL + kernel_sum, BIAS + bias_sum])
+    assert server.errors == []
+
+
+def test_staleness_counts_updates_by_others_since_last_pull(servers):
+    server = servers()
+    a, b = Client(server, 0), Client(server, 1)
+    a.pull()
+    b.commit(layers(1.0, 1.0))
+    b.commit(layers(1.0, 1.0))
+    b.pull()  # both of B's commits are applied before A commits
+    a.commit(layers(1.0, 1.0))
+    assert a.pull()["num_updates"] == 3
+    a.quit()
+    b.quit()
+    assert server.staleness == [(1, 0), (1, 1), (0, 2)]
+
+
+def test_adag_server_applies_delta_and_residual(servers):
+    server = servers(ADAGParameterServer)
+    client = Client(server, 0)
+    client.commit(layers(0.5, 0.25), key="delta")
+    client.commit(layers(-0.125, 1.0), key="residual")
+    pulled = client.pull()
+    client.quit()
+    assert pulled["num_updates"] == 2
+    assert_weights_equal(pulled["center"], [KERNEL + 0.375, BIAS + 1.25])
+
+
+def test_adag_prefers_residual_when_both_are_sent(servers):
+    server = servers(ADAGParameterServer)
+    client = Client(server, 0)
+    client.commit(layers(100.0, 100.0), key="delta", residual=weights_array(layers(1.0, 2.0)))
+    pulled = client.pull()
+    client.quit()
+    assert_weights_equal(pulled["center"], [KERNEL + 1, BIAS + 2])
+
+
+def test_custom_subclass_like_the_tutorial(servers):
+    class MyParameterServer(SocketParameterServer):
+        def handle_commit(self, conn, addr):
+            data = recv_data(conn)
+            with self.mutex:
+                self.center_variable = self.center_variable + 0.5 * data['delta']
+
+    server = servers(MyParameterServer)
+    client = Client(server, 5)
+    delta = [np.full((3, 2), 2.0, np.float32), np.array([1.0, -3.0], np.float32)]
+    client.commit(delta)
+    pulled = client.pull()
+    client.quit()
+    assert_weights_equal(pulled["center"], [KERNEL + 1.0, BIAS + np.array([0.5, -1.5])])
+    assert pulled["num_updates"] == 1
+    assert server.num_updates == 1
+    assert server.staleness == [(5, 0)]
+
+
+def test_base_server_without_handle_commit_reports_error(servers):
+    server = servers(SocketParameterServer)
+    client = Client(server, 0)
+    client.commit(layers(1.0, 1.0))
+    expect_closed_by_server(client.sock)
+    assert any("NotImplementedError" in error for error in server.errors)
+    assert_weights_equal(server.center_variable, [KERNEL, BIAS])
+
+
+def test_history_action(servers):
+    server = servers()
+    client = Client(server, 0)
+    client.send_history({"worker_id": [0, 0], "iteration": [1, 2], "timestamp": [1.0, 2.0],
+                         "loss": [0.5, 0.4]})
+    client.pull()  # the history was handled before the pull was answered
+    client.quit()
+    assert server.history == [
+        {"worker_id": 0, "iteration": 1, "timestamp": 1.0, "loss": 0.5},
+        {"worker_id": 0, "iteration": 2, "timestamp": 2.0, "loss": 0.4},
+    ]
+    assert server.num_updates == 0
+
+
+def test_history_with_missing_values(servers):
+    server = servers()
+    client = Client(server, 0)
+    client.send_history({"iteration": [1, 2], "acc": [None, 0.75]})
+    client.pull()
+    client.quit()
+    assert server.history == [{"iteration": 1}, {"iteration": 2, "acc": 0.75}]
+
+
+def test_get_model_holds_the_center(servers):
+    server = servers()
+    client = Client(server, 0)
+    client.commit(layers(0.5, 0.5))
+    client.pull()
+    client.quit()
+    model = server.get_model()
+    assert isinstance(model, keras.Model)
+    assert model is not server.model
+    assert_weights_equal(model.get_weights(), server.center_variable)
+    assert_weights_equal(model.get_weights(), [KERNEL + 0.5, BIAS + 0.5])
+    # the master model itself is left alone
+    assert_weights_equal(server.model.get_weights(), [KERNEL, BIAS])
+    x = np.ones((1, 3), np.float32)
+    np.testing.assert_allclose(model.predict(x, verbose=0),
+                               x @ (KERNEL + 0.5) + (BIAS + 0.5), rtol=1e-6)
+
+
+# -- hostile input ----------------------------------------------------------------------------
+
+
+def frame_prefix(header_len, body_len):
+    return PREFIX.pack(b"DK", 1, 0, header_len, body_len)
+
+
+def hostile_wrong_token(server):
+    client = Client(server, 0, token="0" * 64)
+    return client.sock
+
+
+def hostile_non_string_token(server):
+    client = Client(server, 0, authenticate=False)
+    send_data(client.sock, {"token": 12345, "worker_id": 0})
+    return client.sock
+
+
+def hostile_no_token(server):
+    client = Client(server, 0, authenticate=False)
+    send_data(client.sock, {"worker_id": 0})
+    return client.sock
+
+
+def hostile_garbage_before_auth(server):
+    client = Client(server, 0, authenticate=False)
+    client.sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    return client.sock
+
+
+def hostile_malformed_header_before_auth(server):
+    client = Client(server, 0, authenticate=False)
+    header = b'{"f": {}, "a": [[["<f4"], [1]]]}'
+    client.sock.sendall(frame_prefix(len(header), 4) + header + b"\0" * 4)
+    return client.sock
+
+
+def hostile_garbage_after_auth(server):
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    client.sock.sendall(bytes(range(256)) * 4)
+    return client.sock
+
+
+def hostile_truncated_commit(server):
+    client = Client(server, 0)
+    frame = networking.encode_message({"delta": weights_array(layers(1.0, 1.0))})
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    client.sock.sendall(frame[:len(frame) - 5])
+    client.sock.shutdown(socket.SHUT_WR)  # the peer closes mid-frame
+    return client.sock
+
+
+def hostile_ten_gigabytes(server):
+    client = Client(server, 0)
+    header = (b'{"f":{"delta":{"t":"array","i":0}},"a":[["|u1",[%d]]]}' % (10 * 2**30))
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    client.sock.sendall(frame_prefix(len(header), 10 * 2**30) + header)
+    return client.sock
+
+
+def hostile_ten_gigabytes_before_auth(server):
+    client = Client(server, 0, authenticate=False)
+    header = b'{"f":{"token":{"t":"array","i":0}},"a":[["|u1",[%d]]]}' % (10 * 2**30)
+    client.sock.sendall(frame_prefix(len(header), 10 * 2**30) + header)
+    return client.sock
+
+
+def hostile_wrong_shapes(server):
+    client = Client(server, 0)
+    client.commit([np.ones((2, 3), np.float32), np.ones(2, np.float32)])
+    return client.sock
+
+
+def hostile_wrong_layer_count(server):
+    client = Client(server, 0)
+    client.commit([np.ones((3, 2), np.float32)])
+    return client.sock
+
+
+def hostile_wrong_dtype(server):
+    client = Client(server, 0)
+    client.commit([np.ones((3, 2), np.float64), np.ones(2, np.float64)])
+    return client.sock
+
+
+def hostile_delta_as_one_array(server):
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    send_data(client.sock, {"delta": np.ones(2, np.float64)})
+    return client.sock
+
+
+def hostile_delta_as_number(server):
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    send_data(client.sock, {"delta": 1.0})
+    return client.sock
+
+
+def hostile_commit_without_delta(server):
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    send_data(client.sock, {"center": weights_array(layers(1.0, 1.0))})
+    return client.sock
+
+
+def hostile_unknown_action(server):
+    client = Client(server, 0)
+    client.sock.sendall(b"x")
+    return client.sock
+
+
+def hostile_bad_history(server):
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_HISTORY)
+    send_data(client.sock, {"history": [1, 2, 3]})
+    return client.sock
+
+
+HOSTILE = [
+    hostile_wrong_token, hostile_non_string_token, hostile_no_token,
+    hostile_garbage_before_auth, hostile_malformed_header_before_auth,
+    hostile_garbage_after_auth, hostile_truncated_commit, hostile_ten_gigabytes,
+    hostile_ten_gigabytes_before_auth, hostile_wrong_shapes, hostile_wrong_layer_count,
+    hostile_wrong_dtype, hostile_delta_as_one_array, hostile_delta_as_number,
+    hostile_commit_without_delta, hostile_unknown_action, hostile_bad_history,
+]
+
+
+@pytest.mark.parametrize("server_cls", [DeltaParameterServer, ADAGParameterServer])
+@pytest.mark.parametrize("attack", HOSTILE, ids=lambda attack: attack.__name__[8:])
+def test_hostile_input_leaves_center_unchanged(servers, server_cls, attack):
+    server = servers(server_cls)
+    honest = Client(server, 7)
+    honest.commit(layers(0.25, 0.25))
+    assert honest.pull()["num_updates"] == 1
+    before = center_copy(server)
+
+    elapsed = expect_closed_by_server(attack(server))
+    assert elapsed < 3.0
+
+    assert_weights_equal(server.center_variable, before)
+    assert server.num_updates == 1
+    assert server.history == []
+    # the honest connection that was open all along still works
+    pulled = honest.pull()
+    assert_weights_equal(pulled["center"], before)
+    honest.commit(layers(0.25, 0.25))
+    assert honest.pull()["num_updates"] == 2
+    honest.quit()
+    assert_weights_equal(server.center_variable, [before[0] + 0.25, before[1] + 0.25])
+    # and so does a new one
+    assert_honest_client_works(server)
+    assert server.num_updates == 3
+
+
+def test_hostile_input_before_auth_is_no_server_error(servers):
+    server = servers()
+    for attack in (hostile_wrong_token, hostile_garbage_before_auth,
+                   hostile_malformed_header_before_auth, hostile_ten_gigabytes_before_auth):
+        expect_closed_by_server(attack(server))
+    assert_honest_client_works(server)
+    assert server.errors == []
+
+
+def test_silent_client_is_dropped_after_handshake_timeout(servers):
+    server = servers(handshake_timeout=0.5)
+    before = center_copy(server)
+    silent = Client(server, 0, authenticate=False)
+    elapsed = expect_closed_by_server(silent.sock)
+    assert 0.3 <= elapsed < 3.0
+    assert_weights_equal(server.center_variable, before)
+    assert_honest_client_works(server)
+
+
+def test_handshake_timeout_does_not_apply_after_auth(servers):
+    server = servers(handshake_timeout=0.5)
+    client = Client(server, 0)
+    time.sleep(1.0)
+    client.commit(layers(1.0, 1.0))
+    assert client.pull()["num_updates"] == 1
+    client.quit()
+
+
+# -- life cycle ------------------------------------------------------------------------------
+
+
+def server_threads():
+    return [thread for thread in threading.enumerate()
+            if thread.name.startswith("distkeras-ps") and thread.is_alive()]
+
+
+def test_stop_releases_port_and_threads(model):
+    server = DeltaParameterServer(model, 0)
+    server.start()
+    port = server.port
+    idle = Client(server, 0)  # a connection still open when the server stops
+    busy = Client(server, 1)
+    busy.commit(layers(1.0, 1.0))
+    busy.pull()
+    silent = Client(server, 2, authenticate=False)  # one still in its handshake
+    deadline = time.monotonic() + 5
+    while len(server_threads()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(server_threads()) == 4  # the accept loop and one per connection
+
+    server.stop()
+    assert server_threads() == []
+    for client in (idle, busy, silent):
+        expect_closed_by_server(client.sock, within=2.0)
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("127.0.0.1", port))  # fails while anything still listens on the port
+        probe.listen(1)
+    finally:
+        probe.close()
+    with pytest.raises(ConnectionError):
+        networking.connect("127.0.0.1", port, timeout=0.3, retry_interval=0.1)
+
+
+def test_restart_on_same_port(model):
+    first = DeltaParameterServer(model, 0)
+    first.start()
+    port = first.port
+    Client(first, 0).quit()
+    first.stop()
+    second = DeltaParameterServer(model, port)
+    second.start()
+    try:
+        assert second.port == port
+        assert_honest_client_works(second)
+    finally:
+        second.stop()
+    assert server_threads() == []
