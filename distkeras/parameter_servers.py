@@ -109,13 +109,15 @@ class SocketParameterServer(ParameterServer):
         self._running = False
         if self._server_socket is not None:
             networking.close_socket(self._server_socket)
+        if self._accept_thread is not None:
+            # Once the accept loop has ended no connection can be added, so the snapshot
+            # below holds every one (a connection accepted during stop() is not left open).
+            self._accept_thread.join(timeout=10)
         with self._history_lock:
             connections = list(self._connections)
             threads = list(self._threads)
         for conn in connections:
             conn.close()
-        if self._accept_thread is not None:
-            self._accept_thread.join(timeout=10)
         for thread in threads:
             thread.join(timeout=10)
 

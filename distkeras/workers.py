@@ -50,11 +50,18 @@ def _ensure_backend(backend):
 
 
 class HistoryLog:
-    """Per-step training records, kept as columns of numbers (compact, JSON-able)."""
+    """Per-step training records, kept as columns of numbers (compact, JSON-able).
+
+    Values may arrive as JAX scalars still being computed; they are turned into floats in
+    groups, so recording a step never waits for that step to finish.
+    """
+
+    MATERIALIZE_EVERY = 64
 
     def __init__(self):
         self.columns = {}
         self.size = 0
+        self._materialized = 0
 
     def append(self, record):
         for key in record:
@@ -63,11 +70,29 @@ class HistoryLog:
         for key, column in self.columns.items():
             column.append(record.get(key))
         self.size += 1
+        if self.size - self._materialized >= self.MATERIALIZE_EVERY:
+            self._materialize(keep_last=1)
+
+    def _materialize(self, keep_last=0):
+        end = self.size - keep_last
+        for column in self.columns.values():
+            for index in range(self._materialized, end):
+                value = column[index]
+                if value is not None and not isinstance(value, (int, float)):
+                    column[index] = _to_float(value)
+        self._materialized = max(self._materialized, end)
 
     def drain(self):
         """Returns the records so far as columns and forgets them."""
-        columns, self.columns, self.size = self.columns, {}, 0
+        self._materialize()
+        columns, self.columns, self.size, self._materialized = self.columns, {}, 0, 0
         return columns
+
+
+def _to_float(value):
+    from distkeras.jax_steps import to_float
+
+    return to_float(value)
 
 
 def history_records(columns):
@@ -86,32 +111,51 @@ class ModelReplica:
 
     ``get_weights()`` returns an object array of per-layer arrays, so the seed's
     ``np.asarray(self.model.get_weights())`` and ``W1 - W2`` work on numpy 2. Every
-    ``train_on_batch`` call is recorded in the worker's history. Everything else is the
-    Keras model's own.
+    ``train_on_batch`` call is recorded in the worker's history. On the JAX backend steps
+    run through `JaxTrainStep` (fit's speed); everything else is the Keras model's own.
     """
 
     def __init__(self, model, on_batch):
+        from distkeras.jax_steps import JaxTrainStep
+
         self._model = model
         self._on_batch = on_batch
+        self._fast_step = JaxTrainStep(model) if JaxTrainStep.supported(model) else None
+
+    def _sync(self):
+        if self._fast_step is not None:
+            self._fast_step.sync()
 
     def get_weights(self):
+        self._sync()
         return weights_array(self._model.get_weights())
 
     def set_weights(self, weights):
+        self._sync()
         self._model.set_weights(list(weights))
 
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
                        return_dict=False):
+        batch_size = len(x[0]) if isinstance(x, (list, tuple)) else len(x)
+        if self._fast_step is not None and class_weight is None:
+            logs = self._fast_step(x, y, sample_weight)
+            self._on_batch(logs, batch_size)
+            if not return_dict:
+                values = [_to_float(value) for value in logs.values()]
+                return values[0] if len(values) == 1 else values
+            return {key: _to_float(value) for key, value in logs.items()}
+        self._sync()
         logs = self._model.train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=True
         )
-        self._on_batch(logs, len(x[0]) if isinstance(x, (list, tuple)) else len(x))
+        self._on_batch(logs, batch_size)
         if return_dict:
             return logs
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
     def __getattr__(self, name):
+        self._sync()
         return getattr(self._model, name)
 
 
@@ -179,7 +223,7 @@ class Worker:
     def _record_step(self, logs, batch_size):
         record = {"worker_id": self.worker_id, "iteration": self.iteration,
                   "timestamp": time.time(), "batch_size": batch_size}
-        record.update({key: float(value) for key, value in logs.items()})
+        record.update(logs)
         self.history.append(record)
 
     def _sample_shapes(self, tensors):

@@ -264,8 +264,7 @@ def test_decode_message_respects_weight_spec():
 # -- rejection ------------------------------------------------------------------------------
 
 
-def test_truncated_frame_raises_peer_closed(pair):
-    sender, receiver = pair
+def test_truncated_frame_raises_peer_closed():
     data = encode_message({"a": np.arange(100, dtype=np.float64)})
     for cut in (3, PREFIX.size + 5, len(data) - 1):
         left, right = socket.socketpair()

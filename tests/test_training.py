@@ -132,5 +132,8 @@ def test_worker_error_reaches_caller_and_server_stops(spark, fashion_train):
     assert server._running is False
     import socket
     probe = socket.socket()
+    # SO_REUSEADDR tolerates closed connections in TIME_WAIT but not a live listener.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     probe.bind(("127.0.0.1", server.port))  # the port was freed
+    probe.listen(1)
     probe.close()
