@@ -124,7 +124,10 @@ def training_frame(dataframe, features_col, label_col):
 
 
 def lay_out(dataframe, num_partitions, num_epoch, shuffle=False, seed=None):
-    """Splits the data into ``num_partitions`` balanced partitions, repeated per epoch.
+    """Splits the data into ``num_partitions`` partitions, repeated per epoch.
+
+    A DataFrame that already has ``num_partitions`` partitions is used as it is (so balance
+    your partitions, or pass ``shuffle=True``); otherwise rows are spread round-robin.
 
     Each epoch's copy is appended to the same partitions, so one task per partition reads
     its share of every epoch in turn.
@@ -139,8 +142,16 @@ def lay_out(dataframe, num_partitions, num_epoch, shuffle=False, seed=None):
     Returns:
         A DataFrame with ``num_partitions`` partitions.
     """
+    current = dataframe.rdd.getNumPartitions()
+
     def one_epoch(epoch):
         if not shuffle:
+            # Keep the DataFrame's own partitioning when it already fits: a shuffle of the
+            # whole data set costs seconds before the first step.
+            if current == num_partitions:
+                return dataframe
+            if num_partitions == 1:
+                return dataframe.coalesce(1)
             return dataframe.repartition(num_partitions)
         order = F.rand(None if seed is None else seed + epoch)
         return (dataframe.withColumn("__distkeras_order", order)

@@ -86,22 +86,52 @@ def to_arrow_table(images, labels, num_classes=10):
     })
 
 
-def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, data_dir=None):
-    """Fashion-MNIST as a Spark DataFrame.
+def default_cache_dir():
+    """Where datasets are written as Parquet: ``$DISTKERAS_CACHE`` or ``~/.cache/distkeras``."""
+    return os.environ.get("DISTKERAS_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "distkeras"))
+
+
+def write_parquet(table, path, row_group_size=2048, compression="none"):
+    """Writes an Arrow table to a Parquet file atomically (temporary name, then rename).
+
+    Uncompressed by default: every row then takes the same bytes, so Spark's byte-based
+    file splits hold the same number of rows (balanced workers).
+    """
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(table, temporary, row_group_size=row_group_size, compression=compression)
+    os.replace(temporary, path)
+
+
+def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, data_dir=None,
+                       cache_dir=None):
+    """Fashion-MNIST as a Spark DataFrame, read from Parquet.
+
+    The images are written once to a Parquet file under ``cache_dir`` and read back by
+    Spark, so tasks read files rather than carrying the data (on a cluster, give a
+    ``cache_dir`` that every executor can read).
 
     Args:
         spark: The SparkSession.
         split: ``"train"`` or ``"test"``.
         limit: Keep only the first ``limit`` images (for quick runs and tests).
-        num_partitions: Partitions of the returned DataFrame (default: Spark's parallelism).
+        num_partitions: Partitions of the returned DataFrame (default: Spark's choice).
         data_dir: Folder holding the IDX files (default: Debian's location).
+        cache_dir: Folder for the Parquet files (default: `default_cache_dir()`).
 
     Returns:
         A DataFrame with ``features`` (array<float>, 784 values in [0, 1]), ``label``
         (array<float>, one-hot over 10 classes) and ``label_index`` (bigint).
     """
-    images, labels = load_fashion_mnist_numpy(split, data_dir)
-    if limit is not None:
-        images, labels = images[:limit], labels[:limit]
-    dataframe = spark.createDataFrame(to_arrow_table(images, labels))
+    name = f"fashion_mnist_{split}" + ("" if limit is None else f"_{int(limit)}") + "_v1.parquet"
+    path = os.path.join(cache_dir or default_cache_dir(), name)
+    if not os.path.exists(path):
+        images, labels = load_fashion_mnist_numpy(split, data_dir)
+        if limit is not None:
+            images, labels = images[:limit], labels[:limit]
+        write_parquet(to_arrow_table(images, labels), path)
+    dataframe = spark.read.parquet(path)
     return dataframe.repartition(num_partitions) if num_partitions else dataframe

@@ -30,6 +30,30 @@ def _as_list(value):
     return [value]
 
 
+def _enable_compilation_cache():
+    """Shares compiled JAX steps between the worker processes of this machine.
+
+    Every worker compiles the same training step; with the cache on disk only the first
+    one pays for it.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return
+    import tempfile
+
+    import jax
+
+    folder = os.environ.get("DISTKERAS_JAX_CACHE",
+                            os.path.join(tempfile.gettempdir(), "distkeras-jax-cache"))
+    try:
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    except (AttributeError, ValueError) as error:  # an older JAX without these options
+        logger.info("JAX compilation cache not enabled: %s", error)
+
+
 def _ensure_backend(backend):
     """Selects the driver's Keras backend on this executor, before Keras is imported."""
     import sys
@@ -206,6 +230,7 @@ class Worker:
     def prepare_model(self):
         """Rebuilds the model from its `.keras` bytes and compiles it."""
         _ensure_backend(self.backend)
+        _enable_compilation_cache()
         import keras
 
         from distkeras.utils import deserialize_keras_object, deserialize_model
