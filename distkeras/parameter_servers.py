@@ -238,7 +238,7 @@ class DeltaParameterServer(SocketParameterServer):
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
-        delta = self.model_update(data["delta"])
+        delta = self.model_update(data.get("delta"))
         with self.mutex:
             self.center_variable = update_rules.add_update(self.center_variable, delta)
             self.next_update(conn)
@@ -249,7 +249,50 @@ class ADAGParameterServer(SocketParameterServer):
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
-        residual = self.model_update(data["residual"] if "residual" in data else data["delta"])
+        residual = self.model_update(data["residual"] if "residual" in data else data.get("delta"))
         with self.mutex:
             self.center_variable = update_rules.add_update(self.center_variable, residual)
+            self.next_update(conn)
+
+
+class DynSGDParameterServer(SocketParameterServer):
+    """``C += delta / (num_updates - last_update + 1)``: stale commits count less (DynSGD)."""
+
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        delta = self.model_update(data.get("delta"))
+        last_update = data.get("last_update")
+        if isinstance(last_update, bool) or not isinstance(last_update, int):
+            raise networking.ProtocolError("A DynSGD commit must carry its last_update.")
+        with self.mutex:
+            # A worker cannot have seen more updates than were made; clamp a lying count.
+            last_update = min(max(last_update, 0), self.num_updates)
+            self.center_variable = update_rules.dynsgd_update(
+                self.center_variable, delta, self.num_updates, last_update)
+            self.next_update(conn)
+
+
+class ExperimentalParameterServer(SocketParameterServer):
+    """The research scaffold: ``C += residual / ((1/lr) * (C - C_stale)**2 + 1)``.
+
+    Copy this class (with `ExperimentalWorker` and the `Experimental` trainer) to try a
+    new aggregation rule: `handle_commit` is the whole algorithm on the server side.
+
+    Args:
+        model: The master `keras.Model`.
+        master_port: Port to listen on; 0 lets the OS pick.
+        learning_rate: The rule's learning rate.
+    """
+
+    def __init__(self, model, master_port=0, learning_rate=1.0):
+        super().__init__(model, master_port)
+        self.learning_rate = learning_rate
+
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        residual = self.model_update(data.get("delta"))
+        stale_center = self.model_update(data.get("center"))
+        with self.mutex:
+            self.center_variable = update_rules.experimental_update(
+                self.center_variable, residual, stale_center, self.learning_rate)
             self.next_update(conn)

@@ -427,3 +427,218 @@ class ADAG(AsynchronousDistributedTrainer):
 
     def allocate_parameter_server(self):
         return parameter_servers.ADAGParameterServer(self.master_model, self.master_port)
+
+
+class DynSGD(AsynchronousDistributedTrainer):
+    """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
+
+    Workers commit ``W - W_pull`` with the update count they saw at their last pull; the
+    server applies ``C += delta / (num_updates - last_update + 1)``. Default window 5.
+    """
+
+    default_window = 5
+
+    def allocate_worker(self):
+        return workers.DynSGDWorker(self.master_model)
+
+    def allocate_parameter_server(self):
+        return parameter_servers.DynSGDParameterServer(self.master_model, self.master_port)
+
+
+class AEASGD(AsynchronousDistributedTrainer):
+    """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
+
+    Every ``communication_window`` steps a worker pulls C, computes the elastic force
+    ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``; the server
+    adds it (``C += E``). Workers explore on their own between exchanges, so large windows
+    (over 25) suit it. Defaults: window 32, rho 5.0, learning_rate 0.1.
+
+    Args:
+        rho: Strength of the elastic force.
+        learning_rate: Multiplies the elastic force (``rho * learning_rate`` must be <= 1).
+        (the rest): See `AsynchronousDistributedTrainer`.
+    """
+
+    default_window = 32
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_workers=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
+                 master_port=0, loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
+                         batch_size, features_col, label_col, num_epoch, communication_window,
+                         master_port, loss_weights, parallelism_factor, learning_rate)
+        self.rho = rho
+
+    def get_config(self):
+        config = super().get_config()
+        config["rho"] = self.rho
+        return config
+
+    def validate_arguments(self):
+        super().validate_arguments()
+        _check_number("rho", self.rho)
+        if self.rho * self.learning_rate > 1.0:
+            raise ValueError(
+                "`rho * learning_rate` must be at most 1 (the elastic step would overshoot "
+                f"the center). Received: rho={self.rho}, learning_rate={self.learning_rate}")
+
+    def allocate_worker(self):
+        return workers.AEASGDWorker(self.master_model, rho=self.rho,
+                                    learning_rate=self.learning_rate)
+
+
+class EAMSGD(AEASGD):
+    """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
+
+    Each local step is taken by the Keras optimizer at the look-ahead point
+    ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. Defaults: window 32,
+    rho 5.0, learning_rate 0.1, momentum 0.9.
+
+    Args:
+        momentum: The local momentum (0 gives AEASGD).
+        (the rest): See `AEASGD`.
+    """
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_workers=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
+                 momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
+                         batch_size, features_col, label_col, num_epoch, communication_window,
+                         rho, learning_rate, master_port, loss_weights, parallelism_factor)
+        self.momentum = momentum
+
+    def get_config(self):
+        config = super().get_config()
+        config["momentum"] = self.momentum
+        return config
+
+    def validate_arguments(self):
+        super().validate_arguments()
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) \
+                or not 0.0 <= self.momentum < 1.0:
+            raise ValueError(
+                f"`momentum` must be a number in [0, 1). Received: momentum={self.momentum!r}")
+
+    def allocate_worker(self):
+        return workers.EAMSGDWorker(self.master_model, rho=self.rho,
+                                    learning_rate=self.learning_rate, momentum=self.momentum)
+
+
+class Experimental(AsynchronousDistributedTrainer):
+    """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
+
+    Workers commit ADAG's residual and the center they pulled; the server damps each weight's
+    update by how far the center moved since: ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
+    Defaults: window 5, learning_rate 1.0.
+    """
+
+    default_window = 5
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_workers=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
+                 loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
+                         batch_size, features_col, label_col, num_epoch, communication_window,
+                         master_port, loss_weights, parallelism_factor, learning_rate)
+
+    def allocate_worker(self):
+        return workers.ExperimentalWorker(self.master_model)
+
+    def allocate_parameter_server(self):
+        return parameter_servers.ExperimentalParameterServer(
+            self.master_model, self.master_port, learning_rate=self.learning_rate)
+
+
+class AveragingTrainer(DistributedTrainer):
+    """Model averaging: each epoch, one replica per partition, then the weights' mean.
+
+    Every epoch starts all replicas from the last average; the running sum starts fresh
+    each epoch. No parameter server.
+    """
+
+    def allocate_worker(self, model):
+        return workers.SequentialWorker(model)
+
+    def _train(self, frame, label_shapes, shuffle):
+        from distkeras import update_rules
+        from distkeras.networking import weights_array
+        from distkeras.utils import deserialize_model, serialize_model
+
+        model = deserialize_model(serialize_model(self.master_model))
+        for epoch in range(self.num_epoch):
+            layout = dataframes.lay_out(frame, self.num_partitions(), 1, shuffle,
+                                        seed=None if not shuffle else epoch)
+            worker = self.allocate_worker(model)
+            self._configure_worker(worker)
+            messages = self._run_workers(
+                layout, worker, label_shapes,
+                f"distkeras AveragingTrainer epoch {epoch + 1}/{self.num_epoch}")
+            model.set_weights(list(update_rules.average_weights(
+                weights_array(message["weights"]) for message in messages)))
+            for message in messages:
+                for record in workers.history_records(message["history"]):
+                    record["epoch"] = epoch
+                    self.history.append(record)
+        return model
+
+
+class EnsembleTrainer(DistributedTrainer):
+    """Trains ``num_ensembles`` independent models, one per partition of the data.
+
+    Each member starts from its own random initial weights (seeded by ``seed`` plus its
+    index) and trains on its share of the data. `train()` returns the list of models.
+
+    Args:
+        num_ensembles: Number of models.
+        seed: Base seed for the members' initial weights.
+        (the rest): See `Trainer`.
+    """
+
+    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+                 num_ensembles=2, batch_size=32, features_col="features", label_col="label",
+                 num_epoch=1, loss_weights=None, seed=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics, num_ensembles,
+                         batch_size, features_col, label_col, num_epoch, loss_weights)
+        self.num_ensembles = num_ensembles
+        self.seed = seed
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("num_workers", "parallelism_factor"):
+            config.pop(key)
+        config.update(num_ensembles=self.num_ensembles, seed=self.seed)
+        return config
+
+    def validate_arguments(self):
+        self.num_workers = self.num_ensembles
+        super().validate_arguments()
+
+    def allocate_worker(self):
+        return workers.EnsembleWorker(self.master_model, seed=self.seed)
+
+    def train(self, dataframe, shuffle=False):
+        """Trains the members; returns a list of ``num_ensembles`` compiled models."""
+        return super().train(dataframe, shuffle)
+
+    def _train(self, frame, label_shapes, shuffle):
+        from distkeras.utils import deserialize_model, serialize_model
+
+        layout = dataframes.lay_out(frame, self.num_ensembles, self.num_epoch, shuffle,
+                                    seed=self.seed)
+        worker = self.allocate_worker()
+        self._configure_worker(worker)
+        messages = self._run_workers(layout, worker, label_shapes,
+                                     f"distkeras EnsembleTrainer ({self.num_ensembles} models)")
+        models = []
+        for message in sorted(messages, key=lambda m: m["worker_id"]):
+            self.history.extend(workers.history_records(message["history"]))
+            member = deserialize_model(serialize_model(self.master_model))
+            member.set_weights(list(message["weights"]))
+            models.append(member)
+        return models
+
+    def _compile(self, models):
+        return [super(EnsembleTrainer, self)._compile(model) for model in models]

@@ -18,3 +18,58 @@ def adag_residual(weights, pulled, communication_window):
 def add_update(center, update):
     """DOWNPOUR and ADAG server: ``C + delta`` (``C + residual``)."""
     return center + update
+
+
+def elastic_difference(weights, center, rho, learning_rate):
+    """AEASGD / EAMSGD worker: the elastic force ``E = rho * lr * (W - C)``.
+
+    The worker subtracts ``E`` from its weights and commits it; the server adds it to the
+    center, so both move towards each other.
+    """
+    return (rho * learning_rate) * (weights - center)
+
+
+def momentum_velocity(velocity, weights_before, weights_after):
+    """EAMSGD worker: the new velocity after one step taken at the look-ahead point.
+
+    The EASGD paper's EAMSGD takes a Nesterov step ``v <- delta * v - eta * g(x + delta * v)``,
+    ``x <- x + v``. The Keras optimizer takes the gradient step from the look-ahead point
+    ``x + delta * v``, so the new velocity is simply where it ended minus where ``x`` was.
+    """
+    return weights_after - weights_before
+
+
+def lookahead(weights, velocity, momentum):
+    """EAMSGD worker: the point ``x + delta * v`` where the next gradient is taken."""
+    return weights + momentum * velocity
+
+
+def dynsgd_update(center, delta, num_updates, last_update):
+    """DynSGD server: ``C + delta / (num_updates - last_update + 1)``.
+
+    Args:
+        center: The center variable.
+        delta: The worker's change since its last pull.
+        num_updates: Updates applied so far.
+        last_update: The update count the worker saw at its last pull.
+    """
+    staleness = num_updates - last_update + 1
+    return center + delta / staleness
+
+
+def experimental_update(center, residual, stale_center, learning_rate):
+    """Experimental server: ``C + residual / ((1/lr) * (C - C_stale)**2 + 1)``, elementwise.
+
+    Weights that moved a lot since the worker pulled them (high disagreement) get a damped
+    update; weights that did not move get the full residual.
+    """
+    return center + residual / ((1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0)
+
+
+def average_weights(weight_sets):
+    """AveragingTrainer: the elementwise mean of several replicas' weights."""
+    weight_sets = list(weight_sets)
+    total = weight_sets[0]
+    for weights in weight_sets[1:]:
+        total = total + weights
+    return total / len(weight_sets)

@@ -233,9 +233,9 @@ class Worker:
         _enable_compilation_cache()
         import keras
 
-        from distkeras.utils import deserialize_keras_object, deserialize_model
+        from distkeras.utils import deserialize_keras_object
 
-        model = deserialize_model(bytes(self.master_model))
+        model = self.build_model()
         metrics = deserialize_keras_object(self.metrics)
         model.compile(
             optimizer=keras.optimizers.get(deserialize_keras_object(self.optimizer)),
@@ -244,6 +244,12 @@ class Worker:
             metrics=metrics if metrics else None,
         )
         self.model = ModelReplica(model, self._record_step)
+
+    def build_model(self):
+        """The uncompiled Keras model this worker trains."""
+        from distkeras.utils import deserialize_model
+
+        return deserialize_model(bytes(self.master_model))
 
     def _record_step(self, logs, batch_size):
         record = {"worker_id": self.worker_id, "iteration": self.iteration,
@@ -410,7 +416,7 @@ class WindowedWorker(NetworkWorker):
         self.model.set_weights(self.center_variable)
         steps_since_commit = 0
         for x, y in iter(self.get_next_minibatch, None):
-            self.model.train_on_batch(x, y)
+            self.train_step(x, y)
             steps_since_commit += 1
             if self.iteration % self.communication_window == 0:
                 self.communicate()
@@ -418,6 +424,10 @@ class WindowedWorker(NetworkWorker):
             self.iteration += 1
         if steps_since_commit:
             self.communicate()
+
+    def train_step(self, x, y):
+        """One local step; EAMSGD adds momentum here."""
+        self.model.train_on_batch(x, y)
 
     def communicate(self):
         """Exchanges with the parameter server at the end of a window."""
@@ -441,3 +451,84 @@ class ADAGWorker(WindowedWorker):
             self.model.get_weights(), self.center_variable, self.communication_window))
         self.pull()
         self.model.set_weights(self.center_variable)
+
+
+class DynSGDWorker(DOWNPOURWorker):
+    """Commits ``W - W_pull`` with the update count of its last pull (DynSGD).
+
+    `commit` always sends ``last_update``; the DynSGD server divides by the staleness.
+    """
+
+
+class AEASGDWorker(WindowedWorker):
+    """Asynchronous elastic averaging (EASGD paper, Zhang, Choromanska & LeCun 2015).
+
+    Every window: pull C, ``E = rho * lr * (W - C)``, ``W -= E``, commit ``E``. The worker
+    keeps its own weights (it does not jump to the center): the elastic force only pulls
+    it closer.
+    """
+
+    def __init__(self, model, rho=5.0, learning_rate=0.1, **kwargs):
+        super().__init__(model, learning_rate=learning_rate, **kwargs)
+        self.rho = rho
+
+    def communicate(self):
+        self.pull()
+        weights = self.model.get_weights()
+        elastic = update_rules.elastic_difference(
+            weights, self.center_variable, self.rho, self.learning_rate)
+        self.model.set_weights(weights - elastic)
+        self.commit(elastic)
+
+
+class EAMSGDWorker(AEASGDWorker):
+    """EAMSGD: AEASGD's elastic step plus local Nesterov momentum, as in the EASGD paper.
+
+    Each step is taken at the look-ahead point ``W + momentum * v`` by the Keras optimizer;
+    the velocity becomes where that step ended minus ``W`` (see
+    `update_rules.momentum_velocity`).
+    """
+
+    def __init__(self, model, rho=5.0, learning_rate=0.1, momentum=0.9, **kwargs):
+        super().__init__(model, rho=rho, learning_rate=learning_rate, **kwargs)
+        self.momentum = momentum
+        self.velocity = None
+
+    def train_step(self, x, y):
+        weights = self.model.get_weights()
+        if self.velocity is None:
+            self.velocity = weights * 0.0
+        self.model.set_weights(update_rules.lookahead(weights, self.velocity, self.momentum))
+        self.model.train_on_batch(x, y)
+        self.velocity = update_rules.momentum_velocity(
+            self.velocity, weights, self.model.get_weights())
+
+
+class ExperimentalWorker(WindowedWorker):
+    """The research scaffold: ADAG's worker that also sends the center it pulled.
+
+    Copy this class (with `ExperimentalParameterServer` and the `Experimental` trainer)
+    to try a new worker rule: `communicate` is the whole algorithm on the worker side.
+    """
+
+    def communicate(self):
+        residual = update_rules.adag_residual(
+            self.model.get_weights(), self.center_variable, self.communication_window)
+        self.commit(residual, center=self.center_variable)
+        self.pull()
+        self.model.set_weights(self.center_variable)
+
+
+class EnsembleWorker(SequentialWorker):
+    """Trains an independent model: fresh initial weights seeded by the worker's index."""
+
+    def __init__(self, model, seed=None, **kwargs):
+        super().__init__(model, **kwargs)
+        self.seed = seed
+
+    def build_model(self):
+        import keras
+
+        model = super().build_model()
+        keras.utils.set_random_seed((self.seed or 0) + self.worker_id)
+        return keras.models.clone_model(model)  # new layers, new initial weights

@@ -1,0 +1,46 @@
+"""Writes a benchmark's table into docs/benchmarks.md, under its own heading."""
+
+import os
+import platform
+import re
+import sys
+import time
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
+
+
+def machine():
+    """One line naming the machine and the versions that matter."""
+    import jax
+    import keras
+    import numpy
+    import pyspark
+
+    cores = os.cpu_count()
+    return (f"{platform.machine()}, {cores} cores, Python {platform.python_version()}, "
+            f"Keras {keras.__version__} ({keras.backend.backend()}), JAX {jax.__version__}, "
+            f"PySpark {pyspark.__version__}, numpy {numpy.__version__}")
+
+
+def table(header, rows):
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_section(title, body):
+    """Replaces (or appends) the section ``## title`` of docs/benchmarks.md."""
+    command = "python " + " ".join(sys.argv)
+    section = (f"## {title}\n\n`{command}`\n\n{time.strftime('%Y-%m-%d')}, {machine()}\n\n"
+               f"{body.strip()}\n")
+    text = open(DOC, encoding="utf-8").read() if os.path.exists(DOC) else \
+        "# Benchmarks\n\nRun by hand; each section says the command that wrote it.\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    with open(DOC, "w", encoding="utf-8") as handle:
+        handle.write(text.rstrip("\n") + "\n")
+    print(section)
