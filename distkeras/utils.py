@@ -110,3 +110,39 @@ def average_history(records):
             dtype=np.float64,
         )
     return averaged
+
+
+def save_model(model, path):
+    """Saves a Keras model as a `.keras` archive at ``path`` (any Hadoop filesystem path).
+
+    The write is atomic: readers see the old model or the new one, never half of one.
+    """
+    from distkeras import storage
+
+    storage.write_bytes(path, serialize_model(model))
+
+
+def load_model(path, compile=True, custom_objects=None):
+    """Loads a `.keras` archive from ``path`` (any Hadoop filesystem path), safe_mode=True."""
+    from distkeras import storage
+
+    return deserialize_model(storage.read_bytes(path), compile=compile,
+                             custom_objects=custom_objects)
+
+
+def save_history(history, path):
+    """Saves a trainer's history (a list of records) as JSON at ``path``, atomically."""
+    import json
+
+    from distkeras import storage
+
+    storage.write_bytes(path, json.dumps(list(history)).encode("utf-8"))
+
+
+def load_history(path):
+    """Loads a history saved by `save_history`."""
+    import json
+
+    from distkeras import storage
+
+    return json.loads(storage.read_bytes(path).decode("utf-8"))

@@ -1,0 +1,266 @@
+"""The ``distkeras`` command line: train, predict, and (with Punchcard) serve jobs.
+
+Works as an installed command and under ``spark-submit`` (``spark-submit
+$(python -c 'import distkeras.cli as c; print(c.__file__)') train ...``). Every failure
+ends with a one-line message on stderr and a non-zero exit status.
+"""
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+# Trainer arguments that have their own options below; every other constructor argument of
+# the chosen trainer becomes an option of its own (--rho, --momentum, --learning-rate, ...).
+COMMON_ARGUMENTS = {"keras_model", "worker_optimizer", "loss", "metrics", "num_workers",
+                    "num_ensembles", "batch_size", "features_col", "label_col", "num_epoch",
+                    "communication_window"}
+
+
+class CommandError(Exception):
+    """A failure to report in one line."""
+
+
+def _columns(text):
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    return names[0] if len(names) == 1 else names
+
+
+def _option_value(text):
+    """An option's value: JSON where it parses (numbers, lists, null), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def trainer_options(trainer_class):
+    """The trainer's own constructor arguments: ``{name: default}``."""
+    signature = inspect.signature(trainer_class.__init__)
+    return {name: parameter.default for name, parameter in signature.parameters.items()
+            if name != "self" and name not in COMMON_ARGUMENTS
+            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+
+
+def _add_trainer_options(parser, trainer_class):
+    group = parser.add_argument_group(f"options of {trainer_class.__name__}")
+    for name, default in trainer_options(trainer_class).items():
+        kind = type(default) if isinstance(default, (int, float)) and \
+            not isinstance(default, bool) else _option_value
+        group.add_argument(f"--{name.replace('_', '-')}", dest=f"trainer_{name}", type=kind,
+                           metavar=name.upper(),
+                           default=default if default is not inspect.Parameter.empty else None,
+                           help=f"{trainer_class.__name__}'s {name}")
+
+
+def _train_parser(trainer_class=None, add_help=True):
+    parser = argparse.ArgumentParser(
+        prog="distkeras train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        add_help=add_help,
+        description="Train a Keras model on Parquet data with a distributed trainer. "
+                    "`distkeras train --trainer NAME --help` lists NAME's own options.")
+    parser.add_argument("--data", required=add_help, help="Parquet path (any Hadoop filesystem)")
+    parser.add_argument("--model", required=add_help, help="the model, a .keras archive")
+    parser.add_argument("--output", required=add_help,
+                        help="where to write the trained .keras")
+    parser.add_argument("--trainer", default="ADAG", help="trainer class name")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="parallel workers (ensemble size for EnsembleTrainer)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the data")
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per minibatch")
+    parser.add_argument("--window", type=int, default=None,
+                        help="communication window (default: the trainer's own)")
+    parser.add_argument("--features", default="features",
+                        help="feature column(s), comma-separated for several inputs")
+    parser.add_argument("--label", default="label",
+                        help="label column(s), comma-separated for several outputs")
+    parser.add_argument("--optimizer", default=None,
+                        help="worker optimizer (default: the model's compiled one, else adam)")
+    parser.add_argument("--loss", default=None,
+                        help="loss (default: the model's compiled loss; required otherwise)")
+    parser.add_argument("--metrics", default="accuracy", help="comma-separated metrics")
+    parser.add_argument("--shuffle", action="store_true", help="shuffle rows each epoch")
+    parser.add_argument("--history", default=None, help="where to write the history (JSON)")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default: spark-submit's, else local[*])")
+    if trainer_class is not None:
+        _add_trainer_options(parser, trainer_class)
+    return parser
+
+
+def _spark(master):
+    from distkeras.session import local_spark_session
+
+    if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.appName("distkeras").getOrCreate()
+    master = master or "local[*]"
+    if master.startswith("local"):
+        return local_spark_session(master)
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.master(master).appName("distkeras").getOrCreate()
+
+
+def _read_parquet(spark, path):
+    from pyspark.errors import AnalysisException
+
+    try:
+        return spark.read.parquet(path)
+    except AnalysisException as error:
+        raise CommandError(f"cannot read Parquet data at {path}: "
+                           f"{str(error).splitlines()[0]}") from error
+
+
+def _load_model(path):
+    from distkeras import utils
+
+    try:
+        return utils.load_model(path, compile=True)
+    except FileNotFoundError as error:
+        raise CommandError(f"model file not found: {path}") from error
+    except (ValueError, OSError) as error:
+        raise CommandError(f"cannot load the model {path}: {error}") from error
+
+
+def _compile_settings(model, args):
+    compiled = getattr(model, "compiled", False)
+    loss = args.loss or (model.loss if compiled else None)
+    if loss is None:
+        raise CommandError("--loss is required: the model file has no compiled loss")
+    optimizer = args.optimizer or (model.optimizer if compiled else "adam")
+    metrics = [name for name in args.metrics.split(",") if name]
+    return optimizer, loss, metrics
+
+
+def build_trainer(trainer_class, model, args):
+    """The trainer the ``train`` command's arguments describe."""
+    optimizer, loss, metrics = _compile_settings(model, args)
+    parameters = inspect.signature(trainer_class.__init__).parameters
+    settings = {"keras_model": model, "worker_optimizer": optimizer, "loss": loss,
+                "metrics": metrics, "batch_size": args.batch_size, "num_epoch": args.epochs,
+                "features_col": _columns(args.features), "label_col": _columns(args.label)}
+    if "num_workers" in parameters:
+        settings["num_workers"] = args.workers
+    if "num_ensembles" in parameters:
+        settings["num_ensembles"] = args.workers
+    if args.window is not None:
+        if "communication_window" not in parameters:
+            raise CommandError(f"{trainer_class.__name__} has no communication window")
+        settings["communication_window"] = args.window
+    for name in trainer_options(trainer_class):
+        value = getattr(args, f"trainer_{name}")
+        if value is not inspect.Parameter.empty and value is not None:
+            settings[name] = value
+    return trainer_class(**settings)
+
+
+def command_train(argv):
+    from distkeras.registry import get_trainer_class
+
+    first, _ = _train_parser(add_help=False).parse_known_args(argv)  # --trainer decides the other options
+    try:
+        trainer_class = get_trainer_class(first.trainer)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    args = _train_parser(trainer_class).parse_args(argv)
+    spark = _spark(args.master)
+    from distkeras import utils
+
+    dataframe = _read_parquet(spark, args.data)
+    model = _load_model(args.model)
+    trainer = build_trainer(trainer_class, model, args)
+    trained = trainer.train(dataframe, shuffle=args.shuffle)
+    if isinstance(trained, list):
+        raise CommandError("EnsembleTrainer returns several models; save them from Python")
+    utils.save_model(trained, args.output)
+    if args.history:
+        utils.save_history(trainer.get_history(), args.history)
+    history = trainer.get_history()
+    samples = sum(record.get("batch_size", 0) for record in history)
+    seconds = trainer.get_training_time()
+    final_loss = history[-1].get("loss", float("nan")) if history else float("nan")
+    sys.stdout.write(f"trained {trainer_class.__name__} in {seconds:.1f} s, "
+                     f"{samples / seconds:.0f} samples/s, final loss {final_loss:.4f}; "
+                     f"model written to {args.output}\n")
+    return 0
+
+
+def command_predict(argv):
+    parser = argparse.ArgumentParser(
+        prog="distkeras predict", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Predict with a Keras model over Parquet data, in parallel, to Parquet.")
+    parser.add_argument("--data", required=True, help="Parquet path to predict on")
+    parser.add_argument("--model", required=True, help="the model, a .keras archive")
+    parser.add_argument("--output", required=True, help="Parquet path for the predictions")
+    parser.add_argument("--features", default="features", help="feature column")
+    parser.add_argument("--prediction", default="prediction", help="output column")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if present")
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default: spark-submit's, else local[*])")
+    args = parser.parse_args(argv)
+    spark = _spark(args.master)
+    from distkeras.predictors import ModelPredictor
+
+    dataframe = _read_parquet(spark, args.data)
+    if args.features not in dataframe.columns:
+        raise CommandError(f"column {args.features!r} is not in {args.data}; columns: "
+                           f"{', '.join(dataframe.columns)}")
+    model = _load_model(args.model)
+    predictions = ModelPredictor(model, features_col=args.features,
+                                 output_col=args.prediction).predict(dataframe)
+    started = time.time()
+    predictions.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(
+        args.output)
+    sys.stdout.write(f"predictions written to {args.output} in {time.time() - started:.1f} s\n")
+    return 0
+
+
+COMMANDS = {
+    "train": command_train,
+    "predict": command_predict,
+}
+
+
+def _extra_commands():
+    commands = dict(COMMANDS)
+    try:
+        from distkeras import job_deployment
+    except ImportError:
+        return commands
+    commands.update(job_deployment.CLI_COMMANDS)
+    return commands
+
+
+def main(argv=None):
+    """Entry point of the ``distkeras`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = _extra_commands()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        usage = ("usage: distkeras {" + ",".join(commands) + "} [options]\n"
+                 "  `distkeras COMMAND --help` shows the command's options and defaults.\n")
+        if argv and argv[0] not in ("-h", "--help"):
+            sys.stderr.write(f"distkeras: error: unknown command {argv[0]!r}\n{usage}")
+            return 2
+        sys.stdout.write(usage)
+        return 0 if argv else 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return commands[argv[0]](argv[1:])
+    except CommandError as error:
+        sys.stderr.write(f"distkeras {argv[0]}: error: {error}\n")
+        return 1
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        sys.stderr.write(f"distkeras {argv[0]}: error: {first_line}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

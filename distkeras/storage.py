@@ -1,0 +1,143 @@
+"""Bytes to and from any path the cluster's filesystem understands.
+
+``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``, ``file://`` and plain paths go through the
+active SparkSession's Hadoop filesystem, so the cluster's own configuration and credentials
+apply. Without a SparkSession, plain and ``file://`` paths use local files. Writes go to a
+temporary name first and are renamed into place, so a reader never sees half a file.
+"""
+
+import contextlib
+import logging
+import os
+import uuid
+from urllib.parse import urlparse
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+
+
+def _active_spark():
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def _is_local(path):
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def _require_local(path):
+    if not _is_local(path):
+        raise RuntimeError(
+            f"Reaching {path} needs the cluster's Hadoop filesystem: start a SparkSession "
+            "first (its configuration and credentials are used).")
+
+
+def _local_path(path):
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+class _HadoopFS:
+    """The Hadoop FileSystem of ``path``, reached through the SparkSession's JVM."""
+
+    def __init__(self, spark, path):
+        self.jvm = spark.sparkContext._jvm
+        self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self.path = self.jvm.org.apache.hadoop.fs.Path(path)
+        self.fs = self.path.getFileSystem(self.conf)
+
+    def child(self, path):
+        return self.jvm.org.apache.hadoop.fs.Path(path)
+
+    def rename_over(self, source, target):
+        """Renames, replacing ``target``; atomic where the filesystem supports it."""
+        fs_class = self.jvm.org.apache.hadoop.fs
+        context = fs_class.FileContext.getFileContext(self.fs.getUri(), self.conf)
+        gateway = _active_spark().sparkContext._gateway
+        renames = gateway.new_array(fs_class.Options.Rename, 1)
+        renames[0] = fs_class.Options.Rename.OVERWRITE
+        context.rename(source, target, renames)
+
+
+def read_bytes(path):
+    """Reads a whole file.
+
+    Raises:
+        FileNotFoundError: Naming the path, when it does not exist.
+    """
+    spark = _active_spark()
+    if spark is None:
+        _require_local(path)
+        local = _local_path(path)
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"No such file: {path}")
+        with open(local, "rb") as handle:
+            return handle.read()
+    hadoop = _HadoopFS(spark, path)
+    if not hadoop.fs.exists(hadoop.path):
+        raise FileNotFoundError(f"No such file: {path}")
+    stream = hadoop.fs.open(hadoop.path)
+    try:
+        return bytes(stream.readAllBytes())
+    finally:
+        stream.close()
+
+
+@contextlib.contextmanager
+def atomic_writer(path):
+    """A writable stream whose content replaces ``path`` only when the block succeeds.
+
+    Yields:
+        An object with ``write(bytes)``. On an exception inside the block the temporary
+        file is removed and ``path`` is left as it was.
+    """
+    spark = _active_spark()
+    if spark is None:
+        _require_local(path)
+        local = _local_path(path)
+        folder = os.path.dirname(os.path.abspath(local))
+        os.makedirs(folder, exist_ok=True)
+        temporary = os.path.join(folder, f".{os.path.basename(local)}.tmp-{uuid.uuid4().hex}")
+        try:
+            with open(temporary, "wb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, local)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+        return
+    hadoop = _HadoopFS(spark, path)
+    parent = hadoop.path.getParent()
+    temporary = hadoop.child(f"{parent.toString()}/.{hadoop.path.getName()}.tmp-{uuid.uuid4().hex}")
+    stream = hadoop.fs.create(temporary, True)
+    done = False
+    try:
+        yield _JavaStreamWriter(stream)
+        stream.close()
+        hadoop.rename_over(temporary, hadoop.path)
+        done = True
+    finally:
+        if not done:
+            with contextlib.suppress(Exception):  # py4j errors of every kind: clean up only
+                stream.close()
+            hadoop.fs.delete(temporary, False)
+
+
+class _JavaStreamWriter:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data):
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            self.stream.write(bytearray(view[start:start + CHUNK_BYTES]))
+
+
+def write_bytes(path, data):
+    """Writes ``data`` to ``path`` atomically (temporary name, then rename)."""
+    with atomic_writer(path) as out:
+        out.write(data)

@@ -1,0 +1,83 @@
+"""The `distkeras` command line, end to end on a small Fashion-MNIST Parquet set."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import accuracy, build_mlp
+
+
+@pytest.fixture(scope="module")
+def parquet_data(fashion_train, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("data") / "fashion.parquet")
+    fashion_train.limit(1500).write.parquet(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    from distkeras import utils
+
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    path = str(tmp_path_factory.mktemp("model") / "mlp.keras")
+    utils.save_model(model, path)
+    return path
+
+
+def test_train_in_process(spark, parquet_data, model_file, tmp_path, fashion_test, capsys):
+    from distkeras import cli, utils
+
+    output, history = str(tmp_path / "out.keras"), str(tmp_path / "history.json")
+    status = cli.main(["train", "--data", parquet_data, "--model", model_file,
+                       "--trainer", "AEASGD", "--workers", "2", "--window", "8",
+                       "--rho", "2.0", "--output", output, "--history", history])
+    assert status == 0
+    assert "samples/s" in capsys.readouterr().out
+    assert accuracy(utils.load_model(output), fashion_test) > 0.4
+    records = json.load(open(history))
+    assert sum(record["batch_size"] for record in records) == 1500
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--data": "/nonexistent/data.parquet"}, "cannot read Parquet data"),
+    ({"--model": "/nonexistent/model.keras"}, "model file not found"),
+    ({"--trainer": "Nope"}, "Unknown trainer 'Nope'. Available trainers:"),
+    ({"--features": "pixels"}, "Column 'pixels' is not in the DataFrame"),
+])
+def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, capsys,
+                                     change, message):
+    from distkeras import cli
+
+    arguments = {"--data": parquet_data, "--model": model_file,
+                 "--output": str(tmp_path / "out.keras")}
+    arguments.update(change)
+    argv = ["train"] + [item for pair in arguments.items() for item in pair]
+    assert cli.main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and message in error
+    assert not os.path.exists(tmp_path / "out.keras")
+
+
+def test_help_lists_trainer_options_with_defaults(capsys):
+    from distkeras import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--trainer", "EAMSGD", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--momentum MOMENTUM", "(default: 0.9)", "--rho RHO", "(default: 5.0)",
+                   "--batch-size", "(default: 32)"):
+        assert option in out
+
+
+def test_installed_command_trains_in_its_own_spark(parquet_data, model_file, tmp_path):
+    command = [os.path.join(os.path.dirname(sys.executable), "distkeras"), "train",
+               "--data", parquet_data, "--model", model_file, "--trainer", "SingleTrainer",
+               "--output", str(tmp_path / "single.keras"), "--master", "local[1]"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trained SingleTrainer" in result.stdout
+    assert os.path.getsize(tmp_path / "single.keras") > 0

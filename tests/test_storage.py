@@ -1,0 +1,69 @@
+"""Model and history I/O through the SparkSession's Hadoop filesystem, atomically."""
+
+import os
+
+import numpy as np
+import pytest
+
+
+def _model(seed):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("scheme", ["file://", ""])
+def test_save_load_overwrite(spark, tmp_path, scheme):
+    from distkeras import utils
+
+    path = f"{scheme}{tmp_path}/models/model.keras"
+    first, second = _model(1), _model(2)
+    utils.save_model(first, path)
+    loaded = utils.load_model(path)
+    np.testing.assert_array_equal(loaded.get_weights()[0], first.get_weights()[0])
+    assert loaded.compiled
+    utils.save_model(second, path)  # overwrite
+    np.testing.assert_array_equal(utils.load_model(path).get_weights()[0],
+                                  second.get_weights()[0])
+    leftovers = [name for name in os.listdir(tmp_path / "models") if ".tmp-" in name]
+    assert leftovers == []
+
+
+def test_failed_write_keeps_the_old_model(spark, tmp_path):
+    from distkeras import storage, utils
+
+    path = f"file://{tmp_path}/model.keras"
+    original = _model(3)
+    utils.save_model(original, path)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with storage.atomic_writer(path) as out:
+            out.write(b"PK half an archive")
+            raise RuntimeError("disk on fire")
+    np.testing.assert_array_equal(utils.load_model(path).get_weights()[0],
+                                  original.get_weights()[0])
+    assert not [name for name in os.listdir(tmp_path) if ".tmp-" in name]
+
+
+def test_history_round_trip_and_missing_file(spark, tmp_path):
+    from distkeras import utils
+
+    history = [{"worker_id": 0, "iteration": 1, "loss": 0.5}]
+    utils.save_history(history, str(tmp_path / "history.json"))
+    assert utils.load_history(f"file://{tmp_path}/history.json") == history
+    with pytest.raises(FileNotFoundError, match="No such file"):
+        utils.load_model(str(tmp_path / "absent.keras"))
+
+
+def test_lambda_layer_is_refused(spark, tmp_path):
+    import keras
+
+    from distkeras import utils
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Lambda(lambda x: x * 2)])
+    path = str(tmp_path / "lambda.keras")
+    utils.save_model(model, path)
+    with pytest.raises(ValueError, match="(?i)unsafe|safe_mode"):
+        utils.load_model(path)
