@@ -478,6 +478,7 @@ class AEASGD(AsynchronousDistributedTrainer):
     def validate_arguments(self):
         super().validate_arguments()
         _check_number("rho", self.rho)
+        _check_number("learning_rate", self.learning_rate)
         if self.rho * self.learning_rate > 1.0:
             raise ValueError(
                 "`rho * learning_rate` must be at most 1 (the elastic step would overshoot "
@@ -516,7 +517,8 @@ class EAMSGD(AEASGD):
 
     def validate_arguments(self):
         super().validate_arguments()
-        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) \
+        if isinstance(self.momentum, bool) or \
+                not isinstance(self.momentum, (int, float, np.number)) \
                 or not 0.0 <= self.momentum < 1.0:
             raise ValueError(
                 f"`momentum` must be a number in [0, 1). Received: momentum={self.momentum!r}")
@@ -543,6 +545,10 @@ class Experimental(AsynchronousDistributedTrainer):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate)
+
+    def validate_arguments(self):
+        super().validate_arguments()
+        _check_number("learning_rate", self.learning_rate)
 
     def allocate_worker(self):
         return workers.ExperimentalWorker(self.master_model)

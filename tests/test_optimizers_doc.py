@@ -1,0 +1,92 @@
+"""docs/optimizers.md: the "Write your own optimizer" tutorial runs as printed, and the
+defaults the page states are the code's."""
+
+import inspect
+import os
+import re
+
+import pytest
+from conftest import accuracy
+
+DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
+MARKER = "<!-- tutorial -->"
+
+
+def read_doc():
+    with open(DOC, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def tutorial_code(text):
+    """The fenced ```python block on the line right after the ``<!-- tutorial -->`` marker."""
+    lines = text.splitlines()
+    starts = [index for index, line in enumerate(lines) if line.strip() == MARKER]
+    assert len(starts) == 1, f"expected one {MARKER} marker, found {len(starts)}"
+    start = starts[0] + 1
+    assert lines[start].strip() == "```python", "the marker must precede a ```python block"
+    end = lines.index("```", start + 1)
+    return "\n".join(lines[start + 1:end]) + "\n"
+
+
+def test_tutorial_block_is_found():
+    code = tutorial_code(read_doc())
+    assert "class HalfStepWorker(NetworkWorker)" in code
+    assert code.rstrip().endswith("model = trainer.train(dataframe)")
+
+
+@pytest.mark.spark
+def test_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
+    import keras
+
+    from distkeras.parameter_servers import SocketParameterServer
+
+    code = tutorial_code(read_doc())
+    # As a reader pasting the block into a notebook or a script: its classes belong to
+    # __main__, which Spark's cloudpickle ships to the executors by value.
+    namespace = {"__name__": "__main__", "spark": spark,
+                 "dataframe": fashion_train.limit(2000)}
+    exec(compile(code, DOC, "exec"), namespace)
+
+    model = namespace["model"]
+    assert isinstance(model, keras.Model)
+    assert model.compiled
+    assert accuracy(model, fashion_test) > 0.5
+
+    servers = [value for value in namespace.values()
+               if isinstance(value, type) and issubclass(value, SocketParameterServer)
+               and value.__module__ == "__main__"]
+    assert len(servers) == 1
+    trainer = namespace["trainer"]
+    assert type(trainer.parameter_server) is servers[0]
+    assert trainer.parameter_server.num_updates > 0
+    assert len(trainer.get_staleness()) == trainer.parameter_server.num_updates
+    # Every step was trained and reported: 1,000 rows per worker, num_epoch passes.
+    rows = sum(record["batch_size"] for record in trainer.get_history())
+    assert rows == 2000 * trainer.num_epoch
+
+
+def _summary_rows(text):
+    """The "Summary" table: trainer name -> (window cell, other-defaults cell)."""
+    section = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] not in ("trainer", "---"):
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def test_stated_defaults_match_the_code():
+    from distkeras import trainers
+
+    rows = _summary_rows(read_doc())
+    assert set(rows) == {"SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR",
+                         "ADAG", "DynSGD", "AEASGD", "EAMSGD", "Experimental"}
+    for name, (window, others) in rows.items():
+        cls = getattr(trainers, name)
+        if issubclass(cls, trainers.AsynchronousDistributedTrainer):
+            assert int(window) == cls.default_window, name
+        parameters = inspect.signature(cls.__init__).parameters
+        for key, value in re.findall(r"`(\w+)=([^`]+)`", others):
+            assert key in parameters, (name, key)
+            assert repr(parameters[key].default) == value, (name, key)
