@@ -88,6 +88,13 @@ def _train_parser(trainer_class=None, add_help=True):
     parser.add_argument("--history", default=None, help="where to write the history (JSON)")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument("--trainer-config", default=None,
+                        help="JSON file of the trainer's get_config(); replaces the training "
+                             "options above")
+    parser.add_argument("--status", default=None,
+                        help="JSON file to keep updated with the run's state (job servers)")
+    parser.add_argument("--job-id", default=None,
+                        help="an identifier for job servers to recognize the process")
     if trainer_class is not None:
         _add_trainer_options(parser, trainer_class)
     return parser
@@ -161,21 +168,55 @@ def build_trainer(trainer_class, model, args):
     return trainer_class(**settings)
 
 
+def write_status(path, state, **details):
+    """Replaces the status file with ``{"state": ..., "time": ..., **details}``."""
+    if path is None:
+        return
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump({"state": state, "time": time.time(), **details}, handle)
+    os.replace(temporary, path)
+
+
+def _trainer_from_config(trainer_class, model, path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+        return trainer_class.from_config(config, keras_model=model)
+    except (OSError, ValueError, TypeError) as error:
+        raise CommandError(f"bad trainer configuration {path}: {error}") from error
+
+
 def command_train(argv):
     from distkeras.registry import get_trainer_class
 
-    first, _ = _train_parser(add_help=False).parse_known_args(argv)  # --trainer decides the other options
+    # --trainer decides which other options exist, so read it first.
+    first, _ = _train_parser(add_help=False).parse_known_args(argv)
     try:
         trainer_class = get_trainer_class(first.trainer)
     except ValueError as error:
         raise CommandError(str(error)) from error
     args = _train_parser(trainer_class).parse_args(argv)
+    try:
+        return _train(trainer_class, args)
+    except Exception as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        write_status(args.status, "failed", error=f"{type(error).__name__}: {message}")
+        raise
+
+
+def _train(trainer_class, args):
+    write_status(args.status, "starting")
     spark = _spark(args.master)
     from distkeras import utils
 
     dataframe = _read_parquet(spark, args.data)
     model = _load_model(args.model)
-    trainer = build_trainer(trainer_class, model, args)
+    if args.trainer_config:
+        trainer = _trainer_from_config(trainer_class, model, args.trainer_config)
+    else:
+        trainer = build_trainer(trainer_class, model, args)
+    write_status(args.status, "training")
     trained = trainer.train(dataframe, shuffle=args.shuffle)
     if isinstance(trained, list):
         raise CommandError("EnsembleTrainer returns several models; save them from Python")
@@ -189,6 +230,7 @@ def command_train(argv):
     sys.stdout.write(f"trained {trainer_class.__name__} in {seconds:.1f} s, "
                      f"{samples / seconds:.0f} samples/s, final loss {final_loss:.4f}; "
                      f"model written to {args.output}\n")
+    write_status(args.status, "finished", training_time=seconds, samples=samples)
     return 0
 
 

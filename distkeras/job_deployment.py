@@ -1,0 +1,626 @@
+"""Punchcard: a job server that trains on the cluster what a notebook sends it (seed 002).
+
+The client::
+
+    job = Job(secret, job_name, data_path, num_executors, num_processes, trainer)
+    job.send("http://yourcluster:8000")
+    job.wait_completion()
+    trained_model = job.get_trained_model()
+    history = job.get_history()
+
+The server (``python scripts/punchcard.py --secrets secrets.json --port 8000``) is a Flask
+application behind the waitress WSGI server. Each job runs as its own process and Spark
+application (``python -m distkeras.cli train ...``, arguments as a list, no shell), in its
+own folder; the job table lives in SQLite. Nothing a client sends is executed: the trainer
+travels as a registered class name and its JSON configuration, the model as a `.keras`
+archive loaded with ``safe_mode=True``.
+"""
+
+import argparse
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+logger = logging.getLogger(__name__)
+
+SECRET_HEADER = "X-Punchcard-Secret"
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_WORKERS = 1024
+
+
+class JobError(RuntimeError):
+    """The server refused a request, or the job failed, was cancelled or was lost."""
+
+
+# --------------------------------------------------------------------------------------
+# The client
+
+
+class Job:
+    """A training job for a Punchcard server.
+
+    Args:
+        secret: Your secret (see ``scripts/generate_secret.py``).
+        job_name: A name: letters, digits, ``_``, ``.``, ``-`` (at most 64).
+        data_path: The Parquet data, as the cluster reads it (``hdfs://...``).
+        num_executors: Spark executors; the data is split into
+            ``num_executors * num_processes`` partitions, one worker each.
+        num_processes: Worker processes per executor.
+        trainer: A distkeras trainer (its class must be registered on the server).
+    """
+
+    def __init__(self, secret, job_name, data_path, num_executors, num_processes, trainer):
+        self.secret = secret
+        self.job_name = job_name
+        self.data_path = data_path
+        self.num_executors = num_executors
+        self.num_processes = num_processes
+        self.trainer = trainer
+        self.url = None
+        self.model_bytes = None
+        self.history = None
+        self.state = None
+
+    def _request(self, method, path, body=None, timeout=60):
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(
+            self.url.rstrip("/") + path, data=data, method=method,
+            headers={SECRET_HEADER: self.secret, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read().decode("utf-8"))
+        except urllib.error.HTTPError as error:
+            try:
+                message = json.loads(error.read().decode("utf-8")).get("error", "")
+            except ValueError:
+                message = error.reason
+            raise JobError(f"Punchcard answered {error.code}: {message}") from error
+        except (urllib.error.URLError, OSError) as error:
+            raise JobError(f"Cannot reach the Punchcard server at {self.url}: {error}") from error
+
+    def payload(self):
+        """The submission: names, numbers, the trainer's class and JSON config, the model."""
+        from distkeras.utils import serialize_model
+
+        return {
+            "job_name": self.job_name,
+            "data_path": self.data_path,
+            "num_executors": self.num_executors,
+            "num_processes": self.num_processes,
+            "trainer": {"class_name": type(self.trainer).__name__,
+                        "config": self.trainer.get_config()},
+            "model": base64.b64encode(serialize_model(self.trainer.master_model)).decode(),
+        }
+
+    def send(self, url):
+        """Submits the job to the server at ``url``.
+
+        Raises:
+            JobError: With the server's message (403: unknown secret or a job already
+                submitted with it; 400: a malformed job).
+        """
+        self.url = url
+        answer = self._request("POST", "/api/submit", self.payload())
+        self.state = answer.get("state")
+        return answer
+
+    def get_state(self):
+        """The job's state: ``{"state", "running", "error", "progress", ...}``."""
+        answer = self._request("GET", "/api/state")
+        self.state = answer.get("state")
+        return answer
+
+    def wait_completion(self, timeout=None, poll_interval=2.0):
+        """Waits for the job, then fetches the model and history (and the server forgets
+        the job).
+
+        Raises:
+            JobError: If the job failed or was cancelled (with the server's error), the
+                server is lost, or ``timeout`` seconds passed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.get_state()
+            if state["state"] == "finished":
+                break
+            if state["state"] in ("failed", "cancelled"):
+                raise JobError(f"Job {self.job_name!r} {state['state']}: "
+                               f"{state.get('error') or 'no details'}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobError(f"Job {self.job_name!r} still {state['state']} after "
+                               f"{timeout} s.")
+            time.sleep(poll_interval)
+        answer = self._request("GET", "/api/destroy", timeout=300)
+        self.model_bytes = base64.b64decode(answer["model"])
+        self.history = answer["history"]
+        return self
+
+    def cancel(self):
+        """Stops the job on the server."""
+        return self._request("GET", "/api/cancel")
+
+    def get_trained_model(self):
+        """The trained model, compiled as the trainer compiles its result."""
+        if self.model_bytes is None:
+            raise JobError("No model yet: call wait_completion() first.")
+        from distkeras.utils import deserialize_model
+
+        model = deserialize_model(self.model_bytes)
+        return self.trainer._compile(model)
+
+    def get_history(self):
+        """The training history (one record per step)."""
+        if self.history is None:
+            raise JobError("No history yet: call wait_completion() first.")
+        return self.history
+
+
+# --------------------------------------------------------------------------------------
+# The server
+
+
+class BadRequest(ValueError):
+    """A malformed submission (HTTP 400)."""
+
+
+def _check_data_path(path, allowed_roots):
+    if not isinstance(path, str) or not path or len(path) > 4096:
+        raise BadRequest("'data_path' must be a non-empty string.")
+    if any(ord(char) < 32 for char in path):
+        raise BadRequest("'data_path' must not contain control characters.")
+    if ".." in re.split(r"[/\\]", path):
+        raise BadRequest("'data_path' must not contain '..' segments.")
+    if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
+                                 for root in allowed_roots):
+        raise BadRequest(f"'data_path' must be under one of: {', '.join(allowed_roots)}.")
+    return path
+
+
+def _check_count(body, name):
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise BadRequest(f"'{name}' must be an integer in 1..{MAX_WORKERS}. "
+                         f"Received: {value!r}")
+    return value
+
+
+def validate_submission(body, allowed_roots=()):
+    """Checks a submission; returns ``(fields, trainer class, config, model bytes)``.
+
+    The model is loaded with ``safe_mode=True`` and the trainer built from its config, so a
+    bad archive or configuration is refused now rather than failing later in the job.
+
+    Raises:
+        BadRequest: Saying what was wrong.
+    """
+    from distkeras.registry import get_trainer_class
+    from distkeras.utils import deserialize_model
+
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    name = body.get("job_name")
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.match(name):
+        raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
+                         "starting with a letter or digit.")
+    fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots),
+              "num_executors": _check_count(body, "num_executors"),
+              "num_processes": _check_count(body, "num_processes")}
+    trainer = body.get("trainer")
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("class_name"), str) or \
+            not isinstance(trainer.get("config"), dict):
+        raise BadRequest("'trainer' must be {\"class_name\": ..., \"config\": {...}}.")
+    try:
+        trainer_class = get_trainer_class(trainer["class_name"])
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+    try:
+        model_bytes = base64.b64decode(body.get("model") or "", validate=True)
+    except (ValueError, TypeError) as error:
+        raise BadRequest("'model' must be a base64 .keras archive.") from error
+    try:
+        model = deserialize_model(model_bytes)
+    except Exception as error:  # any failure to load is the client's archive's fault
+        raise BadRequest(f"The model archive was refused: {error}") from error
+    config = dict(trainer["config"])
+    workers = fields["num_executors"] * fields["num_processes"]
+    try:
+        built = trainer_class.from_config(config, keras_model=model)
+        for attribute in ("num_workers", "num_ensembles"):
+            if attribute in built.get_config():
+                config[attribute] = workers
+        built = trainer_class.from_config(config, keras_model=model)
+        built.validate_arguments()
+    except (TypeError, ValueError) as error:
+        raise BadRequest(f"Bad trainer configuration: {error}") from error
+    return fields, trainer_class, config, model_bytes
+
+
+def _process_alive(pid, job_id):
+    """Whether ``pid`` is still the job's process (not a reused pid)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return job_id.encode() in handle.read()
+    except OSError:
+        return False
+
+
+def _kill_tree(pid):
+    """Stops the job's whole process group (Spark's JVM and Python workers included)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        for _ in range(50):
+            try:
+                os.killpg(pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+
+
+class Punchcard:
+    """The job server's state and logic, independent of HTTP.
+
+    Args:
+        secrets_path: The secrets file.
+        work_dir: Where job folders and the SQLite database live.
+        master: The Spark master jobs run on (``local[*]``, ``yarn``, ``spark://...``).
+        max_running: Jobs running at once; the others wait, queued.
+        allowed_data_roots: If given, ``data_path`` must be under one of these.
+    """
+
+    def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
+                 allowed_data_roots=()):
+        from distkeras.job_store import JobStore
+        from distkeras.secrets_file import SecretChecker, load_secrets
+
+        self.checker = SecretChecker(load_secrets(secrets_path))
+        self.work_dir = os.path.abspath(work_dir)
+        os.makedirs(self.work_dir, exist_ok=True)
+        self.store = JobStore(os.path.join(self.work_dir, "jobs.sqlite"))
+        self.master = master
+        self.max_running = max_running
+        self.allowed_data_roots = tuple(allowed_data_roots)
+        self._processes = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.reconcile()
+        self._scheduler = threading.Thread(target=self._schedule_loop, daemon=True,
+                                           name="punchcard-scheduler")
+        self._scheduler.start()
+
+    def close(self):
+        self._stop.set()
+        self._scheduler.join(timeout=5)
+
+    # -- requests ---------------------------------------------------------------------
+
+    def identify(self, secret):
+        return self.checker.identify(secret)
+
+    def submit(self, secret_hash, identity, body):
+        """Queues a job; returns its public state, or None when the secret is busy."""
+        fields, trainer_class, config, model_bytes = validate_submission(
+            body, self.allowed_data_roots)
+        job_id = uuid.uuid4().hex
+        job_dir = os.path.join(self.work_dir, "jobs", job_id)  # never derived from input
+        os.makedirs(job_dir)
+        with open(os.path.join(job_dir, "model.keras"), "wb") as handle:
+            handle.write(model_bytes)
+        with open(os.path.join(job_dir, "trainer.json"), "w", encoding="utf-8") as handle:
+            json.dump(config, handle)
+        job = {"id": job_id, "secret_hash": secret_hash, "identity": identity,
+               "trainer_class": trainer_class.__name__, "job_dir": job_dir, "state": "queued",
+               "created": time.time(), **fields}
+        if not self.store.insert_if_free(job):
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return None
+        logger.info("Job %s (%s) queued for %s", job_id, fields["name"], identity)
+        return self.public_state(self.store.by_secret(secret_hash))
+
+    def job_of(self, secret_hash):
+        job = self.store.by_secret(secret_hash)
+        if job is not None:
+            job = self._refresh(job)
+        return job
+
+    def cancel(self, job):
+        """Stops a queued or running job; its state becomes cancelled."""
+        if not self.store.finish(job["id"], "cancelled", "cancelled by the client"):
+            return False
+        self._stop_process(job["id"], job["pid"])
+        return True
+
+    def _stop_process(self, job_id, pid=None):
+        with self._lock:
+            process = self._processes.pop(job_id, None)
+        pid = process.pid if process is not None else pid
+        if pid:
+            _kill_tree(pid)
+        if process is not None:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                logger.warning("Job %s: process %s did not exit after SIGKILL", job_id, pid)
+
+    def destroy(self, job):
+        """Returns the model and history of a finished job, then deletes the job."""
+        model_path = os.path.join(job["job_dir"], "trained.keras")
+        with open(model_path, "rb") as handle:
+            model = base64.b64encode(handle.read()).decode()
+        history_path = os.path.join(job["job_dir"], "history.json")
+        with open(history_path, encoding="utf-8") as handle:
+            history = json.load(handle)
+        self.forget(job)
+        return {"model": model, "history": history}
+
+    def forget(self, job):
+        self.store.delete(job["id"])
+        shutil.rmtree(job["job_dir"], ignore_errors=True)
+
+    # -- state ------------------------------------------------------------------------
+
+    @staticmethod
+    def _read_status(job):
+        try:
+            with open(os.path.join(job["job_dir"], "status.json"), encoding="utf-8") as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            return None
+
+    def _refresh(self, job):
+        """Brings a running job's row up to date with its process and status file."""
+        if job["state"] != "running":
+            return job
+        status = self._read_status(job) or {}
+        with self._lock:
+            process = self._processes.get(job["id"])
+        exit_code = process.poll() if process is not None else None
+        alive = exit_code is None and _process_alive(job["pid"], job["id"])
+        if status.get("state") == "finished" and not alive:
+            self.store.finish(job["id"], "finished", only_if_state="running")
+        elif status.get("state") == "failed" and not alive:
+            self.store.finish(job["id"], "failed", status.get("error"), only_if_state="running")
+        elif not alive:
+            log_tail = self._log_tail(job)
+            self.store.finish(job["id"], "failed",
+                              "the job's process ended without finishing"
+                              + (f" (exit code {exit_code})" if exit_code is not None else "")
+                              + (f": {log_tail}" if log_tail else ""),
+                              only_if_state="running")
+        if not alive:
+            with self._lock:
+                self._processes.pop(job["id"], None)
+        return self.store.by_secret(job["secret_hash"]) or job
+
+    @staticmethod
+    def _log_tail(job):
+        try:
+            with open(os.path.join(job["job_dir"], "job.log"), "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 2000))
+                lines = handle.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return ""
+        errors = [line for line in lines if "error" in line.lower()]
+        return (errors or lines or [""])[-1][:500]
+
+    def public_state(self, job):
+        """What a client sees of its job."""
+        status = self._read_status(job) or {}
+        now = time.time()
+        return {
+            "job_name": job["name"],
+            "state": job["state"],
+            "running": job["state"] in ("queued", "running"),
+            "error": job["error"],
+            "progress": {"phase": status.get("state", job["state"]),
+                         "seconds_running": round(now - job["started"], 1)
+                         if job["started"] and job["state"] == "running" else None},
+            "trainer": job["trainer_class"],
+            "created": job["created"],
+        }
+
+    def reconcile(self):
+        """After a restart: running jobs whose process is gone are finished or failed."""
+        for job in self.store.by_state("running"):
+            self._refresh(job)
+
+    def _schedule_loop(self):
+        while not self._stop.is_set():
+            try:
+                for job in self.store.by_state("running"):
+                    self._refresh(job)
+                running = len(self.store.by_state("running"))
+                for job in self.store.by_state("queued")[:max(0, self.max_running - running)]:
+                    self._start(job)
+            except Exception:  # the scheduler must survive anything one job does
+                logger.exception("Punchcard scheduler error")
+            self._stop.wait(0.5)
+
+    def command(self, job):
+        """The job's command line: the same entry point as a user's own run."""
+        return [sys.executable, "-m", "distkeras.cli", "train",
+                "--data", job["data_path"],
+                "--model", os.path.join(job["job_dir"], "model.keras"),
+                "--trainer", job["trainer_class"],
+                "--trainer-config", os.path.join(job["job_dir"], "trainer.json"),
+                "--output", os.path.join(job["job_dir"], "trained.keras"),
+                "--history", os.path.join(job["job_dir"], "history.json"),
+                "--status", os.path.join(job["job_dir"], "status.json"),
+                "--master", self.master,
+                "--job-id", job["id"]]
+
+    def _start(self, job):
+        if not self.store.update(job["id"], only_if_state="queued", state="running",
+                                 started=time.time()):
+            return  # cancelled in the meantime
+        log = open(os.path.join(job["job_dir"], "job.log"), "wb")
+        env = dict(os.environ)
+        env.pop("PYSPARK_GATEWAY_PORT", None)
+        try:
+            process = subprocess.Popen(self.command(job), cwd=job["job_dir"], stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, env=env)
+        except OSError as error:
+            self.store.finish(job["id"], "failed", f"could not start the job: {error}")
+            return
+        finally:
+            log.close()
+        with self._lock:
+            self._processes[job["id"]] = process
+        self.store.update(job["id"], pid=process.pid)
+        if self.store.by_secret(job["secret_hash"])["state"] != "running":
+            self._stop_process(job["id"])  # cancelled while it was being started
+            return
+        logger.info("Job %s started, pid %s", job["id"], process.pid)
+
+
+def create_app(punchcard, max_request_bytes=256 << 20):
+    """The Flask application serving ``punchcard``."""
+    from flask import Flask, jsonify, request
+
+    app = Flask("punchcard")
+    app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
+
+    def error(status, message):
+        response = jsonify({"error": message})
+        response.status_code = status
+        return response
+
+    def caller():
+        return punchcard.identify(request.headers.get(SECRET_HEADER, ""))
+
+    @app.errorhandler(413)
+    def too_large(_error):
+        return error(413, f"The request is larger than {max_request_bytes} bytes.")
+
+    @app.post("/api/submit")
+    def submit():
+        who = caller()
+        if who is None:
+            return error(403, "Unknown secret.")
+        body = request.get_json(silent=True)
+        if body is None:
+            return error(400, "The request body must be JSON.")
+        try:
+            state = punchcard.submit(who[0], who[1], body)
+        except BadRequest as bad:
+            return error(400, str(bad))
+        if state is None:
+            return error(403, "This secret already has a job: wait for it, cancel it or "
+                              "destroy it before submitting another.")
+        return jsonify(state)
+
+    def own_job():
+        who = caller()
+        if who is None:
+            return None, error(403, "Unknown secret.")
+        job = punchcard.job_of(who[0])
+        if job is None:
+            return None, error(404, "This secret has no job.")
+        return job, None
+
+    @app.get("/api/state")
+    def state():
+        job, failure = own_job()
+        return failure or jsonify(punchcard.public_state(job))
+
+    @app.get("/api/cancel")
+    def cancel():
+        job, failure = own_job()
+        if failure:
+            return failure
+        if not punchcard.cancel(job):
+            return error(409, f"The job is {job['state']}; only a queued or running job "
+                              "can be cancelled.")
+        return jsonify(punchcard.public_state(punchcard.job_of(job["secret_hash"])))
+
+    @app.get("/api/destroy")
+    def destroy():
+        job, failure = own_job()
+        if failure:
+            return failure
+        if job["state"] in ("queued", "running"):
+            return error(409, "The job is still running: wait for it or cancel it first.")
+        if job["state"] != "finished":
+            punchcard.forget(job)
+            return jsonify({"model": None, "history": None, "state": job["state"],
+                            "error": job["error"]})
+        return jsonify(punchcard.destroy(job))
+
+    return app
+
+
+def serve(argv=None):
+    """``punchcard``: runs the job server (waitress, a production WSGI server)."""
+    parser = argparse.ArgumentParser(
+        prog="punchcard", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Punchcard: accept distkeras training jobs over HTTP.")
+    parser.add_argument("--secrets", default="secrets.json", help="the secrets file")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--work-dir", default="punchcard-jobs",
+                        help="folder for job files and the SQLite job table")
+    parser.add_argument("--master", default="local[*]",
+                        help="Spark master for jobs: local[*], yarn (client mode), "
+                             "spark://..., k8s://...")
+    parser.add_argument("--max-running", type=int, default=1, help="jobs running at once")
+    parser.add_argument("--max-request-mb", type=int, default=256,
+                        help="largest accepted submission")
+    parser.add_argument("--allowed-data-root", action="append", default=[],
+                        help="only accept data_path under this prefix (repeatable)")
+    parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    import waitress
+
+    try:
+        punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
+                              args.allowed_data_root)
+    except (OSError, ValueError) as error:
+        sys.stderr.write(f"punchcard: error: {error}\n")
+        return 1
+    app = create_app(punchcard, args.max_request_mb << 20)
+    logger.info("Punchcard listening on %s:%s, jobs on %s", args.host, args.port, args.master)
+    waitress.serve(app, host=args.host, port=args.port, threads=args.threads,
+                   ident="punchcard")
+    punchcard.close()
+    return 0
+
+
+def secret_command(argv=None):
+    """``generate_secret``: prints a new secret as JSON; can add it to a secrets file."""
+    from distkeras.secrets_file import append_entry, generate_secret, make_entry
+
+    parser = argparse.ArgumentParser(
+        prog="generate_secret", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Generate a Punchcard secret (64 characters from a secure source).")
+    parser.add_argument("--identity", required=True, help="who the secret belongs to")
+    parser.add_argument("--append", metavar="SECRETS_FILE", default=None,
+                        help="also add the entry to this secrets file")
+    parser.add_argument("--hashed", action="store_true",
+                        help="store only the secret's SHA-256 in the secrets file")
+    args = parser.parse_args(argv)
+    secret = generate_secret()
+    if args.append:
+        append_entry(args.append, make_entry(args.identity, secret, hashed=args.hashed))
+    sys.stdout.write(json.dumps({"secret": secret, "identity": args.identity}) + "\n")
+    return 0
+
+
+CLI_COMMANDS = {"punchcard": serve, "secret": secret_command}

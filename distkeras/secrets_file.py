@@ -1,0 +1,101 @@
+"""Punchcard secrets: generation, the secrets file, and constant-time checks.
+
+The secrets file is a JSON list. Each entry names an identity and holds either the secret
+itself (``{"secret": ..., "identity": ...}``, the original format) or only its SHA-256
+(``{"secret_sha256": ..., "identity": ...}``), so the server's disk need not hold secrets
+in clear. One identity may own several secrets.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import string
+
+SECRET_LENGTH = 64
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def generate_secret(length=SECRET_LENGTH):
+    """A random secret of ``length`` letters and digits, from the OS's secure source."""
+    return "".join(secrets.choice(_ALPHABET) for _ in range(length))
+
+
+def secret_hash(secret):
+    """The hex SHA-256 of a secret (secrets are long and random, so no salt is needed)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def make_entry(identity, secret, hashed=False):
+    """A secrets-file entry for ``identity``, holding the secret or only its hash."""
+    if hashed:
+        return {"secret_sha256": secret_hash(secret), "identity": identity}
+    return {"secret": secret, "identity": identity}
+
+
+def load_secrets(path):
+    """Reads a secrets file into a list of ``(sha256 hex, identity)``.
+
+    Raises:
+        ValueError: Naming the file and the entry, for anything malformed.
+    """
+    with open(path, encoding="utf-8") as handle:
+        try:
+            entries = json.load(handle)
+        except ValueError as error:
+            raise ValueError(f"Secrets file {path} is not valid JSON: {error}") from error
+    if not isinstance(entries, list):
+        raise ValueError(f"Secrets file {path} must hold a JSON list of entries.")
+    known = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("identity"), str):
+            raise ValueError(f"Secrets file {path}, entry {index}: needs an 'identity'.")
+        if isinstance(entry.get("secret"), str):
+            known.append((secret_hash(entry["secret"]), entry["identity"]))
+        elif isinstance(entry.get("secret_sha256"), str) and \
+                len(entry["secret_sha256"]) == 64:
+            known.append((entry["secret_sha256"].lower(), entry["identity"]))
+        else:
+            raise ValueError(
+                f"Secrets file {path}, entry {index}: needs 'secret' or 'secret_sha256'.")
+    return known
+
+
+def append_entry(path, entry):
+    """Adds an entry to a secrets file (created if missing), rewriting it atomically."""
+    entries = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            entries = json.load(handle)
+    entries.append(entry)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+              encoding="utf-8") as handle:
+        json.dump(entries, handle, indent=2)
+    os.replace(temporary, path)
+
+
+class SecretChecker:
+    """Checks offered secrets against the known hashes in constant time.
+
+    Args:
+        known: A list of ``(sha256 hex, identity)`` as from `load_secrets`.
+    """
+
+    def __init__(self, known):
+        self.known = list(known)
+
+    def identify(self, offered):
+        """Returns ``(hash, identity)`` for a valid secret, else None.
+
+        Every known entry is compared, with `hmac.compare_digest`, whatever matched.
+        """
+        if not isinstance(offered, str) or not offered:
+            return None
+        digest = secret_hash(offered).encode("ascii")
+        found = None
+        for known_hash, identity in self.known:
+            if hmac.compare_digest(digest, known_hash.encode("ascii")) and found is None:
+                found = (known_hash, identity)
+        return found

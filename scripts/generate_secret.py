@@ -1,0 +1,8 @@
+"""Generates a Punchcard secret: python scripts/generate_secret.py --identity userX"""
+
+import sys
+
+from distkeras.job_deployment import secret_command
+
+if __name__ == "__main__":
+    sys.exit(secret_command())

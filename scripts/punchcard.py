@@ -1,0 +1,8 @@
+"""Punchcard job server: python scripts/punchcard.py --secrets secrets.json --port 8000"""
+
+import sys
+
+from distkeras.job_deployment import serve
+
+if __name__ == "__main__":
+    sys.exit(serve())
