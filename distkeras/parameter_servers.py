@@ -9,6 +9,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 
 import numpy as np
 
@@ -17,6 +18,10 @@ from distkeras import update_rules
 from distkeras.networking import recv_data, send_data, weights_array
 
 logger = logging.getLogger(__name__)
+
+
+class RefusedUpdate(Exception):
+    """A well-formed commit that is not applied (for example NaN or infinite values)."""
 
 
 class ParameterServer:
@@ -73,6 +78,8 @@ class SocketParameterServer(ParameterServer):
         self.history = []
         self.staleness = []
         self.errors = []
+        self.allow_nonfinite = False
+        self.refused = 0
         self._history_lock = threading.Lock()
         self._server_socket = None
         self._accept_thread = None
@@ -140,6 +147,7 @@ class SocketParameterServer(ParameterServer):
 
     def _serve(self, conn, addr):
         conn.worker_id = -1
+        conn.last_activity = time.monotonic()
         conn.last_pull_update = 0
         conn.counted = False
         try:
@@ -161,14 +169,31 @@ class SocketParameterServer(ParameterServer):
                 self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
 
+    def idle_workers(self, limit):
+        """Open connections silent for more than ``limit`` seconds: ``[(worker_id, idle)]``."""
+        now = time.monotonic()
+        with self._history_lock:
+            connections = list(self._connections)
+        return [(getattr(conn, "worker_id", -1), now - conn.last_activity)
+                for conn in connections
+                if getattr(conn, "authenticated", False) and now - conn.last_activity > limit]
+
     def _dispatch(self, conn, addr):
+        conn.authenticated = True
         while True:
+            conn.last_activity = time.monotonic()
             action = networking.recv_action(conn)
             if action == networking.ACTION_PULL:
                 self.handle_pull(conn, addr)
             elif action == networking.ACTION_COMMIT:
                 conn.counted = False
-                self.handle_commit(conn, addr)
+                try:
+                    self.handle_commit(conn, addr)
+                except RefusedUpdate as refusal:
+                    self.refused += 1
+                    logger.warning("Refused a commit from worker %s (%s): %s",
+                                   conn.worker_id, addr, refusal)
+                    continue
                 if not conn.counted:  # a custom handler that does not count its updates
                     with self.mutex:
                         self.next_update(conn)
@@ -199,11 +224,15 @@ class SocketParameterServer(ParameterServer):
 
         Raises:
             ProtocolError: If the update is not a list of arrays shaped like the model.
+            RefusedUpdate: If it holds NaN or infinite values (unless ``allow_nonfinite``):
+                the commit is dropped with a warning, the connection stays open.
         """
         if not (isinstance(update, np.ndarray) and update.dtype == object
                 and len(update) == len(self.weight_spec)):
             raise networking.ProtocolError(
                 "A commit must carry a list of arrays shaped like the model's weights.")
+        if not self.allow_nonfinite and not all(np.isfinite(layer).all() for layer in update):
+            raise RefusedUpdate("it holds NaN or infinite values")
         return update
 
     def handle_pull(self, conn, addr):

@@ -19,6 +19,7 @@ from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import workers
+from distkeras.monitor import TrainingMonitor
 from distkeras.utils import average_history
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class Trainer:
         self.num_epoch = num_epoch
         self.training_time = None
         self.history = []
+        self.verbose = 1
 
     # -- configuration ------------------------------------------------------------------
 
@@ -163,16 +165,19 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------
 
-    def train(self, dataframe, shuffle=False):
+    def train(self, dataframe, shuffle=False, verbose=1):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
             dataframe: Rows with the feature and label columns.
             shuffle: Whether to shuffle the rows before each epoch.
+            verbose: 1 shows a progress bar for parameter-server trainers (samples done,
+                commits per second, running loss); 0 is silent.
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
         """
+        self.verbose = verbose
         self.validate_arguments()
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
@@ -229,21 +234,29 @@ class Trainer:
         worker.backend = keras.backend.backend()
         _register_user_module(worker)
 
-    def _run_workers(self, frame, worker, label_shapes, description):
+    def _run_workers(self, frame, worker, label_shapes, description, job_group=None):
         """Runs one Spark task per partition of ``frame``; returns the workers' messages."""
         import pyarrow as pa  # noqa: F401  (fail early on the driver if Arrow is missing)
 
-        spark = frame.sparkSession
-        spark.sparkContext.setJobDescription(description)
+        context = frame.sparkSession.sparkContext
+        if job_group is not None:
+            context.setJobGroup(job_group, description, interruptOnCancel=True)
+        else:
+            context.setJobDescription(description)
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
                                "worker_id long, payload binary")
         try:
             rows = job.collect()
+        except KeyboardInterrupt:
+            if job_group is not None:
+                context.cancelJobGroup(job_group)
+            raise
         except Exception as error:  # Spark wraps the worker's exception; surface it
             raise TrainingError(
                 f"Training failed on an executor: {_worker_error_message(error)}") from error
         finally:
-            spark.sparkContext.setJobDescription(None)
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setJobDescription(None)
         return [networking.decode_message(row["payload"]) for row in rows]
 
 
@@ -333,7 +346,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
-                 parallelism_factor=1, learning_rate=None):
+                 parallelism_factor=1, learning_rate=None, worker_timeout=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -341,12 +354,14 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                                      else communication_window)
         self.master_port = master_port
         self.learning_rate = learning_rate
+        self.worker_timeout = worker_timeout
         self.parameter_server = None
 
     def get_config(self):
         config = super().get_config()
         config.update(communication_window=self.communication_window,
-                      master_port=self.master_port, learning_rate=self.learning_rate)
+                      master_port=self.master_port, learning_rate=self.learning_rate,
+                      worker_timeout=self.worker_timeout)
         return config
 
     def validate_arguments(self):
@@ -355,6 +370,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         _check_int("master_port", self.master_port, minimum=0)
         if self.learning_rate is not None:
             _check_number("learning_rate", self.learning_rate)
+        if self.worker_timeout is not None:
+            _check_number("worker_timeout", self.worker_timeout)
 
     def allocate_worker(self):
         """Returns the worker that every task runs; subclasses define it."""
@@ -387,13 +404,27 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             server.host = bind_address(spark)
         self._worker_host = driver_address(spark)
         self.parameter_server = server
+        total = frame.count() * self.num_epoch if self.verbose else None
+        job_group = f"distkeras-{id(self)}-{time.time_ns()}"
         server.start()
+        monitor = None
         try:
             worker = self.allocate_worker()
             self._configure_worker(worker)
+            if isinstance(server, parameter_servers.SocketParameterServer):
+                monitor = TrainingMonitor(server, spark.sparkContext, job_group, total,
+                                          self.verbose, self.worker_timeout)
+                monitor.start()
             self._run_workers(layout, worker, label_shapes,
-                              f"distkeras {type(self).__name__} ({self.num_workers} workers)")
+                              f"distkeras {type(self).__name__} ({self.num_workers} workers)",
+                              job_group)
+        except TrainingError as error:
+            if monitor is not None and monitor.stalled:
+                raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
+            raise
         finally:
+            if monitor is not None:
+                monitor.stop()
             server.stop()
         if getattr(server, "errors", None):
             raise TrainingError(f"The parameter server failed: {server.errors[0]}")
@@ -464,10 +495,11 @@ class AEASGD(AsynchronousDistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 master_port=0, loss_weights=None, parallelism_factor=1):
+                 master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate)
+                         master_port, loss_weights, parallelism_factor, learning_rate,
+                         worker_timeout)
         self.rho = rho
 
     def get_config(self):
@@ -504,10 +536,12 @@ class EAMSGD(AEASGD):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1):
+                 momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
+                 worker_timeout=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
-                         rho, learning_rate, master_port, loss_weights, parallelism_factor)
+                         rho, learning_rate, master_port, loss_weights, parallelism_factor,
+                         worker_timeout)
         self.momentum = momentum
 
     def get_config(self):
@@ -541,10 +575,11 @@ class Experimental(AsynchronousDistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
-                 loss_weights=None, parallelism_factor=1):
+                 loss_weights=None, parallelism_factor=1, worker_timeout=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate)
+                         master_port, loss_weights, parallelism_factor, learning_rate,
+                         worker_timeout)
 
     def validate_arguments(self):
         super().validate_arguments()

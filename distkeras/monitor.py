@@ -1,0 +1,103 @@
+"""Watches a training from the driver: a live progress bar, and a stop for stalled workers.
+
+Workers send their per-step records to the parameter server with their commits; this
+thread reads them (no extra traffic on the workers' hot path) to show samples done, commits
+per second and the running loss, and stops the Spark job when a worker stays silent longer
+than ``worker_timeout``.
+"""
+
+import logging
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingMonitor(threading.Thread):
+    """Driver-side monitor of an asynchronous training.
+
+    Args:
+        server: The running `SocketParameterServer`.
+        spark_context: The SparkContext running the job.
+        job_group: The Spark job group to cancel when a worker stalls.
+        total_samples: Samples the whole run will train on (for the bar), or None.
+        verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr).
+        worker_timeout: Seconds a connected worker may stay silent, or None.
+        interval: Seconds between two looks.
+    """
+
+    def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
+                 worker_timeout=None, interval=0.5):
+        super().__init__(name="distkeras-monitor", daemon=True)
+        self.server = server
+        self.spark_context = spark_context
+        self.job_group = job_group
+        self.total_samples = total_samples
+        self.verbose = verbose
+        self.worker_timeout = worker_timeout
+        self.interval = interval
+        self.stalled = None
+        self._done = threading.Event()
+        self._seen = 0
+        self._samples = 0
+        self._recent_losses = []
+
+    def stop(self):
+        self._done.set()
+        self.join(timeout=5)
+
+    def _progress_bar(self):
+        if not self.verbose:
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return None
+        return tqdm(total=self.total_samples, unit="sample", desc=type(self.server).__name__,
+                    leave=False, dynamic_ncols=True)
+
+    def _read_new_records(self):
+        history = self.server.history
+        new = history[self._seen:len(history)]
+        self._seen += len(new)
+        for record in new:
+            self._samples += record.get("batch_size", 0)
+            if "loss" in record:
+                self._recent_losses.append(record["loss"])
+        del self._recent_losses[:-50]
+        return len(new)
+
+    def run(self):
+        bar = self._progress_bar()
+        started = time.monotonic()
+        try:
+            while not self._done.wait(self.interval):
+                self._update(bar, started)
+                if self.worker_timeout and self._check_stall():
+                    return
+            self._update(bar, started)  # the last records, sent as the workers finished
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _update(self, bar, started):
+        if not self._read_new_records() or bar is None:
+            return
+        bar.n = self._samples
+        elapsed = max(time.monotonic() - started, 1e-9)
+        postfix = {"commits/s": f"{self.server.num_updates / elapsed:.1f}"}
+        if self._recent_losses:
+            postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+
+    def _check_stall(self):
+        idle = self.server.idle_workers(self.worker_timeout)
+        if not idle:
+            return False
+        worker, seconds = idle[0]
+        self.stalled = (f"worker {worker} sent nothing for {seconds:.0f} s "
+                        f"(worker_timeout={self.worker_timeout})")
+        logger.error("Stopping the training: %s", self.stalled)
+        self.spark_context.cancelJobGroup(self.job_group)
+        return True

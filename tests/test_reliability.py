@@ -1,0 +1,96 @@
+"""Failures the driver must survive: stalled workers, poisoned updates, back-to-back runs."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import build_mlp
+
+from distkeras import networking
+from distkeras.networking import weights_array
+from distkeras.parameter_servers import DeltaParameterServer
+from distkeras.trainers import ADAG, TrainingError
+from distkeras.workers import ADAGWorker
+
+
+class SleepyWorker(ADAGWorker):
+    """Commits once, then hangs (as a worker stuck on I/O or a deadlock would)."""
+
+    def communicate(self):
+        super().communicate()
+        if self.worker_id == 0:
+            time.sleep(600)
+
+
+class SleepyADAG(ADAG):
+    def allocate_worker(self):
+        return SleepyWorker(self.master_model)
+
+
+def _distkeras_threads():
+    return [thread for thread in threading.enumerate()
+            if thread.name.startswith("distkeras") and thread.is_alive()]
+
+
+def test_stalled_worker_fails_the_training_with_its_name(fashion_train):
+    trainer = SleepyADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                         loss="categorical_crossentropy", num_workers=2,
+                         communication_window=2, worker_timeout=3)
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match=r"worker 0 sent nothing for \d+ s"):
+        trainer.train(fashion_train.limit(2000), verbose=0)
+    assert time.monotonic() - started < 120
+    assert _distkeras_threads() == []
+
+
+def test_back_to_back_trainings_leak_nothing(fashion_train):
+    data = fashion_train.limit(400)
+    ports = []
+    for _ in range(2):
+        trainer = ADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                       loss="categorical_crossentropy", num_workers=2, master_port=0)
+        trainer.train(data, verbose=0)
+        ports.append(trainer.parameter_server.port)
+        assert _distkeras_threads() == []
+    assert all(port > 0 for port in ports)
+
+
+def test_non_finite_commit_is_refused_and_the_worker_goes_on():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    server = DeltaParameterServer(model, 0)
+    server.start()
+    try:
+        sock = networking.connect("127.0.0.1", server.port, timeout=5)
+        networking.authenticate(sock, server.token, 7)
+        before = [layer.copy() for layer in server.center_variable]
+        poisoned = weights_array(np.full(w.shape, np.nan, w.dtype) for w in before)
+        poisoned[1][0] = np.inf
+        networking.send_action(sock, networking.ACTION_COMMIT)
+        networking.send_data(sock, {"delta": poisoned})
+        networking.send_action(sock, networking.ACTION_PULL)
+        center = networking.recv_data(sock)["center"]  # the connection is still open
+        assert all(np.array_equal(a, b) for a, b in zip(center, before))
+        assert server.refused == 1 and server.num_updates == 0
+        honest = weights_array(np.ones(w.shape, w.dtype) for w in before)
+        networking.send_action(sock, networking.ACTION_COMMIT)
+        networking.send_data(sock, {"delta": honest})
+        networking.send_action(sock, networking.ACTION_PULL)
+        center = networking.recv_data(sock)["center"]
+        assert all(np.array_equal(a, b + 1) for a, b in zip(center, before))
+        networking.send_action(sock, networking.ACTION_QUIT)
+        sock.close()
+    finally:
+        server.stop()
+
+
+def test_progress_bar_shows_samples(fashion_train, capsys):
+    trainer = ADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                   loss="categorical_crossentropy", num_workers=2, communication_window=2)
+    trainer.train(fashion_train.limit(3000), verbose=1)
+    err = capsys.readouterr().err
+    assert "sample" in err and "loss=" in err and "commits/s=" in err
+    trainer.train(fashion_train.limit(3000), verbose=0)
+    assert "sample" not in capsys.readouterr().err
