@@ -1,0 +1,245 @@
+"""distkeras trainers as `pyspark.ml` pipeline stages.
+
+`KerasEstimator` wraps any distkeras trainer; ``fit(dataframe)`` trains with it and returns
+a `KerasModel`, a Transformer that adds the model's predictions with `ModelPredictor`. So
+preprocessing, training and postprocessing run as one Pipeline::
+
+    from pyspark.ml import Pipeline
+    trainer = SingleTrainer(keras_model=mlp, worker_optimizer="adam",
+                            loss="categorical_crossentropy", label_col="label")
+    pipeline = Pipeline(stages=[OneHotTransformer(10, "label_index", "label"),
+                                KerasEstimator(trainer),
+                                LabelIndexTransformer(10)])
+    fitted = pipeline.fit(train)              # trains the model
+    fitted.transform(test)                    # + prediction, prediction_index
+    fitted.save(path)                         # PipelineModel.load(path) reads it back
+
+Both stages save and load with a Pipeline: the Params as Spark ML metadata, the Keras
+model as a ``model.keras`` file in the stage's folder (read back with ``safe_mode=True``),
+and, for the estimator, the trainer's class and ``get_config()``.
+"""
+
+import importlib
+import logging
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasPredictionCol
+from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
+                             MLWritable, MLWriter)
+
+from distkeras.predictors import ModelPredictor, _check_batch_size
+from distkeras.transformers import _set_given
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.keras"
+
+
+def _to_features_col(value):
+    """TypeConverter: a column name or a list of names (a multi-input model)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise TypeError(f"`features_col` must be a column name or a list of names. "
+                    f"Received: {value!r}")
+
+
+def _write_bytes(spark, path, data):
+    """Writes ``data`` to a new file at ``path`` on any Hadoop file system Spark can reach."""
+    jvm = spark.sparkContext._jvm
+    java_path = jvm.org.apache.hadoop.fs.Path(path)
+    file_system = java_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = file_system.create(java_path, False)
+    try:
+        stream.write(bytearray(data))
+    finally:
+        stream.close()
+
+
+def _read_bytes(spark, path):
+    """The bytes of the file at ``path`` (any Hadoop file system Spark can reach)."""
+    rows = spark.read.format("binaryFile").load(path).select("content").collect()
+    if len(rows) != 1:
+        raise FileNotFoundError(f"Expected one Keras model file at {path}; found {len(rows)}.")
+    return bytes(rows[0]["content"])
+
+
+def _model_path(path):
+    return path.rstrip("/") + "/" + MODEL_FILE
+
+
+class _HasKerasParams(HasPredictionCol):
+    batchSize = Param(Params._dummy(), "batchSize", "rows per model call when predicting",
+                      typeConverter=TypeConverters.toInt)
+
+    def _init_params(self, output_col, batch_size):
+        self._setDefault(predictionCol="prediction", batchSize=1024)
+        _set_given(self, predictionCol=output_col, batchSize=batch_size)
+
+
+class KerasModel(Model, _HasKerasParams, MLReadable, MLWritable):
+    """A trained Keras model as a Spark ML Transformer: adds a prediction column.
+
+    Predictions come from `ModelPredictor` (``array<float>`` per row, on the executors).
+
+    Args:
+        keras_model: The trained `keras.Model`.
+        features_col: The input column, or a list of columns for a multi-input model.
+        output_col: The prediction column to add (Param ``predictionCol``).
+        batch_size: Rows per model call.
+
+    Attributes:
+        keras_model: The `keras.Model`.
+    """
+
+    featuresCol = Param(Params._dummy(), "featuresCol", "input column(s) of the model",
+                        typeConverter=_to_features_col)
+
+    def __init__(self, keras_model=None, features_col="features", output_col="prediction",
+                 batch_size=1024):
+        super().__init__()
+        self.keras_model = keras_model
+        self._setDefault(featuresCol="features")
+        _set_given(self, featuresCol=features_col)
+        self._init_params(output_col, batch_size)
+
+    def _transform(self, dataset):
+        if self.keras_model is None:
+            raise ValueError("This KerasModel holds no Keras model; fit a KerasEstimator or "
+                             "pass keras_model=.")
+        predictor = ModelPredictor(self.keras_model,
+                                   features_col=self.getOrDefault(self.featuresCol),
+                                   output_col=self.getOrDefault(self.predictionCol),
+                                   batch_size=self.getOrDefault(self.batchSize))
+        return predictor.predict(dataset)
+
+    def write(self):
+        """An MLWriter: Params as metadata, the Keras model as ``model.keras``."""
+        return _KerasModelWriter(self)
+
+    @classmethod
+    def read(cls):
+        """An MLReader for `KerasModel`."""
+        return _KerasModelReader(cls)
+
+
+class _KerasModelWriter(MLWriter):
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path):
+        from distkeras.utils import serialize_model
+
+        if self.instance.keras_model is None:
+            raise ValueError("Cannot save a KerasModel that holds no Keras model.")
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        _write_bytes(self.sparkSession, _model_path(path),
+                     serialize_model(self.instance.keras_model))
+
+
+class _KerasModelReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path):
+        from distkeras.utils import deserialize_model
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        instance = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        instance.keras_model = deserialize_model(
+            _read_bytes(self.sparkSession, _model_path(path)), compile=True)
+        return instance
+
+
+class KerasEstimator(Estimator, _HasKerasParams, MLReadable, MLWritable):
+    """Any distkeras trainer as a Spark ML Estimator.
+
+    ``fit(dataframe)`` runs ``trainer.train(dataframe)`` and returns a `KerasModel` that
+    reads the trainer's ``features_col``. The trainer keeps its results
+    (``get_history()``, ``get_training_time()``) of the last fit.
+
+    Args:
+        trainer: A distkeras trainer (for example `distkeras.trainers.ADAG`). Trainers that
+            return several models (`EnsembleTrainer`) are not supported.
+        output_col: The prediction column the fitted model adds.
+        batch_size: Rows per model call when the fitted model predicts.
+    """
+
+    def __init__(self, trainer=None, output_col="prediction", batch_size=1024):
+        super().__init__()
+        self.trainer = trainer
+        self._init_params(output_col, batch_size)
+
+    def _fit(self, dataset):
+        import keras
+
+        if self.trainer is None or not hasattr(self.trainer, "train"):
+            raise TypeError("KerasEstimator needs a distkeras trainer, for example "
+                            f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
+        _check_batch_size(self.getOrDefault(self.batchSize))
+        model = self.trainer.train(dataset)
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "
+                "one keras.Model; KerasEstimator supports trainers that return one model.")
+        fitted = KerasModel(model, features_col=self.trainer.features_col,
+                            output_col=self.getOrDefault(self.predictionCol),
+                            batch_size=self.getOrDefault(self.batchSize))
+        fitted._resetUid(self.uid.replace("KerasEstimator", "KerasModel"))
+        return fitted
+
+    def write(self):
+        """An MLWriter: Params, trainer class and config as metadata, its model as a file."""
+        return _KerasEstimatorWriter(self)
+
+    @classmethod
+    def read(cls):
+        """An MLReader for `KerasEstimator`."""
+        return _KerasEstimatorReader(cls)
+
+
+class _KerasEstimatorWriter(MLWriter):
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path):
+        from distkeras.utils import serialize_model
+
+        trainer = self.instance.trainer
+        if trainer is None:
+            raise ValueError("Cannot save a KerasEstimator without a trainer.")
+        trainer_class = f"{type(trainer).__module__}.{type(trainer).__qualname__}"
+        extra = {"trainer": {"class": trainer_class, "config": trainer.get_config()}}
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         extraMetadata=extra)
+        _write_bytes(self.sparkSession, _model_path(path), serialize_model(trainer.master_model))
+
+
+class _KerasEstimatorReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path):
+        from distkeras.trainers import Trainer
+        from distkeras.utils import deserialize_model
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        module_name, _, class_name = metadata["trainer"]["class"].rpartition(".")
+        trainer_class = getattr(importlib.import_module(module_name), class_name, None)
+        if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
+            raise TypeError(f"{metadata['trainer']['class']} (saved at {path}) is not a "
+                            "distkeras trainer class.")
+        keras_model = deserialize_model(_read_bytes(self.sparkSession, _model_path(path)))
+        instance = self.cls(trainer_class.from_config(metadata["trainer"]["config"],
+                                                      keras_model=keras_model))
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        return instance

@@ -1,0 +1,181 @@
+"""Metrics of predictions in a DataFrame, computed by Spark aggregations.
+
+Both evaluators are `pyspark.ml.evaluation.Evaluator` objects (usable with Spark's model
+selection tools) and return a Python float.
+
+Example::
+
+    accuracy = AccuracyEvaluator(prediction_col="prediction_index",
+                                 label_col="label_index").evaluate(predicted)
+    loss = LossEvaluator("categorical_crossentropy", prediction_col="prediction",
+                         label_col="label").evaluate(predicted)
+"""
+
+import logging
+
+from pyspark.ml.evaluation import Evaluator
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_given
+
+logger = logging.getLogger(__name__)
+
+EPSILON = 1e-7  # keras.config.epsilon(): predictions are clipped to [EPSILON, 1 - EPSILON]
+
+LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
+          "binary_crossentropy", "mse", "mean_squared_error")
+
+
+def _class_index(dataset, name, role):
+    """A column as a class index: numbers as they are, arrays and vectors by their argmax."""
+    if _kind(dataset, name, role) == "scalar":
+        return F.col(name).cast(T.DoubleType())
+    return _argmax(_double_array(dataset, name, role)).cast(T.DoubleType())
+
+
+def _mean_of(dataset, per_row, what):
+    """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows."""
+    value = dataset.select(F.avg(per_row).alias("mean"), F.count(F.lit(1)).alias("rows")) \
+        .first()
+    if not value["rows"]:
+        raise ValueError(f"Cannot compute {what} of an empty DataFrame.")
+    return float(value["mean"])
+
+
+def _sum(array):
+    return F.aggregate(array, F.lit(0.0), lambda total, x: total + x)
+
+
+def _clip(value):
+    return F.least(F.greatest(value, F.lit(EPSILON)), F.lit(1.0 - EPSILON))
+
+
+class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReadable,
+                        DefaultParamsWritable):
+    """The fraction of rows whose predicted class equals the label.
+
+    Each column may hold class indices (numbers) or vectors (arrays or Spark ML vectors,
+    one-hot labels or predicted probabilities), which count by their argmax. Rows with a
+    null prediction or label count as wrong.
+
+    Args:
+        prediction_col: Predicted classes (default ``"prediction_index"``).
+        label_col: True classes (default ``"label_index"``).
+    """
+
+    def __init__(self, prediction_col="prediction_index", label_col="label_index"):
+        super().__init__()
+        self._setDefault(predictionCol="prediction_index", labelCol="label_index")
+        _set_given(self, predictionCol=prediction_col, labelCol=label_col)
+
+    def _evaluate(self, dataset):
+        prediction = _class_index(dataset, self.getPredictionCol(), "prediction column")
+        label = _class_index(dataset, self.getLabelCol(), "label column")
+        correct = F.coalesce(prediction == label, F.lit(False)).cast(T.DoubleType())
+        return _mean_of(dataset, correct, "the accuracy")
+
+    def isLargerBetter(self):
+        """Accuracy: larger is better."""
+        return True
+
+
+class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReadable,
+                    DefaultParamsWritable):
+    """The mean loss of the predictions over the rows, as Keras computes it.
+
+    Predictions are probabilities (not logits), clipped to ``[1e-7, 1 - 1e-7]`` as Keras
+    does; for ``categorical_crossentropy`` they are first scaled to sum to 1 per row, as
+    Keras does too.
+
+    - ``categorical_crossentropy``: one-hot (or soft) label arrays, prediction arrays.
+    - ``sparse_categorical_crossentropy``: integer labels, prediction arrays.
+    - ``binary_crossentropy``: numbers or arrays of 0/1 labels and probabilities (arrays:
+      the mean over elements).
+    - ``mse`` (or ``mean_squared_error``): numbers or arrays (arrays: the mean over elements).
+
+    Args:
+        loss: One of the names above.
+        prediction_col: The predictions (default ``"prediction"``).
+        label_col: The targets (default ``"label"``).
+    """
+
+    loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
+                 typeConverter=TypeConverters.toString)
+
+    def __init__(self, loss="categorical_crossentropy", prediction_col="prediction",
+                 label_col="label"):
+        super().__init__()
+        self._setDefault(loss="categorical_crossentropy", predictionCol="prediction",
+                         labelCol="label")
+        _set_given(self, loss=loss, predictionCol=prediction_col, labelCol=label_col)
+
+    def _evaluate(self, dataset):
+        loss = self.getOrDefault(self.loss)
+        if loss not in LOSSES:
+            raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}")
+        prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        prediction_kind = _kind(dataset, prediction_col, "prediction column")
+        label_kind = _kind(dataset, label_col, "label column")
+        if loss == "sparse_categorical_crossentropy":
+            per_row = self._sparse_categorical(dataset, prediction_col, label_col, label_kind)
+        else:
+            scalars = prediction_kind == "scalar"
+            mismatched = scalars != (label_kind == "scalar")
+            if mismatched or (scalars and loss == "categorical_crossentropy"):
+                raise TypeError(
+                    f"{loss} needs prediction column {prediction_col!r} and label column "
+                    f"{label_col!r} to both hold arrays (or vectors)"
+                    + ("" if loss == "categorical_crossentropy" else ", or both numbers")
+                    + f"; they hold {prediction_kind} and {label_kind} values.")
+            if scalars:
+                per_row = self._term(loss, F.col(label_col).cast(T.DoubleType()),
+                                     F.col(prediction_col).cast(T.DoubleType()))
+            else:
+                per_row = self._elementwise(dataset, loss, prediction_col, label_col)
+        return _mean_of(dataset, per_row, f"the {loss} loss")
+
+    @staticmethod
+    def _term(loss, y, p):
+        if loss == "binary_crossentropy":
+            p = _clip(p)
+            return -(y * F.log(p) + (1.0 - y) * F.log(1.0 - p))
+        return (y - p) * (y - p)
+
+    def _elementwise(self, dataset, loss, prediction_col, label_col):
+        predictions = _double_array(dataset, prediction_col, "prediction column")
+        labels = _double_array(dataset, label_col, "label column")
+        if loss == "categorical_crossentropy":
+            total = _sum(predictions)
+            terms = F.zip_with(labels, predictions,
+                               lambda y, p: y * F.log(_clip(p / total)))
+            per_row = -_sum(terms)
+        else:
+            terms = F.zip_with(labels, predictions, lambda y, p: self._term(loss, y, p))
+            per_row = _sum(terms) / F.size(terms)
+        return F.when(F.size(labels) == F.size(predictions), per_row).otherwise(_fail(
+            f"LossEvaluator: label column {label_col!r} and prediction column "
+            f"{prediction_col!r} hold arrays of different lengths in some row."))
+
+    @staticmethod
+    def _sparse_categorical(dataset, prediction_col, label_col, label_kind):
+        if label_kind != "scalar":
+            raise TypeError(
+                f"sparse_categorical_crossentropy needs class indices (numbers) in label "
+                f"column {label_col!r}; it holds {label_kind} values. Use "
+                "categorical_crossentropy for one-hot labels.")
+        predictions = _double_array(dataset, prediction_col, "prediction column")
+        index = F.col(label_col).cast(T.LongType())
+        picked = F.element_at(predictions, (index + 1).cast(T.IntegerType()))
+        per_row = -F.log(_clip(picked / _sum(predictions)))
+        valid = (index >= 0) & (index < F.size(predictions))
+        return F.when(valid, per_row).otherwise(_fail(
+            f"LossEvaluator: label column {label_col!r} holds a class index that is null or "
+            f"outside the prediction arrays of column {prediction_col!r}."))
+
+    def isLargerBetter(self):
+        """A loss: smaller is better."""
+        return False

@@ -1,0 +1,492 @@
+"""DataFrame transformers: preprocessing steps that fit in a `pyspark.ml.Pipeline`.
+
+Every class here is a `pyspark.ml.Transformer` (or, for `StandardEstimator`, an
+`Estimator`) with Spark ML Params, so it can stand in a Pipeline and be saved and loaded
+with it (``Pipeline.save(path)`` / ``PipelineModel.load(path)``). Each one is built from
+Spark's own column functions (``transform``, ``aggregate``, ``array_max``, ...): no Python
+runs per row, and the work stays in the JVM.
+
+Arrays come out as ``array<float>`` (what the trainers read); Spark ML vectors are accepted
+wherever an array of numbers is. Only `DenseTransformer` outputs a vector.
+
+Example::
+
+    from pyspark.ml import Pipeline
+    pipeline = Pipeline(stages=[
+        MinMaxTransformer(0.0, 255.0, 0.0, 1.0, input_col="pixels", output_col="features"),
+        OneHotTransformer(10, input_col="digit", output_col="label"),
+    ])
+    prepared = pipeline.fit(dataframe).transform(dataframe)
+"""
+
+import logging
+import math
+
+from pyspark.ml import Estimator, Transformer
+from pyspark.ml.functions import array_to_vector, vector_to_array
+from pyspark.ml.linalg import VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasInputCol, HasOutputCol
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+logger = logging.getLogger(__name__)
+
+FLOAT_ARRAY = T.ArrayType(T.FloatType())
+
+
+# -- column helpers (shared with predictors.py and evaluators.py) ---------------------------
+
+
+def _is_numeric(data_type):
+    return isinstance(data_type, (T.NumericType, T.BooleanType))
+
+
+def _is_numeric_array(data_type):
+    return isinstance(data_type, T.ArrayType) and _is_numeric(data_type.elementType)
+
+
+def _column_type(dataset, name, role="input column"):
+    """The Spark type of column ``name``, or a ValueError naming it and the columns there are."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"The {role} must be a non-empty column name. Received: {name!r}")
+    if name not in dataset.columns:
+        raise ValueError(
+            f"Column {name!r} (the {role}) is not in the DataFrame. Available columns: "
+            f"{dataset.columns}."
+        )
+    return dataset.schema[name].dataType
+
+
+def _is_nested_numeric_array(data_type):
+    while isinstance(data_type, T.ArrayType):
+        data_type = data_type.elementType
+    return _is_numeric(data_type)
+
+
+def _kind(dataset, name, role="input column", nested=False):
+    """``"vector"``, ``"array"`` (of numbers) or ``"scalar"`` (a number); else a TypeError.
+
+    With ``nested=True``, arrays of arrays (of arrays...) of numbers count as arrays too.
+    """
+    data_type = _column_type(dataset, name, role)
+    if isinstance(data_type, VectorUDT):
+        return "vector"
+    if _is_numeric_array(data_type) or (
+            nested and isinstance(data_type, T.ArrayType) and _is_nested_numeric_array(data_type)):
+        return "array"
+    if _is_numeric(data_type):
+        return "scalar"
+    raise TypeError(
+        f"Column {name!r} (the {role}) has type {data_type.simpleString()}; expected a "
+        f"number, an array of numbers{' (possibly nested)' if nested else ''} or a Spark ML "
+        "vector."
+    )
+
+
+def _double_array(dataset, name, role="input column"):
+    """Column ``name`` as ``array<double>``: vectors are unpacked, arrays cast.
+
+    Raises:
+        TypeError: When the column is not an array of numbers or a vector.
+    """
+    kind = _kind(dataset, name, role)
+    if kind == "vector":
+        return vector_to_array(F.col(name), "float64")
+    if kind == "array":
+        return F.col(name).cast(T.ArrayType(T.DoubleType()))
+    raise TypeError(
+        f"Column {name!r} (the {role}) holds single numbers "
+        f"({dataset.schema[name].dataType.simpleString()}); expected an array of numbers "
+        "or a Spark ML vector."
+    )
+
+
+def _argmax(array):
+    """The 0-based position of the first largest element of an array column (null if empty)."""
+    return (F.array_position(array, F.array_max(array)) - 1).cast(T.LongType())
+
+
+def _fail(message):
+    """A column that stops the job with ``message`` when Spark evaluates it."""
+    return F.raise_error(F.lit(message))
+
+
+def _set_given(instance, **values):
+    """Sets the Params whose values are not None (constructors only store their arguments)."""
+    given = {name: value for name, value in values.items() if value is not None}
+    if given:
+        instance._set(**given)
+
+
+def _require(instance, param):
+    """The value of a Param, or a ValueError saying that it must be set."""
+    if not instance.isDefined(param):
+        raise ValueError(
+            f"{type(instance).__name__} needs `{param.name}`; it was not set "
+            f"({param.doc})."
+        )
+    return instance.getOrDefault(param)
+
+
+def _to_number(value):
+    """TypeConverter: a finite int or float (booleans are refused)."""
+    if isinstance(value, bool):
+        raise TypeError(f"Expected a number, received a boolean: {value!r}")
+    number = TypeConverters.toFloat(value)
+    if not math.isfinite(number):
+        raise TypeError(f"Expected a finite number. Received: {value!r}")
+    return number
+
+
+def _to_label(value):
+    """TypeConverter: a string, an int or a float (what a label column may hold)."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"`label` must be a string or a number. Received: {value!r}")
+
+
+class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsReadable,
+                         DefaultParamsWritable):
+    """Base of the transformers here: one input column in, one output column added."""
+
+    def _columns(self):
+        return _require(self, self.inputCol), _require(self, self.outputCol)
+
+    def _transform(self, dataset):
+        input_col, output_col = self._columns()
+        return dataset.withColumn(output_col, self._expression(dataset, input_col))
+
+    def _expression(self, dataset, input_col):
+        raise NotImplementedError
+
+
+# -- transformers ---------------------------------------------------------------------------
+
+
+class OneHotTransformer(_ColumnTransformer):
+    """Turns a class index into a one-hot ``array<float>`` of length ``output_dim``.
+
+    An index that is null, negative, fractional or ``>= output_dim`` stops the job with an
+    error naming the column.
+
+    Args:
+        output_dim: Number of classes (length of the output arrays).
+        input_col: Column of class indices (any numeric type).
+        output_col: Name of the new column.
+    """
+
+    outputDim = Param(Params._dummy(), "outputDim", "number of classes (length of the output "
+                      "array)", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, output_dim=None, input_col=None, output_col=None):
+        super().__init__()
+        _set_given(self, outputDim=output_dim, inputCol=input_col, outputCol=output_col)
+
+    def _expression(self, dataset, input_col):
+        size = _require(self, self.outputDim)
+        if size < 1:
+            raise ValueError(f"`output_dim` must be an integer >= 1. Received: output_dim={size}")
+        if _kind(dataset, input_col) != "scalar":
+            raise TypeError(
+                f"OneHotTransformer expects column {input_col!r} to hold class indices "
+                f"(numbers); it has type {dataset.schema[input_col].dataType.simpleString()}."
+            )
+        index = F.col(input_col).cast(T.DoubleType())
+        valid = (index >= 0) & (index < size) & (index == F.floor(index))
+        one_hot = F.transform(F.sequence(F.lit(0), F.lit(size - 1)),
+                              lambda i: F.when(i == index, 1.0).otherwise(0.0))
+        return F.when(valid, one_hot.cast(FLOAT_ARRAY)).otherwise(_fail(
+            f"OneHotTransformer: column {input_col!r} holds a value that is not a class "
+            f"index in [0, {size - 1}] (null, negative, fractional or too large)."))
+
+
+class MinMaxTransformer(_ColumnTransformer):
+    """Rescales values linearly from ``[o_min, o_max]`` to ``[n_min, n_max]``.
+
+    ``x' = n_min + (x - o_min) * (n_max - n_min) / (o_max - o_min)``, the same mapping as
+    the original dist-keras. Values outside ``[o_min, o_max]`` are mapped by the same line
+    (not clipped).
+
+    Args:
+        o_min: Minimum of the original range.
+        o_max: Maximum of the original range (must differ from ``o_min``).
+        n_min: Minimum of the new range.
+        n_max: Maximum of the new range.
+        input_col: Column to rescale.
+        output_col: Name of the new column.
+        is_vector: True when the column holds arrays or vectors (the output is then an
+            ``array<float>``); False for a column of single numbers (output ``double``).
+    """
+
+    oMin = Param(Params._dummy(), "oMin", "minimum of the original range",
+                 typeConverter=_to_number)
+    oMax = Param(Params._dummy(), "oMax", "maximum of the original range",
+                 typeConverter=_to_number)
+    nMin = Param(Params._dummy(), "nMin", "minimum of the new range", typeConverter=_to_number)
+    nMax = Param(Params._dummy(), "nMax", "maximum of the new range", typeConverter=_to_number)
+    isVector = Param(Params._dummy(), "isVector", "whether the column holds arrays/vectors "
+                     "(else single numbers)", typeConverter=TypeConverters.toBoolean)
+
+    def __init__(self, o_min=None, o_max=None, n_min=None, n_max=None, input_col=None,
+                 output_col=None, is_vector=True):
+        super().__init__()
+        self._setDefault(isVector=True)
+        _set_given(self, oMin=o_min, oMax=o_max, nMin=n_min, nMax=n_max, inputCol=input_col,
+                   outputCol=output_col, isVector=is_vector)
+
+    def _expression(self, dataset, input_col):
+        o_min, o_max, n_min, n_max = (_require(self, param) for param in
+                                      (self.oMin, self.oMax, self.nMin, self.nMax))
+        if o_max == o_min:
+            raise ValueError(
+                f"`o_min` and `o_max` must differ. Received: o_min={o_min}, o_max={o_max}")
+        scale = (n_max - n_min) / (o_max - o_min)
+        kind = _kind(dataset, input_col)
+        if self.getOrDefault(self.isVector):
+            if kind == "scalar":
+                raise TypeError(
+                    f"Column {input_col!r} holds single numbers but is_vector=True; pass "
+                    "is_vector=False to rescale a column of numbers.")
+            rescaled = F.transform(_double_array(dataset, input_col),
+                                   lambda x: (x - o_min) * scale + n_min)
+            return rescaled.cast(FLOAT_ARRAY)
+        if kind != "scalar":
+            raise TypeError(
+                f"Column {input_col!r} holds arrays or vectors but is_vector=False; pass "
+                "is_vector=True to rescale every element.")
+        return (F.col(input_col).cast(T.DoubleType()) - o_min) * scale + n_min
+
+
+class StandardTransformer(_ColumnTransformer):
+    """Standardizes values: ``(x - mean) / std``, element by element.
+
+    ``mean`` and ``std`` are given (or computed by `StandardEstimator`, which fits them on
+    training data and returns this transformer). Each is one number, applied to every
+    element, or one number per element of the arrays. Unlike the original dist-keras, this
+    transformer never computes statistics on the data it transforms (that would leak test
+    statistics into the features).
+
+    Args:
+        input_col: Column of numbers, arrays of numbers or vectors.
+        output_col: Name of the new column (``array<float>``, or ``double`` for numbers).
+        mean: A number or a list of numbers.
+        std: A number or a list of positive numbers.
+    """
+
+    mean = Param(Params._dummy(), "mean", "mean to subtract: one value or one per element",
+                 typeConverter=TypeConverters.toListFloat)
+    std = Param(Params._dummy(), "std", "standard deviation to divide by: one value or one "
+                "per element", typeConverter=TypeConverters.toListFloat)
+
+    def __init__(self, input_col=None, output_col=None, mean=None, std=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col,
+                   mean=[mean] if isinstance(mean, (int, float)) else mean,
+                   std=[std] if isinstance(std, (int, float)) else std)
+
+    def _expression(self, dataset, input_col):
+        mean = _require(self, self.mean)
+        std = _require(self, self.std)
+        if not mean or not std or (len(mean) != len(std) and 1 not in (len(mean), len(std))):
+            raise ValueError(
+                f"`mean` and `std` must hold one value, or one value per element, each. "
+                f"Received {len(mean)} means and {len(std)} standard deviations.")
+        if any(not value > 0 or not math.isfinite(value) for value in std):
+            raise ValueError("Every `std` must be a positive finite number (use 1.0 for a "
+                             "constant feature).")
+        if _kind(dataset, input_col) == "scalar":
+            if len(mean) != 1 or len(std) != 1:
+                raise ValueError(
+                    f"Column {input_col!r} holds single numbers, so `mean` and `std` must be "
+                    f"single values. Received {len(mean)} means, {len(std)} stds.")
+            return (F.col(input_col).cast(T.DoubleType()) - mean[0]) / std[0]
+        values = _double_array(dataset, input_col)
+        size = max(len(mean), len(std))
+
+        def pick(constants, i):
+            if len(constants) == 1:
+                return F.lit(constants[0])
+            return F.element_at(F.lit(constants), i + 1)
+
+        standardized = F.transform(values, lambda x, i: (x - pick(mean, i)) / pick(std, i))
+        if size == 1:
+            return standardized.cast(FLOAT_ARRAY)
+        return F.when(F.size(values) == size, standardized.cast(FLOAT_ARRAY)).otherwise(_fail(
+            f"StandardTransformer: column {input_col!r} holds an array whose length is not "
+            f"{size}, the number of means/stds."))
+
+
+class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReadable,
+                        DefaultParamsWritable):
+    """Fits per-element mean and (population) standard deviation; returns a
+    `StandardTransformer`.
+
+    Elements with zero deviation get ``std = 1`` (they become 0 after centering). Statistics
+    come from Spark's ``Summarizer`` in one pass over the data.
+
+    Args:
+        input_col: Column of numbers, arrays of numbers or vectors.
+        output_col: Name of the column the fitted transformer adds.
+    """
+
+    def __init__(self, input_col=None, output_col=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col)
+
+    def _fit(self, dataset):
+        from pyspark.ml.stat import Summarizer
+
+        input_col = _require(self, self.inputCol)
+        output_col = _require(self, self.outputCol)
+        kind = _kind(dataset, input_col)
+        if kind == "vector":
+            vectors = F.col(input_col)
+        elif kind == "array":
+            vectors = array_to_vector(F.col(input_col).cast(T.ArrayType(T.DoubleType())))
+        else:
+            vectors = array_to_vector(F.array(F.col(input_col).cast(T.DoubleType())))
+        summary = dataset.select(
+            Summarizer.metrics("mean", "variance", "count").summary(vectors).alias("s")
+        ).first()["s"]
+        count = summary["count"]
+        if not count:
+            raise ValueError(f"StandardEstimator: column {input_col!r} has no rows to fit on.")
+        mean = summary["mean"].toArray()
+        # Summarizer's variance is the sample variance; the population one divides by n.
+        variance = summary["variance"].toArray() * ((count - 1) / count)
+        std = [float(value) ** 0.5 if value > 0 else 1.0 for value in variance]
+        logger.info("StandardEstimator fitted %d means on %d rows of %r",
+                    len(mean), count, input_col)
+        return StandardTransformer(input_col=input_col, output_col=output_col,
+                                   mean=[float(value) for value in mean], std=std)
+
+
+class DenseTransformer(_ColumnTransformer):
+    """Turns sparse (or dense) Spark ML vectors, or arrays of numbers, into dense vectors.
+
+    Args:
+        input_col: Column of vectors or arrays of numbers.
+        output_col: Name of the new column (a dense `pyspark.ml.linalg` vector).
+    """
+
+    def __init__(self, input_col=None, output_col=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col)
+
+    def _expression(self, dataset, input_col):
+        return array_to_vector(_double_array(dataset, input_col))
+
+
+class ReshapeTransformer(_ColumnTransformer):
+    """Turns flat arrays (or vectors) into nested arrays of the given shape, row-major.
+
+    For example ``shape=(28, 28, 1)`` turns 784 values into
+    ``array<array<array<float>>>``, what a Keras model with ``Input((28, 28, 1))`` reads
+    (the trainers and `ModelPredictor` also reshape flat arrays themselves).
+
+    Args:
+        input_col: Column of arrays of numbers or vectors.
+        output_col: Name of the new column.
+        shape: The shape of one row's values, a tuple of positive integers.
+    """
+
+    shape = Param(Params._dummy(), "shape", "shape of one row's values (row-major)",
+                  typeConverter=TypeConverters.toListInt)
+
+    def __init__(self, input_col=None, output_col=None, shape=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col,
+                   shape=list(shape) if shape is not None else None)
+
+    def _expression(self, dataset, input_col):
+        shape = _require(self, self.shape)
+        if not shape or any(dim < 1 for dim in shape):
+            raise ValueError(
+                f"`shape` must be a non-empty tuple of positive integers. Received: {shape}")
+        values = _double_array(dataset, input_col).cast(FLOAT_ARRAY)
+        size = math.prod(shape)
+
+        def nest(dims, offset):
+            # The elements from 0-based position `offset` on, laid out as `dims`.
+            if len(dims) == 1:
+                return F.slice(values, offset + 1, dims[0])
+            stride = math.prod(dims[1:])
+            return F.transform(F.sequence(F.lit(0), F.lit(dims[0] - 1)),
+                               lambda i: nest(dims[1:], offset + i * stride))
+
+        return F.when(F.size(values) == size, nest(shape, F.lit(0))).otherwise(_fail(
+            f"ReshapeTransformer: column {input_col!r} holds an array whose length is not "
+            f"{size}, the number of values in shape {tuple(shape)}."))
+
+
+class LabelIndexTransformer(_ColumnTransformer):
+    """Turns a prediction vector into a class index (``double``).
+
+    As in dist-keras: the first position whose value reaches ``activation_threshold``;
+    when none does, the position of the largest value (ties: the first); ``default_index``
+    when no value is positive.
+
+    Args:
+        output_dim: Length of the prediction vectors (checked on every row).
+        input_col: Column of predictions (arrays of numbers or vectors).
+        output_col: Name of the new column.
+        default_index: The index when no value is positive.
+        activation_threshold: The smallest winning value.
+    """
+
+    outputDim = Param(Params._dummy(), "outputDim", "length of the prediction vectors",
+                      typeConverter=TypeConverters.toInt)
+    defaultIndex = Param(Params._dummy(), "defaultIndex", "index when no value is positive",
+                         typeConverter=TypeConverters.toInt)
+    activationThreshold = Param(Params._dummy(), "activationThreshold", "smallest winning "
+                                "value", typeConverter=_to_number)
+
+    def __init__(self, output_dim=None, input_col="prediction", output_col="prediction_index",
+                 default_index=0, activation_threshold=0.55):
+        super().__init__()
+        self._setDefault(inputCol="prediction", outputCol="prediction_index", defaultIndex=0,
+                         activationThreshold=0.55)
+        _set_given(self, outputDim=output_dim, inputCol=input_col, outputCol=output_col,
+                   defaultIndex=default_index, activationThreshold=activation_threshold)
+
+    def _expression(self, dataset, input_col):
+        size = _require(self, self.outputDim)
+        values = _double_array(dataset, input_col)
+        threshold = self.getOrDefault(self.activationThreshold)
+        first_above = F.array_position(F.transform(values, lambda v: v >= threshold), True)
+        index = F.when(first_above > 0, first_above - 1) \
+            .when(F.array_max(values) > 0, _argmax(values)) \
+            .otherwise(F.lit(self.getOrDefault(self.defaultIndex)))
+        return F.when(F.size(values) == size, index.cast(T.DoubleType())).otherwise(_fail(
+            f"LabelIndexTransformer: column {input_col!r} holds a prediction whose length is "
+            f"not output_dim={size}."))
+
+
+class BinaryLabelTransformer(_ColumnTransformer):
+    """Turns a column into a two-class one-hot label: ``[1, 0]`` where it equals ``label``,
+    ``[0, 1]`` elsewhere (nulls included).
+
+    This is the original dist-keras encoding (first element: "is ``label``"), ready for a
+    two-unit softmax output. The output is an ``array<float>`` of length 2.
+
+    Args:
+        input_col: Column to compare (strings or numbers).
+        output_col: Name of the new column.
+        label: The value that counts as the positive class.
+    """
+
+    label = Param(Params._dummy(), "label", "the value of the positive class",
+                  typeConverter=_to_label)
+
+    def __init__(self, input_col=None, output_col=None, label=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col, label=label)
+
+    def _expression(self, dataset, input_col):
+        label = _require(self, self.label)
+        _column_type(dataset, input_col)
+        matches = F.coalesce(F.col(input_col) == F.lit(label), F.lit(False))
+        return F.when(matches, F.array(F.lit(1.0), F.lit(0.0))) \
+            .otherwise(F.array(F.lit(0.0), F.lit(1.0))).cast(FLOAT_ARRAY)

@@ -1,0 +1,108 @@
+"""KerasEstimator in a Pipeline: preprocess, train with a distkeras trainer, predict, save."""
+
+import numpy as np
+import pytest
+from conftest import build_mlp
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def fashion_test_frame(spark):
+    from distkeras.datasets import load_fashion_mnist
+
+    return load_fashion_mnist(spark, "test", limit=1000).cache()
+
+
+def _pipeline(trainer):
+    from pyspark.ml import Pipeline
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.transformers import LabelIndexTransformer, OneHotTransformer
+
+    return Pipeline(stages=[
+        OneHotTransformer(10, input_col="label_index", output_col="one_hot"),
+        KerasEstimator(trainer, output_col="prediction", batch_size=256),
+        # The default threshold (0.55): a sure prediction wins, else the largest value.
+        LabelIndexTransformer(10, input_col="prediction", output_col="prediction_index"),
+    ])
+
+
+def _single_trainer():
+    from distkeras.trainers import SingleTrainer
+
+    return SingleTrainer(keras_model=build_mlp(64), worker_optimizer="adam",
+                         loss="categorical_crossentropy", metrics=["accuracy"], batch_size=32,
+                         features_col="features", label_col="one_hot")
+
+
+def test_pipeline_trains_predicts_and_survives_save_and_load(fashion_train, fashion_test_frame,
+                                                             tmp_path):
+    import keras
+    from pyspark.ml import PipelineModel
+
+    from distkeras.estimators import KerasModel
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    trainer = _single_trainer()
+    fitted = _pipeline(trainer).fit(fashion_train.drop("label").limit(2000))
+    stage = fitted.stages[1]
+    assert isinstance(stage, KerasModel) and isinstance(stage.keras_model, keras.Model)
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 2000
+
+    predicted = fitted.transform(fashion_test_frame).cache()
+    assert {"prediction", "prediction_index", "one_hot", "label"} <= set(predicted.columns)
+    accuracy = AccuracyEvaluator("prediction_index", "label_index").evaluate(predicted)
+    assert accuracy > 0.5
+
+    # Argmax accuracy from Spark equals the Keras model's own on the same rows.
+    rows = fashion_test_frame.select("features", "label_index").collect()
+    images = np.array([row.features for row in rows], dtype="float32")
+    labels = np.array([row.label_index for row in rows])
+    probabilities = stage.keras_model.predict(images, verbose=0)
+    keras_accuracy = float((probabilities.argmax(1) == labels).mean())
+    assert accuracy == pytest.approx(keras_accuracy, abs=1e-9)
+    assert AccuracyEvaluator("prediction", "label_index").evaluate(predicted) == \
+        pytest.approx(keras_accuracy, abs=1e-9)
+    keras_loss = float(keras.ops.mean(keras.losses.categorical_crossentropy(
+        np.eye(10, dtype="float32")[labels], probabilities)))
+    assert LossEvaluator(prediction_col="prediction", label_col="label").evaluate(predicted) \
+        == pytest.approx(keras_loss, rel=1e-4)
+
+    fitted.save(str(tmp_path / "fitted"))
+    loaded = PipelineModel.load(str(tmp_path / "fitted"))
+    assert isinstance(loaded.stages[1], KerasModel)
+    assert loaded.stages[1].keras_model.compiled
+    assert loaded.stages[1].getOrDefault("batchSize") == 256
+    again = loaded.transform(fashion_test_frame).select("prediction").collect()
+    before = predicted.select("prediction").collect()
+    np.testing.assert_allclose([row.prediction for row in again],
+                               [row.prediction for row in before], atol=1e-6)
+
+
+def test_unfitted_pipeline_with_the_estimator_saves_and_loads(spark, tmp_path):
+    from pyspark.ml import Pipeline
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    trainer = _single_trainer()
+    _pipeline(trainer).save(str(tmp_path / "pipeline"))
+    estimator = Pipeline.load(str(tmp_path / "pipeline")).getStages()[1]
+    assert isinstance(estimator, KerasEstimator)
+    assert isinstance(estimator.trainer, SingleTrainer)
+    assert estimator.trainer.get_config() == trainer.get_config()
+    for loaded, original in zip(estimator.trainer.master_model.get_weights(),
+                                trainer.master_model.get_weights()):
+        np.testing.assert_array_equal(loaded, original)
+    assert estimator.getOrDefault("batchSize") == 256
+
+
+def test_estimator_errors(spark):
+    from distkeras.estimators import KerasEstimator, KerasModel
+
+    frame = spark.createDataFrame([([0.0] * 784,)], ["features"])
+    with pytest.raises(TypeError, match="needs a distkeras trainer"):
+        KerasEstimator().fit(frame)
+    with pytest.raises(ValueError, match="holds no Keras model"):
+        KerasModel().transform(frame)

@@ -1,0 +1,190 @@
+"""ModelPredictor against model.predict on the same rows; evaluators against hand-computed
+values."""
+
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.spark
+
+ROWS = 37  # not a multiple of the batch size: the last chunk of every batch is padded
+
+
+def _mlp(input_shape, seed):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Dense(5, activation="tanh"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3, activation="softmax"),
+    ])
+
+
+def _features(seed, width):
+    return np.random.default_rng(seed).normal(size=(ROWS, width)).astype("float32")
+
+
+def _predictions(dataframe, column="prediction"):
+    rows = dataframe.orderBy("id").collect()
+    return rows, np.array([row[column] for row in rows], dtype="float32")
+
+
+def test_predicts_array_features_like_model_predict(spark):
+    from distkeras.predictors import ModelPredictor
+
+    model = _mlp((6,), seed=1)
+    x = _features(0, 6)
+    frame = spark.createDataFrame(
+        [(i, x[i].tolist(), f"row{i}") for i in range(ROWS)], "id int, features array<float>, "
+        "name string").repartition(2)
+    out = ModelPredictor(model, batch_size=8).predict(frame)
+    assert out.columns == ["id", "features", "name", "prediction"]
+    assert out.schema["prediction"].dataType.simpleString() == "array<float>"
+    rows, predicted = _predictions(out)
+    assert [row.name for row in rows] == [f"row{i}" for i in range(ROWS)]
+    np.testing.assert_allclose(predicted, model.predict(x, verbose=0), atol=1e-5)
+
+
+def test_predicts_vector_features_reshaped_to_the_input_shape(spark):
+    from pyspark.ml.linalg import Vectors
+
+    from distkeras.predictors import ModelPredictor
+
+    model = _mlp((4, 2), seed=2)  # flat rows of 8 values become (4, 2)
+    x = _features(1, 8)
+    x[::3, :4] = 0.0
+    vectors = [Vectors.sparse(8, {j: float(v) for j, v in enumerate(row) if v != 0.0})
+               if i % 3 == 0 else Vectors.dense(row.tolist()) for i, row in enumerate(x)]
+    frame = spark.createDataFrame([(i, vectors[i]) for i in range(ROWS)], ["id", "pixels"]) \
+        .coalesce(1)
+    out = ModelPredictor(model, features_col="pixels", output_col="p", batch_size=16) \
+        .predict(frame)
+    assert out.columns == ["id", "pixels", "p"]
+    rows, predicted = _predictions(out, "p")
+    assert rows[0].pixels == vectors[0]  # the vector column is kept as it was
+    np.testing.assert_allclose(predicted, model.predict(x.reshape(-1, 4, 2), verbose=0),
+                               atol=1e-5)
+
+
+def test_predicts_nested_arrays_from_reshape_transformer(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.transformers import ReshapeTransformer
+
+    keras.utils.set_random_seed(3)
+    conv = keras.Sequential([
+        keras.Input((4, 4, 1)),
+        keras.layers.Conv2D(2, 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(2),
+    ])
+    x = _features(2, 16)
+    frame = spark.createDataFrame([(i, x[i].tolist()) for i in range(ROWS)], ["id", "flat"]) \
+        .coalesce(1)
+    images = ReshapeTransformer("flat", "image", (4, 4, 1)).transform(frame)
+    _, predicted = _predictions(ModelPredictor(conv, "image").predict(images))
+    np.testing.assert_allclose(predicted, conv.predict(x.reshape(-1, 4, 4, 1), verbose=0),
+                               atol=1e-5)
+
+
+def test_predictor_errors_name_the_column(spark):
+    from distkeras.predictors import ModelPredictor
+
+    model = _mlp((6,), seed=1)
+    frame = spark.createDataFrame([(0, [1.0, 2.0, 3.0], [0.0])],
+                                  ["id", "features", "prediction"])
+    with pytest.raises(ValueError, match="'missing'.*not in the DataFrame"):
+        ModelPredictor(model, features_col="missing", output_col="out").predict(frame)
+    with pytest.raises(ValueError, match="'prediction' is already in the DataFrame"):
+        ModelPredictor(model).predict(frame)
+    with pytest.raises(ValueError, match="batch_size"):
+        ModelPredictor(model, output_col="out", batch_size=0).predict(frame)
+    with pytest.raises(Exception, match="Column 'features' holds 3 values in 1 rows, but the "
+                                        "model's input expects 6 per row"):
+        ModelPredictor(model, output_col="out").predict(frame).collect()
+
+
+# -- evaluators ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scored(spark):
+    rows = [  # prediction, one-hot label, label index, prediction index
+        ([0.7, 0.2, 0.1], [1.0, 0.0, 0.0], 0, 0.0),
+        ([0.1, 0.3, 0.6], [0.0, 1.0, 0.0], 1, 2.0),
+        ([0.0, 0.0, 1.0], [0.0, 0.0, 1.0], 2, 2.0),
+        ([0.2, 0.5, 0.3], [0.0, 1.0, 0.0], 1, 1.0),
+    ]
+    return spark.createDataFrame(rows, ["prediction", "label", "label_index",
+                                        "prediction_index"]).coalesce(1)
+
+
+def test_accuracy_evaluator(scored):
+    from distkeras.evaluators import AccuracyEvaluator
+
+    assert AccuracyEvaluator().evaluate(scored) == 0.75  # indices against indices
+    # Prediction vectors and one-hot labels count by their argmax: the same three rows.
+    assert AccuracyEvaluator("prediction", "label").evaluate(scored) == 0.75
+    assert AccuracyEvaluator("prediction", "label_index").evaluate(scored) == 0.75
+    assert AccuracyEvaluator("label", "label_index").evaluate(scored) == 1.0
+    assert AccuracyEvaluator().isLargerBetter()
+    with pytest.raises(ValueError, match="'wrong'.*not in the DataFrame"):
+        AccuracyEvaluator(label_col="wrong").evaluate(scored)
+    with pytest.raises(ValueError, match="empty"):
+        AccuracyEvaluator().evaluate(scored.limit(0))
+
+
+def test_loss_evaluator_matches_hand_computed_values(scored, spark):
+    from distkeras.evaluators import LossEvaluator
+
+    clip = lambda p: min(max(p, 1e-7), 1 - 1e-7)  # noqa: E731
+    cce = -(math.log(0.7) + math.log(0.3) + math.log(clip(1.0)) + math.log(0.5)) / 4
+    assert LossEvaluator().evaluate(scored) == pytest.approx(cce, rel=1e-9)
+    sparse = LossEvaluator("sparse_categorical_crossentropy", label_col="label_index")
+    assert sparse.evaluate(scored) == pytest.approx(cce, rel=1e-9)
+    mse = np.mean([np.mean((np.array(p) - np.array(y)) ** 2) for p, y in [
+        ([0.7, 0.2, 0.1], [1, 0, 0]), ([0.1, 0.3, 0.6], [0, 1, 0]),
+        ([0.0, 0.0, 1.0], [0, 0, 1]), ([0.2, 0.5, 0.3], [0, 1, 0])]])
+    assert LossEvaluator("mse").evaluate(scored) == pytest.approx(mse, rel=1e-9)
+    assert not LossEvaluator().isLargerBetter()
+
+    # Like Keras, categorical cross-entropy first scales each prediction to sum to 1.
+    unscaled = spark.createDataFrame([([2.0, 6.0], [0.0, 1.0])], ["prediction", "label"])
+    assert LossEvaluator().evaluate(unscaled) == pytest.approx(-math.log(0.75), rel=1e-9)
+
+    binary = spark.createDataFrame([(0.9, 1.0), (0.2, 0.0), (0.0, 1.0)], ["p", "y"])
+    bce = -(math.log(0.9) + math.log(0.8) + math.log(1e-7)) / 3
+    assert LossEvaluator("binary_crossentropy", "p", "y").evaluate(binary) == \
+        pytest.approx(bce, rel=1e-9)
+    assert LossEvaluator("mse", "p", "y").evaluate(binary) == \
+        pytest.approx((0.01 + 0.04 + 1.0) / 3, rel=1e-9)
+
+
+def test_loss_evaluator_agrees_with_keras(scored):
+    import keras
+
+    from distkeras.evaluators import LossEvaluator
+
+    rows = scored.collect()
+    y = np.array([row.label for row in rows], dtype="float32")
+    p = np.array([row.prediction for row in rows], dtype="float32")
+    for name in ("categorical_crossentropy", "binary_crossentropy", "mse"):
+        expected = float(keras.ops.mean(keras.losses.get(name)(y, p)))
+        assert LossEvaluator(name).evaluate(scored) == pytest.approx(expected, rel=1e-4)
+
+
+def test_loss_evaluator_errors(scored):
+    from distkeras.evaluators import LossEvaluator
+
+    with pytest.raises(ValueError, match="`loss` must be one of"):
+        LossEvaluator("hinge").evaluate(scored)
+    with pytest.raises(ValueError, match="'nope'"):
+        LossEvaluator(prediction_col="nope").evaluate(scored)
+    with pytest.raises(TypeError, match="class indices"):
+        LossEvaluator("sparse_categorical_crossentropy").evaluate(scored)
+    with pytest.raises(TypeError, match="both hold arrays"):
+        LossEvaluator(label_col="label_index").evaluate(scored)

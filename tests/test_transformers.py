@@ -1,0 +1,206 @@
+"""Transformers on tiny DataFrames against hand-computed values, alone and in a saved Pipeline."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def tiny(spark):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [
+        (0, 2, 1.0, [0.0, 5.0, 10.0, 2.0], Vectors.sparse(4, [1], [3.0]), "cat",
+         [0.1, 0.7, 0.2]),
+        (1, 0, 3.0, [1.0, 2.0, 3.0, 4.0], Vectors.dense([1.0, 2.0, 3.0, 4.0]), "dog",
+         [0.4, 0.3, 0.3]),
+        (2, 1, 5.0, [4.0, 4.0, 4.0, 4.0], Vectors.dense([0.0, 0.0, 0.0, 8.0]), "cat",
+         [0.0, 0.2, 0.8]),
+    ]
+    return spark.createDataFrame(rows, ["id", "idx", "s", "a", "v", "c", "p"]).coalesce(1)
+
+
+def _column(dataframe, name):
+    rows = dataframe.orderBy("id").select(name).collect()
+    return [row[0] for row in rows]
+
+
+def _dense(values):
+    return [list(value.toArray()) if hasattr(value, "toArray") else value for value in values]
+
+
+def test_one_hot(tiny):
+    from distkeras.transformers import OneHotTransformer
+
+    out = OneHotTransformer(3, input_col="idx", output_col="o").transform(tiny)
+    assert out.schema["o"].dataType.simpleString() == "array<float>"
+    assert _column(out, "o") == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    assert out.columns == tiny.columns + ["o"]
+
+
+def test_one_hot_rejects_an_index_out_of_range(tiny):
+    from distkeras.transformers import OneHotTransformer
+
+    with pytest.raises(Exception, match="not a class index in \\[0, 1\\]"):
+        OneHotTransformer(2, input_col="idx", output_col="o").transform(tiny).collect()
+    with pytest.raises(TypeError, match="'c'"):
+        OneHotTransformer(2, input_col="c", output_col="o").transform(tiny)
+
+
+def test_min_max_on_arrays_vectors_and_numbers(tiny):
+    from distkeras.transformers import MinMaxTransformer
+
+    arrays = MinMaxTransformer(0.0, 10.0, -1.0, 1.0, input_col="a", output_col="o")
+    np.testing.assert_allclose(_column(arrays.transform(tiny), "o"), [
+        [-1.0, 0.0, 1.0, -0.6], [-0.8, -0.6, -0.4, -0.2], [-0.2, -0.2, -0.2, -0.2]],
+        rtol=1e-6)
+    vectors = MinMaxTransformer(0.0, 8.0, 0.0, 1.0, input_col="v", output_col="o")
+    out = vectors.transform(tiny)
+    assert out.schema["o"].dataType.simpleString() == "array<float>"
+    np.testing.assert_allclose(_column(out, "o"), [
+        [0.0, 0.375, 0.0, 0.0], [0.125, 0.25, 0.375, 0.5], [0.0, 0.0, 0.0, 1.0]])
+    numbers = MinMaxTransformer(1.0, 5.0, 0.0, 100.0, input_col="s", output_col="o",
+                                is_vector=False)
+    assert _column(numbers.transform(tiny), "o") == [0.0, 50.0, 100.0]
+    with pytest.raises(TypeError, match="is_vector=False"):
+        MinMaxTransformer(1.0, 5.0, 0.0, 1.0, input_col="s", output_col="o").transform(tiny)
+    with pytest.raises(ValueError, match="must differ"):
+        MinMaxTransformer(1.0, 1.0, 0.0, 1.0, input_col="a", output_col="o").transform(tiny)
+
+
+def test_standard_transformer_and_estimator(tiny):
+    from distkeras.transformers import StandardEstimator, StandardTransformer
+
+    given = StandardTransformer(input_col="a", output_col="o", mean=[1.0, 2.0, 3.0, 4.0],
+                                std=[1.0, 1.0, 2.0, 0.5])
+    np.testing.assert_allclose(_column(given.transform(tiny), "o"), [
+        [-1.0, 3.0, 3.5, -4.0], [0.0, 0.0, 0.0, 0.0], [3.0, 2.0, 0.5, 0.0]])
+    one_value = StandardTransformer(input_col="s", output_col="o", mean=3.0, std=2.0)
+    assert _column(one_value.transform(tiny), "o") == [-1.0, 0.0, 1.0]
+
+    fitted = StandardEstimator(input_col="a", output_col="o").fit(tiny)
+    values = np.array([[0.0, 5.0, 10.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 4.0, 4.0, 4.0]])
+    np.testing.assert_allclose(fitted.getOrDefault("mean"), values.mean(0))
+    np.testing.assert_allclose(fitted.getOrDefault("std"), values.std(0))  # population std
+    np.testing.assert_allclose(_column(fitted.transform(tiny), "o"),
+                               (values - values.mean(0)) / values.std(0), rtol=1e-5, atol=1e-6)
+    scalar = StandardEstimator(input_col="s", output_col="o").fit(tiny)
+    np.testing.assert_allclose(scalar.getOrDefault("std"), [np.std([1.0, 3.0, 5.0])])
+
+    wrong_size = StandardTransformer(input_col="a", output_col="o", mean=[0.0] * 3,
+                                     std=[1.0] * 3)
+    with pytest.raises(Exception, match="length is not 3"):
+        wrong_size.transform(tiny).collect()
+
+
+def test_standard_estimator_gives_constant_features_unit_std(spark):
+    from distkeras.transformers import StandardEstimator
+
+    frame = spark.createDataFrame([([1.0, 2.0],), ([1.0, 4.0],)], ["x"])
+    fitted = StandardEstimator(input_col="x", output_col="y").fit(frame)
+    assert fitted.getOrDefault("std") == [1.0, 1.0]
+    assert [row.y for row in fitted.transform(frame).collect()] == [[0.0, -1.0], [0.0, 1.0]]
+
+
+def test_dense(tiny):
+    from pyspark.ml.linalg import DenseVector, VectorUDT
+
+    from distkeras.transformers import DenseTransformer
+
+    out = DenseTransformer(input_col="v", output_col="o").transform(tiny)
+    assert isinstance(out.schema["o"].dataType, VectorUDT)
+    values = _column(out, "o")
+    assert all(isinstance(value, DenseVector) for value in values)
+    assert _dense(values) == [[0, 3, 0, 0], [1, 2, 3, 4], [0, 0, 0, 8]]
+
+
+def test_reshape(tiny):
+    from distkeras.transformers import ReshapeTransformer
+
+    out = ReshapeTransformer(input_col="a", output_col="o", shape=(2, 2, 1)).transform(tiny)
+    assert out.schema["o"].dataType.simpleString() == "array<array<array<float>>>"
+    expected = np.array([[0.0, 5.0, 10.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 4.0, 4.0, 4.0]])
+    assert _column(out, "o") == expected.reshape(3, 2, 2, 1).tolist()
+    from_vectors = ReshapeTransformer(input_col="v", output_col="o", shape=(2, 2))
+    assert _column(from_vectors.transform(tiny), "o")[0] == [[0.0, 3.0], [0.0, 0.0]]
+    with pytest.raises(Exception, match="not 6, the number of values in shape \\(2, 3\\)"):
+        ReshapeTransformer(input_col="a", output_col="o", shape=(2, 3)).transform(tiny) \
+            .collect()
+
+
+def test_label_index(tiny):
+    from distkeras.transformers import LabelIndexTransformer
+
+    out = LabelIndexTransformer(3, input_col="p").transform(tiny)
+    assert "prediction_index" in out.columns
+    # Row 1: no value reaches 0.55, so the largest one wins (index 0).
+    assert _column(out, "prediction_index") == [1.0, 0.0, 2.0]
+    # The first value at or above the threshold wins, as in dist-keras.
+    low = LabelIndexTransformer(3, input_col="p", output_col="o", default_index=2,
+                                activation_threshold=0.0)
+    assert _column(low.transform(tiny), "o") == [0.0, 0.0, 0.0]
+    strict = LabelIndexTransformer(3, input_col="p", output_col="o", default_index=2,
+                                   activation_threshold=0.75)
+    assert _column(strict.transform(tiny), "o") == [1.0, 0.0, 2.0]
+    zeros = tiny.sparkSession.createDataFrame([(0, [0.0, 0.0, 0.0])], ["id", "p"])
+    assert _column(strict.transform(zeros), "o") == [2.0]  # nothing positive: default
+    with pytest.raises(Exception, match="not output_dim=4"):
+        LabelIndexTransformer(4, input_col="p").transform(tiny).collect()
+
+
+def test_binary_label(tiny):
+    from distkeras.transformers import BinaryLabelTransformer
+
+    out = BinaryLabelTransformer(input_col="c", output_col="o", label="cat").transform(tiny)
+    assert out.schema["o"].dataType.simpleString() == "array<float>"
+    assert _column(out, "o") == [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+    numeric = BinaryLabelTransformer(input_col="idx", output_col="o", label=0).transform(tiny)
+    assert _column(numeric, "o") == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+
+
+def test_missing_columns_and_params_are_named(tiny):
+    from distkeras.transformers import DenseTransformer, OneHotTransformer
+
+    with pytest.raises(ValueError, match="'nope'.*not in the DataFrame"):
+        DenseTransformer(input_col="nope", output_col="o").transform(tiny)
+    with pytest.raises(ValueError, match="outputDim"):
+        OneHotTransformer(input_col="idx", output_col="o").transform(tiny)
+
+
+def test_every_stage_in_a_saved_and_reloaded_pipeline(tiny, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    from distkeras.transformers import (BinaryLabelTransformer, DenseTransformer,
+                                        LabelIndexTransformer, MinMaxTransformer,
+                                        OneHotTransformer, ReshapeTransformer,
+                                        StandardEstimator)
+
+    pipeline = Pipeline(stages=[
+        OneHotTransformer(3, input_col="idx", output_col="one_hot"),
+        MinMaxTransformer(1.0, 5.0, 0.0, 1.0, input_col="s", output_col="s01",
+                          is_vector=False),
+        StandardEstimator(input_col="a", output_col="a_std"),
+        DenseTransformer(input_col="v", output_col="v_dense"),
+        ReshapeTransformer(input_col="a", output_col="a_2x2", shape=(2, 2)),
+        LabelIndexTransformer(3, input_col="p", output_col="p_index", default_index=1),
+        BinaryLabelTransformer(input_col="c", output_col="is_dog", label="dog"),
+    ])
+    pipeline.fit(tiny).save(str(tmp_path / "model"))
+    loaded = PipelineModel.load(str(tmp_path / "model"))
+    assert [type(stage).__name__ for stage in loaded.stages] == [
+        "OneHotTransformer", "MinMaxTransformer", "StandardTransformer", "DenseTransformer",
+        "ReshapeTransformer", "LabelIndexTransformer", "BinaryLabelTransformer"]
+    assert loaded.stages[5].getOrDefault("defaultIndex") == 1
+    assert loaded.stages[0].getOrDefault("outputDim") == 3
+
+    rows = loaded.transform(tiny).orderBy("id").collect()
+    assert [row.one_hot for row in rows] == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    assert [row.s01 for row in rows] == [0.0, 0.5, 1.0]
+    values = np.array([[0.0, 5.0, 10.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 4.0, 4.0, 4.0]])
+    np.testing.assert_allclose([row.a_std for row in rows],
+                               (values - values.mean(0)) / values.std(0), rtol=1e-5, atol=1e-6)
+    assert _dense([row.v_dense for row in rows])[0] == [0, 3, 0, 0]
+    assert rows[1].a_2x2 == [[1.0, 2.0], [3.0, 4.0]]
+    assert [row.p_index for row in rows] == [1.0, 0.0, 2.0]  # row 1: largest value wins
+    assert [row.is_dog for row in rows] == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
