@@ -280,6 +280,12 @@ def _extra_commands():
     return commands
 
 
+def _spark_error():
+    from pyspark.errors import PySparkException
+
+    return PySparkException
+
+
 def main(argv=None):
     """Entry point of the ``distkeras`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -298,7 +304,7 @@ def main(argv=None):
     except CommandError as error:
         sys.stderr.write(f"distkeras {argv[0]}: error: {error}\n")
         return 1
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, TypeError, OSError, RuntimeError, _spark_error()) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         sys.stderr.write(f"distkeras {argv[0]}: error: {first_line}\n")
         return 1

@@ -81,3 +81,17 @@ def test_installed_command_trains_in_its_own_spark(parquet_data, model_file, tmp
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trained SingleTrainer" in result.stdout
     assert os.path.getsize(tmp_path / "single.keras") > 0
+
+
+def test_predict_writes_parquet(spark, parquet_data, model_file, tmp_path, capsys):
+    from distkeras import cli
+
+    output = str(tmp_path / "predictions.parquet")
+    argv = ["predict", "--data", parquet_data, "--model", model_file, "--output", output]
+    assert cli.main(argv) == 0
+    predictions = spark.read.parquet(output)
+    assert predictions.count() == 1500
+    first = predictions.select("prediction").first()["prediction"]
+    assert len(first) == 10 and abs(sum(first) - 1.0) < 1e-4
+    assert cli.main(argv) == 1  # the output exists: refused without --overwrite
+    assert "already exists" in capsys.readouterr().err.lower()
