@@ -57,9 +57,9 @@ class RunningServer:
 def server(secrets, tmp_path):
     running = RunningServer(secrets[0], str(tmp_path / "work"))
     yield running
+    running.stop()  # the scheduler first, so no queued job starts while we clean up
     for job in running.punchcard.store.by_state("queued", "running"):
         running.punchcard.cancel(job)
-    running.stop()
 
 
 def _trainer(**kwargs):
@@ -166,9 +166,9 @@ def test_refusals(secrets, tmp_path, data_path):
         assert _raw(url, "/api/cancel", secret)[0] == 200
         assert _raw(url, "/api/state", secret)[1]["state"] == "cancelled"
     finally:
+        running.stop()
         for job in running.punchcard.store.by_state("queued", "running"):
             running.punchcard.cancel(job)
-        running.stop()
 
 
 def test_twenty_concurrent_clients_then_cancel_mid_training(server, secrets, data_path):

@@ -1,0 +1,207 @@
+"""Plots of a training run and of a sweep of runs (matplotlib, no display needed).
+
+    from distkeras.plotting import plot_history
+    plot_history(trainer, "history.png")      # loss and accuracy against wall time
+
+Figures are built with `matplotlib.figure.Figure` directly, never through pyplot, so they
+need no GUI backend, leave no global state behind and work on a headless driver. PNGs are
+rendered by Agg.
+"""
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+_METRIC_LABELS = {"loss": "training loss", "accuracy": "training accuracy",
+                  "wall_time_s": "wall time (s)", "test_accuracy": "test accuracy",
+                  "samples_per_s": "samples / s", "mean_staleness": "mean staleness"}
+_X_LABELS = {"workers": "workers", "window": "communication window"}
+
+
+def _figure(**kwargs):
+    from matplotlib.figure import Figure
+
+    return Figure(layout="constrained", **kwargs)
+
+
+def _colors(count):
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if count <= 10 else "tab20"]
+    return [cmap(index % cmap.N) for index in range(count)]
+
+
+def _save(figure, path):
+    if path is not None:
+        figure.savefig(path, dpi=110)
+        logger.info("Wrote %s", path)
+
+
+def rolling_mean(values, window=20):
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return values
+    window = max(1, int(window))
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    ends = np.arange(1, values.size + 1)
+    starts = np.maximum(0, ends - window)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def _records(trainer_or_records):
+    if hasattr(trainer_or_records, "get_history"):
+        return list(trainer_or_records.get_history())
+    return list(trainer_or_records)
+
+
+def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20):
+    """Training loss and accuracy against wall time, one thin line per worker.
+
+    Every worker's per-step values are smoothed with a rolling mean over ``smoothing`` steps;
+    the thick line is the mean over all workers: every step of every worker in time order,
+    smoothed over ``smoothing`` steps per worker.
+
+    Args:
+        trainer: A trained distkeras trainer (or the list its `get_history()` returns).
+        path: Where to save the figure as PNG (optional).
+        metrics: History entries to plot, one panel each; missing ones are skipped.
+        smoothing: Steps in the rolling mean.
+
+    Returns:
+        The `matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: If the trainer has no history or none of ``metrics`` was recorded.
+    """
+    records = [record for record in _records(trainer) if "timestamp" in record]
+    if not records:
+        raise ValueError("The trainer has no history to plot: call `train()` first.")
+    present = [name for name in metrics if any(name in record for record in records)]
+    if not present:
+        recorded = sorted({key for record in records for key in record})
+        raise ValueError(f"None of metrics={tuple(metrics)!r} is in the history. "
+                         f"Recorded entries: {', '.join(recorded)}.")
+    start = min(record["timestamp"] for record in records)
+    worker_ids = sorted({record.get("worker_id", 0) for record in records})
+    colors = _colors(len(worker_ids))
+    figure = _figure(figsize=(6.0 * len(present), 4.2))
+    axes = figure.subplots(1, len(present), squeeze=False)[0]
+    name = type(trainer).__name__ if hasattr(trainer, "get_history") else "training"
+    for axis, metric in zip(axes, present):
+        for color, worker_id in zip(colors, worker_ids):
+            steps = sorted((r for r in records
+                            if r.get("worker_id", 0) == worker_id and metric in r),
+                           key=lambda r: r["timestamp"])
+            if not steps:
+                continue
+            times = np.asarray([r["timestamp"] for r in steps]) - start
+            axis.plot(times, rolling_mean([r[metric] for r in steps], smoothing),
+                      color=color, linewidth=0.9, alpha=0.75, label=f"worker {worker_id}")
+        pooled = sorted((r for r in records if metric in r), key=lambda r: r["timestamp"])
+        times = np.asarray([r["timestamp"] for r in pooled]) - start
+        axis.plot(times, rolling_mean([r[metric] for r in pooled],
+                                      smoothing * len(worker_ids)),
+                  color="black", linewidth=2.6, label="mean of workers")
+        axis.set_xlabel("seconds since the first step")
+        axis.set_ylabel(_METRIC_LABELS.get(metric, metric))
+        axis.set_title(f"{_METRIC_LABELS.get(metric, metric)} "
+                       f"(rolling mean, {smoothing} steps)", fontsize="medium")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small", ncols=1 if len(worker_ids) < 8 else 2)
+    figure.suptitle(f"{name}: {len(worker_ids)} worker{'s' if len(worker_ids) != 1 else ''}, "
+                    f"{len(records)} steps in all")
+    _save(figure, path)
+    return figure
+
+
+def _series_label(row, by, baselines=()):
+    other = "window" if by == "workers" else "workers"
+    value = row.get(other)
+    if value is None or value == "" or row["trainer"] in baselines:
+        return str(row["trainer"])
+    if other == "window":
+        return f"{row['trainer']}, window {value}"
+    return f"{row['trainer']}, {value} worker{'s' if value != 1 else ''}"
+
+
+def _set_x_axis(axis, values):
+    values = sorted(set(values))
+    if not values:
+        return
+    if values[0] > 0 and values[-1] / values[0] >= 8:
+        axis.set_xscale("log", base=2)
+    axis.set_xticks(values, labels=[str(value) for value in values])
+    axis.minorticks_off()
+    if len(values) == 1:
+        axis.set_xlim(values[0] * 0.5, values[0] * 1.5)
+
+
+def plot_comparison(results, path=None, by="workers", metrics=("wall_time_s", "test_accuracy"),
+                    title=None, baselines=("SingleTrainer",)):
+    """Sweep results against the number of workers or the communication window.
+
+    One line per trainer and value of the other setting (``ADAG, window 12`` against
+    workers; ``ADAG, 2 workers`` against window). Runs that do not depend on ``by`` (the
+    ``baselines``, and trainers without a window when ``by="window"``) are dashed horizontal
+    lines.
+
+    Args:
+        results: Dicts with ``trainer``, ``workers``, ``window`` and the ``metrics``, as
+            `distkeras.experiments.sweep` returns them.
+        path: Where to save the figure as PNG (optional).
+        by: ``"workers"`` or ``"window"``: the x axis.
+        metrics: Result entries to plot, one panel each.
+        title: The figure's title.
+        baselines: Trainers drawn as horizontal lines.
+
+    Returns:
+        The `matplotlib.figure.Figure`.
+    """
+    if by not in _X_LABELS:
+        raise ValueError(f"`by` must be 'workers' or 'window'. Received: by={by!r}")
+    results = list(results)
+    if not results:
+        raise ValueError("`results` is empty: there is nothing to plot.")
+    series, flat = {}, {}
+    for row in results:
+        target = flat if row["trainer"] in baselines or row.get(by) in (None, "") else series
+        target.setdefault(_series_label(row, by, baselines), []).append(row)
+    colors = _colors(len(series) + len(flat))
+    figure = _figure(figsize=(5.2 * len(metrics) + 2.6, 4.2))
+    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
+    for axis, metric in zip(axes, metrics):
+        color_index = 0
+        for label, rows in series.items():
+            rows = sorted((r for r in rows if r.get(metric) not in (None, "")),
+                          key=lambda r: r[by])
+            axis.plot([r[by] for r in rows], [float(r[metric]) for r in rows], marker="o",
+                      linewidth=1.8, color=colors[color_index], label=label)
+            color_index += 1
+        for label, rows in flat.items():
+            values = [float(r[metric]) for r in rows if r.get(metric) not in (None, "")]
+            if values:
+                axis.axhline(float(np.mean(values)), linestyle="--", linewidth=1.5,
+                             color=colors[color_index], label=label)
+            color_index += 1
+        _set_x_axis(axis, [r[by] for rows in series.values() for r in rows])
+        axis.set_xlabel(_X_LABELS[by])
+        axis.set_ylabel(_METRIC_LABELS.get(metric, metric))
+        axis.set_title(f"{_METRIC_LABELS.get(metric, metric)} by {_X_LABELS[by]}",
+                       fontsize="medium")
+        axis.grid(True, alpha=0.3)
+        if metric == "test_accuracy":
+            low, high = axis.get_ylim()
+            axis.set_ylim(max(0.0, low), min(1.0, high))
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right upper", fontsize="small",
+                  ncols=1 if len(labels) <= 16 else 2)
+    if title:
+        figure.suptitle(title)
+    _save(figure, path)
+    return figure
+
+
+__all__ = ["plot_history", "plot_comparison", "rolling_mean"]
