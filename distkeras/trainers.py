@@ -195,26 +195,14 @@ class Trainer:
         raise NotImplementedError
 
     def _compile(self, model):
-        import keras
+        from distkeras.utils import compile_arguments, serialize_keras_object
 
-        from distkeras.utils import deserialize_keras_object
-
-        model.compile(
-            optimizer=keras.optimizers.get(deserialize_keras_object(
-                self._serialized(self.worker_optimizer))),
-            loss=deserialize_keras_object(self._serialized(self.loss)),
-            loss_weights=self.loss_weights,
-            metrics=deserialize_keras_object(self._serialized(self.metrics)) or None,
-        )
+        # From configs, so the returned model never shares optimizer state with objects the
+        # user passed in.
+        model.compile(**compile_arguments(
+            serialize_keras_object(self.worker_optimizer), serialize_keras_object(self.loss),
+            serialize_keras_object(self.metrics), self.loss_weights))
         return model
-
-    @staticmethod
-    def _serialized(obj):
-        from distkeras.utils import serialize_keras_object
-
-        # A fresh object from its config, so the returned model never shares optimizer
-        # state with the one the user passed in.
-        return serialize_keras_object(obj)
 
     def _configure_worker(self, worker):
         """Fills the worker's unset settings from the trainer's."""
@@ -660,9 +648,9 @@ class EnsembleTrainer(DistributedTrainer):
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)
 
-    def train(self, dataframe, shuffle=False):
+    def train(self, dataframe, shuffle=False, verbose=1):
         """Trains the members; returns a list of ``num_ensembles`` compiled models."""
-        return super().train(dataframe, shuffle)
+        return super().train(dataframe, shuffle, verbose)
 
     def _train(self, frame, label_shapes, shuffle):
         from distkeras.utils import deserialize_model, serialize_model

@@ -80,6 +80,34 @@ def deserialize_keras_object(config):
     return config
 
 
+def compile_arguments(optimizer, loss, metrics, loss_weights=None):
+    """``model.compile`` keyword arguments from names, objects or config dicts.
+
+    Config dicts may be full Keras configs or the short ``{"class_name": "SGD", "config":
+    {...}}`` form; each is resolved by its own kind (optimizer, loss, metric), so the
+    built-in names resolve without a module path. A fresh optimizer is made every time.
+    """
+    import copy
+
+    import keras
+
+    def resolve(getter, config):
+        if isinstance(config, dict):
+            return getter(copy.deepcopy(config))  # Keras's getters edit the dict they get
+        return config
+
+    optimizer = resolve(keras.optimizers.get, serialize_keras_object(optimizer))
+    if isinstance(loss, dict) and "class_name" in loss:
+        loss = resolve(keras.losses.get, loss)
+    elif isinstance(loss, dict):  # one loss per output name
+        loss = {name: resolve(keras.losses.get, value) for name, value in loss.items()}
+    elif isinstance(loss, list):
+        loss = [resolve(keras.losses.get, value) for value in loss]
+    metrics = [resolve(keras.metrics.get, metric) for metric in (metrics or [])]
+    return {"optimizer": optimizer, "loss": loss, "loss_weights": loss_weights,
+            "metrics": metrics or None}
+
+
 def weights_nbytes(weights):
     """Total bytes of a list of weight arrays."""
     return int(sum(np.asarray(weight).nbytes for weight in weights))

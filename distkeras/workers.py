@@ -233,16 +233,11 @@ class Worker:
         _enable_compilation_cache()
         import keras
 
-        from distkeras.utils import deserialize_keras_object
+        from distkeras.utils import compile_arguments
 
         model = self.build_model()
-        metrics = deserialize_keras_object(self.metrics)
-        model.compile(
-            optimizer=keras.optimizers.get(deserialize_keras_object(self.optimizer)),
-            loss=deserialize_keras_object(self.loss),
-            loss_weights=self.loss_weights,
-            metrics=metrics if metrics else None,
-        )
+        model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
+                                          self.loss_weights))
         self.model = ModelReplica(model, self._record_step)
 
     def build_model(self):

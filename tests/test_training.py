@@ -137,3 +137,15 @@ def test_worker_error_reaches_caller_and_server_stops(spark, fashion_train):
     probe.bind(("127.0.0.1", server.port))  # the port was freed
     probe.listen(1)
     probe.close()
+
+
+def test_short_optimizer_config_trains_and_stays_unchanged(fashion_train, fashion_test):
+    from distkeras.trainers import DOWNPOUR
+
+    optimizer = {"class_name": "SGD", "config": {"learning_rate": 0.05}}
+    trainer = _trainer(DOWNPOUR, num_workers=2, worker_optimizer=optimizer)
+    model = trainer.train(fashion_train.limit(1500), verbose=0)
+    assert type(model.optimizer).__name__ == "SGD"
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+    assert optimizer == {"class_name": "SGD", "config": {"learning_rate": 0.05}}
+    assert accuracy(model, fashion_test) > 0.4
