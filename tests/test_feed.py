@@ -1,0 +1,86 @@
+"""The worker feed: multi-input multi-output models, and memory that does not grow."""
+
+import numpy as np
+import pytest
+from conftest import accuracy
+
+
+def _two_tower_model():
+    import keras
+
+    pixels = keras.Input((784,), name="pixels")
+    half = keras.Input((392,), name="half")
+    hidden = keras.layers.Dense(64, activation="relu")(
+        keras.layers.Concatenate()([pixels, half]))
+    classes = keras.layers.Dense(10, activation="softmax", name="classes")(hidden)
+    brightness = keras.layers.Dense(1, name="brightness")(hidden)
+    return keras.Model([pixels, half], [classes, brightness])
+
+
+def test_multi_input_multi_output_trains_end_to_end(fashion_train, fashion_test):
+    from pyspark.sql import functions as F
+
+    from distkeras.trainers import ADAG
+
+    data = fashion_train.limit(3000).select(
+        "features", "label",
+        F.slice("features", 1, 392).alias("top_half"),
+        F.aggregate("features", F.lit(0.0), lambda acc, x: acc + x).alias("brightness"))
+    model = _two_tower_model()
+    trainer = ADAG(keras_model=model, worker_optimizer="adam",
+                   loss=["categorical_crossentropy", "mse"], loss_weights=[1.0, 0.001],
+                   metrics=[], num_workers=2, communication_window=4,
+                   features_col=["features", "top_half"], label_col=["label", "brightness"])
+    trained = trainer.train(data, verbose=0)
+    images, labels = fashion_test
+    classes, brightness = trained.predict([images, images[:, :392]], verbose=0)
+    assert (classes.argmax(1) == labels).mean() > 0.6
+    expected = images.sum(1)
+    assert np.corrcoef(brightness[:, 0], expected)[0, 1] > 0.8
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 3000
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * 4096
+
+
+def test_worker_memory_does_not_grow_with_steps():
+    """An ADAG worker streams a partition far larger than its minibatch buffer: resident
+    memory after 4x the steps stays within a small margin of what it was."""
+    import keras
+    import pyarrow as pa
+
+    from distkeras.parameter_servers import ADAGParameterServer
+    from distkeras.workers import ADAGWorker
+
+    rows_per_batch = 2048
+    rng = np.random.default_rng(0)
+    features = rng.random((rows_per_batch, 784), dtype=np.float32)
+    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, rows_per_batch)]
+    record_batch = pa.RecordBatch.from_pydict({
+        "features": pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), 784),
+        "label": pa.FixedSizeListArray.from_arrays(pa.array(labels.ravel()), 10)})
+
+    def stream(count):  # a partition of count x 2,048 rows, built on the fly
+        for _ in range(count):
+            yield record_batch
+
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    measurements = []
+    for batches in (8, 32):  # 512 then 2,048 steps
+        server = ADAGParameterServer(model, 0)
+        server.start()
+        worker = ADAGWorker(model, "adam", "categorical_crossentropy", metrics=["accuracy"],
+                            features_col="features", label_col="label", batch_size=32,
+                            communication_window=12)
+        worker.backend = "jax"
+        worker.master_host, worker.master_port, worker.token = "127.0.0.1", server.port, \
+            server.token
+        worker.run(0, stream(batches), [(10,)])
+        server.stop()
+        assert len(server.history) == batches * rows_per_batch // 32
+        measurements.append(_rss_bytes())
+    grown = measurements[1] - measurements[0]
+    assert grown < 64 * 2**20, f"resident memory grew by {grown / 2**20:.0f} MiB"
