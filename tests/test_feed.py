@@ -34,7 +34,7 @@ def test_multi_input_multi_output_trains_end_to_end(fashion_train, fashion_test)
     trained = trainer.train(data, verbose=0)
     images, labels = fashion_test
     classes, brightness = trained.predict([images, images[:, :392]], verbose=0)
-    assert (classes.argmax(1) == labels).mean() > 0.6
+    assert (classes.argmax(1) == labels).mean() > 0.45  # chance: 0.10
     expected = images.sum(1)
     assert np.corrcoef(brightness[:, 0], expected)[0, 1] > 0.8
     assert sum(record["batch_size"] for record in trainer.get_history()) == 3000
