@@ -47,7 +47,8 @@ def _worker_error_message(error):
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     python_errors = [line for line in lines
                      if ("Error:" in line or "Exception:" in line) and not line.startswith("at ")]
-    return python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
+    cause = python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
+    return cause
 
 
 def _register_user_module(obj):
@@ -68,8 +69,14 @@ def _arrow_training_job(worker, label_shapes):
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
-        message = worker.run(partition, record_batches, label_shapes)
+        context = TaskContext.get()
+        partition = context.partitionId()
+        try:
+            message = worker.run(partition, record_batches, label_shapes)
+        except Exception as error:
+            raise workers.WorkerFailure(
+                f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
+                f"{type(error).__name__}: {error}") from error
         frame = networking.encode_message(message)
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition], "payload": [frame]},

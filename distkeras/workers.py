@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 HISTORY_KEYS = ("worker_id", "iteration", "timestamp", "batch_size")
 
 
+class WorkerFailure(RuntimeError):
+    """A worker's training failed; the message names its partition and the cause."""
+
+
 def _as_list(value):
     if value is None:
         return []

@@ -14,7 +14,9 @@ def spark():
     # Spark starts before Keras/JAX are imported by the tests that use it.
     from distkeras.session import local_spark_session
 
-    session = local_spark_session("local[2]", app_name="distkeras-tests")
+    # local[2,4]: two tasks at once, and a failed task is retried (up to 4 attempts), as on
+    # a cluster.
+    session = local_spark_session("local[2,4]", app_name="distkeras-tests")
     yield session
     session.stop()
 

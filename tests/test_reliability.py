@@ -94,3 +94,63 @@ def test_progress_bar_shows_samples(fashion_train, capsys):
     assert "sample" in err and "loss=" in err and "commits/s=" in err
     trainer.train(fashion_train.limit(3000), verbose=0)
     assert "sample" not in capsys.readouterr().err
+
+
+class DyingWorker(ADAGWorker):
+    """Its process dies mid-training on the first attempt of partition 1 (a lost executor)."""
+
+    def communicate(self):
+        import os
+
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if self.worker_id == 1 and context.attemptNumber() == 0 and self.iteration >= 24:
+            os._exit(17)  # no cleanup, no goodbye: like a killed Python worker
+        super().communicate()
+
+
+class DyingADAG(ADAG):
+    def allocate_worker(self):
+        return DyingWorker(self.master_model)
+
+
+class AlwaysFailingWorker(ADAGWorker):
+    def communicate(self):
+        if self.worker_id == 1:
+            raise ValueError("disk full on this executor")
+        super().communicate()
+
+
+class AlwaysFailingADAG(ADAG):
+    def allocate_worker(self):
+        return AlwaysFailingWorker(self.master_model)
+
+
+def test_lost_worker_is_retried_and_training_completes(fashion_train, fashion_test):
+    from conftest import accuracy
+
+    trainer = DyingADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                        loss="categorical_crossentropy", num_workers=2,
+                        communication_window=4)
+    model = trainer.train(fashion_train.limit(3000), verbose=0)
+    assert accuracy(model, fashion_test) > 0.6
+    retried = trainer.get_executor_history(1)
+    # The retried attempt trained its whole partition again from the current center.
+    assert sum(record["batch_size"] for record in retried) > 1500
+    assert _distkeras_threads() == []
+
+
+def test_retries_exhausted_names_the_partition_and_cause(fashion_train):
+    trainer = AlwaysFailingADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                                loss="categorical_crossentropy", num_workers=2,
+                                communication_window=4)
+    with pytest.raises(TrainingError,
+                       match=r"WorkerFailure: partition 1 \(attempt 4\) failed: ValueError: "
+                             r"disk full on this executor"):
+        trainer.train(fashion_train.limit(1000), verbose=0)
+    import socket
+    probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe.bind(("127.0.0.1", trainer.parameter_server.port))  # the server's port is free
+    probe.close()
