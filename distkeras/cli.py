@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,15 @@ def write_status(path, state, **details):
     os.replace(temporary, path)
 
 
+def _warm_up(spark):
+    from distkeras.session import warm_up_executors
+
+    try:
+        warm_up_executors(spark)
+    except Exception as error:  # only an optimization: training reports real problems
+        logger.info("Executor warm-up skipped: %s", error)
+
+
 def _trainer_from_config(trainer_class, model, path):
     try:
         with open(path, encoding="utf-8") as handle:
@@ -208,6 +218,10 @@ def command_train(argv):
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     spark = _spark(args.master)
+    # The executors' Python workers start (and import Keras) while the driver loads the
+    # model and reads the data's schema: seconds saved on every job.
+    warm_up = threading.Thread(target=_warm_up, args=(spark,), daemon=True)
+    warm_up.start()
     from distkeras import utils
 
     dataframe = _read_parquet(spark, args.data)
@@ -216,6 +230,7 @@ def _train(trainer_class, args):
         trainer = _trainer_from_config(trainer_class, model, args.trainer_config)
     else:
         trainer = build_trainer(trainer_class, model, args)
+    warm_up.join()
     write_status(args.status, "training")
     trained = trainer.train(dataframe, shuffle=args.shuffle)
     if isinstance(trained, list):
