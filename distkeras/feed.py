@@ -9,19 +9,23 @@ import numpy as np
 import pyarrow as pa
 
 
-def _column_to_numpy(column, sample_shape, name):
+def column_to_numpy(column, sample_shape, name):
+    """An Arrow column of numbers or (nested) lists as a numpy array of ``(rows, *shape)``.
+
+    Lists become float32; scalar integer columns (sparse labels) become int32.
+
+    Raises:
+        ValueError: Naming the column, for nulls or a number of values that does not fit.
+    """
     rows = len(column)
     if column.null_count:
         raise ValueError(
             f"Column {name!r} has {column.null_count} null values in this partition; "
-            "drop or fill them before training (for example `df.dropna()`)."
+            "drop or fill them first (for example `df.dropna()`)."
         )
-    column_type = column.type
-    if pa.types.is_list(column_type) or pa.types.is_large_list(column_type) or \
-            pa.types.is_fixed_size_list(column_type):
+    if _is_list(column.type):
         values = column.flatten()
-        while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
-                pa.types.is_fixed_size_list(values.type):
+        while _is_list(values.type):
             values = values.flatten()
         flat = values.to_numpy(zero_copy_only=False)
         size = int(np.prod(sample_shape)) if sample_shape else 1
@@ -32,10 +36,22 @@ def _column_to_numpy(column, sample_shape, name):
                 f"(shape {tuple(sample_shape)})."
             )
         return flat.astype(np.float32, copy=False).reshape((rows, *sample_shape))
+    size = int(np.prod(sample_shape)) if sample_shape else 1
+    if size != 1:
+        raise ValueError(
+            f"Column {name!r} holds one number per row, but the model expects {size} per row "
+            f"(shape {tuple(sample_shape)}).")
     flat = column.to_numpy(zero_copy_only=False)
+    if sample_shape:
+        flat = flat.reshape((rows, *sample_shape))
     if np.issubdtype(flat.dtype, np.integer):
         return flat.astype(np.int32, copy=False)
     return flat.astype(np.float32, copy=False)
+
+
+def _is_list(arrow_type):
+    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+            or pa.types.is_fixed_size_list(arrow_type))
 
 
 def _pick(arrays, single):
@@ -79,9 +95,9 @@ class MinibatchFeed:
         return next(self._iterator)
 
     def _convert(self, record_batch):
-        x = [_column_to_numpy(record_batch.column(name), shape, name)
+        x = [column_to_numpy(record_batch.column(name), shape, name)
              for name, shape in zip(self.features_cols, self.feature_shapes)]
-        y = [_column_to_numpy(record_batch.column(name), shape, name)
+        y = [column_to_numpy(record_batch.column(name), shape, name)
              for name, shape in zip(self.label_cols, self.label_shapes)]
         return x + y
 

@@ -29,26 +29,10 @@ def _check_batch_size(batch_size):
 
 
 def _column_to_numpy(column, sample_shape, name):
-    """An Arrow column of numbers or (nested) lists as float32 of shape (rows, *sample_shape)."""
-    import pyarrow as pa
+    """An Arrow feature column as float32 of shape ``(rows, *sample_shape)``."""
+    from distkeras.feed import column_to_numpy
 
-    rows = len(column)
-    if column.null_count:
-        raise ValueError(
-            f"Column {name!r} has {column.null_count} null values; drop or fill them before "
-            "predicting (for example `df.dropna()`).")
-    values = column
-    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
-            pa.types.is_fixed_size_list(values.type):
-        values = values.flatten()
-    flat = values.to_numpy(zero_copy_only=False)
-    size = int(np.prod(sample_shape)) if sample_shape else 1
-    if flat.size != rows * size:
-        raise ValueError(
-            f"Column {name!r} holds {flat.size} values in {rows} rows, but the model's input "
-            f"expects {size} per row (shape {tuple(sample_shape)}). Reshape the data or pick "
-            "the right column.")
-    return flat.astype(np.float32, copy=False).reshape((rows, *sample_shape))
+    return column_to_numpy(column, sample_shape, name).astype(np.float32, copy=False)
 
 
 def _predict_in_chunks(model, inputs, batch_size):

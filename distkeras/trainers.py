@@ -267,7 +267,7 @@ class SingleTrainer(Trainer):
         self._configure_worker(worker)
         (message,) = self._run_workers(layout, worker, label_shapes,
                                        f"distkeras {type(self).__name__}")
-        self.history = workers.history_records(message["history"])
+        self.history = workers.history_records(workers.unpack_history(message))
         from distkeras.utils import deserialize_model, serialize_model
 
         model = deserialize_model(serialize_model(self.master_model))
@@ -615,7 +615,7 @@ class AveragingTrainer(DistributedTrainer):
             model.set_weights(list(update_rules.average_weights(
                 weights_array(message["weights"]) for message in messages)))
             for message in messages:
-                for record in workers.history_records(message["history"]):
+                for record in workers.history_records(workers.unpack_history(message)):
                     record["epoch"] = epoch
                     self.history.append(record)
         return model
@@ -670,7 +670,7 @@ class EnsembleTrainer(DistributedTrainer):
                                      f"distkeras EnsembleTrainer ({self.num_ensembles} models)")
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
-            self.history.extend(workers.history_records(message["history"]))
+            self.history.extend(workers.history_records(workers.unpack_history(message)))
             member = deserialize_model(serialize_model(self.master_model))
             member.set_weights(list(message["weights"]))
             models.append(member)

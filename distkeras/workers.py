@@ -123,6 +123,30 @@ def _to_float(value):
     return to_float(value)
 
 
+def pack_history(columns):
+    """History columns as message fields whose numbers travel as arrays, not JSON.
+
+    A run of many steps would otherwise outgrow the frame's JSON header. Missing values
+    become NaN.
+    """
+    keys = sorted(columns)
+    arrays = [np.asarray([np.nan if value is None else value for value in columns[key]],
+                         dtype=np.float64) for key in keys]
+    return {"history_keys": keys, "history_columns": arrays} if keys else \
+        {"history_keys": []}
+
+
+def unpack_history(message):
+    """Inverse of `pack_history` (NaN back to missing; counters back to ints)."""
+    keys = message.get("history_keys") or []
+    columns = {}
+    for key, array in zip(keys, message.get("history_columns", [])):
+        integral = key in ("worker_id", "iteration", "batch_size")
+        columns[key] = [None if np.isnan(value) else (int(value) if integral else float(value))
+                        for value in array.tolist()]
+    return columns
+
+
 def history_records(columns):
     """Turns history columns back into a list of per-step dicts."""
     if not columns:
@@ -333,7 +357,7 @@ class SequentialWorker(Worker):
     def result(self):
         message = super().result()
         message["weights"] = self.model.get_weights()
-        message["history"] = self.history.drain()
+        message.update(pack_history(self.history.drain()))
         return message
 
 
