@@ -23,11 +23,12 @@ class TrainingMonitor(threading.Thread):
         total_samples: Samples the whole run will train on (for the bar), or None.
         verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr).
         worker_timeout: Seconds a connected worker may stay silent, or None.
+        name: The bar's label (the trainer's name).
         interval: Seconds between two looks.
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
-                 worker_timeout=None, interval=0.5):
+                 worker_timeout=None, name=None, interval=0.5):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -36,6 +37,7 @@ class TrainingMonitor(threading.Thread):
         self.verbose = verbose
         self.worker_timeout = worker_timeout
         self.interval = interval
+        self.name = name or type(server).__name__
         self.stalled = None
         self._done = threading.Event()
         self._seen = 0
@@ -53,7 +55,7 @@ class TrainingMonitor(threading.Thread):
             from tqdm.auto import tqdm
         except ImportError:
             return None
-        return tqdm(total=self.total_samples, unit="sample", desc=type(self.server).__name__,
+        return tqdm(total=self.total_samples, unit="sample", desc=self.name,
                     leave=False, dynamic_ncols=True)
 
     def _read_new_records(self):

@@ -116,6 +116,7 @@ class Trainer:
         self.training_time = None
         self.history = []
         self.verbose = 1
+        self._progress_total = None
 
     # -- configuration ------------------------------------------------------------------
 
@@ -189,6 +190,8 @@ class Trainer:
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
+        # Counting is a Spark job of its own: done before the clock starts.
+        self._progress_total = self._samples_for_progress(frame) if verbose else None
         start = time.time()
         self.history = []
         try:
@@ -200,6 +203,10 @@ class Trainer:
 
     def _train(self, frame, label_shapes, shuffle):
         raise NotImplementedError
+
+    def _samples_for_progress(self, frame):
+        """Samples the progress bar counts to; None where a trainer shows no bar."""
+        return None
 
     def _compile(self, model):
         from distkeras.utils import compile_arguments, serialize_keras_object
@@ -376,6 +383,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         """Returns the parameter server; `DeltaParameterServer` unless overridden."""
         return parameter_servers.DeltaParameterServer(self.master_model, self.master_port)
 
+    def _samples_for_progress(self, frame):
+        return frame.count() * self.num_epoch
+
     def get_staleness(self):
         """Per commit, ``(worker_id, updates by others since that worker's pull)``."""
         return list(self.parameter_server.staleness) if self.parameter_server else []
@@ -399,7 +409,6 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             server.host = bind_address(spark)
         self._worker_host = driver_address(spark)
         self.parameter_server = server
-        total = frame.count() * self.num_epoch if self.verbose else None
         job_group = f"distkeras-{id(self)}-{time.time_ns()}"
         server.start()
         monitor = None
@@ -407,8 +416,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker = self.allocate_worker()
             self._configure_worker(worker)
             if isinstance(server, parameter_servers.SocketParameterServer):
-                monitor = TrainingMonitor(server, spark.sparkContext, job_group, total,
-                                          self.verbose, self.worker_timeout)
+                monitor = TrainingMonitor(server, spark.sparkContext, job_group,
+                                          self._progress_total, self.verbose,
+                                          self.worker_timeout, type(self).__name__)
                 monitor.start()
             self._run_workers(layout, worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
