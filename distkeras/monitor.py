@@ -24,11 +24,14 @@ class TrainingMonitor(threading.Thread):
         verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr).
         worker_timeout: Seconds a connected worker may stay silent, or None.
         name: The bar's label (the trainer's name).
+        checkpoint_dir: Where to save the center variable periodically, or None.
+        checkpoint_every: Seconds between two checkpoints.
         interval: Seconds between two looks.
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
-                 worker_timeout=None, name=None, interval=0.5):
+                 worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
+                 interval=0.5):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -38,6 +41,9 @@ class TrainingMonitor(threading.Thread):
         self.worker_timeout = worker_timeout
         self.interval = interval
         self.name = name or type(server).__name__
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self._checkpointed_updates = None
         self.stalled = None
         self._done = threading.Event()
         self._seen = 0
@@ -71,12 +77,16 @@ class TrainingMonitor(threading.Thread):
 
     def run(self):
         bar = self._progress_bar()
-        started = time.monotonic()
+        started = last_checkpoint = time.monotonic()
         try:
             while not self._done.wait(self.interval):
                 self._update(bar, started)
                 if self.worker_timeout and self._check_stall():
                     return
+                if self.checkpoint_dir and \
+                        time.monotonic() - last_checkpoint >= self.checkpoint_every:
+                    self._checkpoint()
+                    last_checkpoint = time.monotonic()
             self._update(bar, started)  # the last records, sent as the workers finished
         finally:
             if bar is not None:
@@ -92,6 +102,18 @@ class TrainingMonitor(threading.Thread):
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()
+
+    def _checkpoint(self):
+        from distkeras.checkpoints import save_checkpoint
+
+        if self.server.num_updates == self._checkpointed_updates:
+            return  # nothing new since the last one
+        try:
+            updates = save_checkpoint(self.checkpoint_dir, self.server, self.name)
+            self._checkpointed_updates = updates
+            logger.info("Checkpoint at %s updates in %s", updates, self.checkpoint_dir)
+        except Exception as error:  # a full disk must not kill the training it protects
+            logger.warning("Could not write a checkpoint to %s: %s", self.checkpoint_dir, error)
 
     def _check_stall(self):
         idle = self.server.idle_workers(self.worker_timeout)

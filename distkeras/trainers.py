@@ -173,7 +173,8 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------
 
-    def train(self, dataframe, shuffle=False, verbose=1):
+    def train(self, dataframe, shuffle=False, verbose=1, checkpoint_dir=None,
+              checkpoint_every=60.0, resume=False):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
@@ -181,12 +182,20 @@ class Trainer:
             shuffle: Whether to shuffle the rows before each epoch.
             verbose: 1 shows a progress bar for parameter-server trainers (samples done,
                 commits per second, running loss); 0 is silent.
+            checkpoint_dir: Parameter-server trainers only: a folder (any Hadoop path) where
+                the center variable is saved every ``checkpoint_every`` seconds and at the end.
+            checkpoint_every: Seconds between two checkpoints.
+            resume: Start from the checkpoint in ``checkpoint_dir`` (if there is one) instead
+                of the model's weights. The epochs run again in full from those weights.
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
         """
         self.verbose = verbose
+        self.checkpoint_dir, self.checkpoint_every, self.resume = \
+            checkpoint_dir, checkpoint_every, resume
         self.validate_arguments()
+        self._validate_checkpointing()
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
@@ -207,6 +216,13 @@ class Trainer:
     def _samples_for_progress(self, frame):
         """Samples the progress bar counts to; None where a trainer shows no bar."""
         return None
+
+    def _validate_checkpointing(self):
+        if self.checkpoint_dir is not None or self.resume:
+            raise ValueError(
+                f"{type(self).__name__} keeps no center variable to checkpoint: "
+                "checkpoint_dir and resume need a parameter-server trainer (ADAG, DOWNPOUR, "
+                "AEASGD, EAMSGD, DynSGD, Experimental or your own).")
 
     def _compile(self, model):
         from distkeras.utils import compile_arguments, serialize_keras_object
@@ -386,6 +402,25 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
     def _samples_for_progress(self, frame):
         return frame.count() * self.num_epoch
 
+    def _validate_checkpointing(self):
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=True needs the checkpoint_dir to resume from.")
+        if self.checkpoint_dir is not None:
+            _check_number("checkpoint_every", self.checkpoint_every)
+
+    def _restore(self, server):
+        """Puts the last checkpoint's center and update count into a fresh server."""
+        from distkeras.checkpoints import load_checkpoint
+
+        checkpoint = load_checkpoint(self.checkpoint_dir, server.weight_spec)
+        if checkpoint is None:
+            logger.warning("No checkpoint in %s: starting from the model's weights.",
+                           self.checkpoint_dir)
+            return
+        server.center_variable = checkpoint["center"]
+        server.num_updates = int(checkpoint["num_updates"])
+        logger.info("Resuming from %s (%s updates)", self.checkpoint_dir, server.num_updates)
+
     def get_staleness(self):
         """Per commit, ``(worker_id, updates by others since that worker's pull)``."""
         return list(self.parameter_server.staleness) if self.parameter_server else []
@@ -409,6 +444,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             server.host = bind_address(spark)
         self._worker_host = driver_address(spark)
         self.parameter_server = server
+        if self.resume:
+            self._restore(server)
         job_group = f"distkeras-{id(self)}-{time.time_ns()}"
         server.start()
         monitor = None
@@ -418,7 +455,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             if isinstance(server, parameter_servers.SocketParameterServer):
                 monitor = TrainingMonitor(server, spark.sparkContext, job_group,
                                           self._progress_total, self.verbose,
-                                          self.worker_timeout, type(self).__name__)
+                                          self.worker_timeout, type(self).__name__,
+                                          self.checkpoint_dir, self.checkpoint_every)
                 monitor.start()
             self._run_workers(layout, worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
@@ -433,6 +471,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             server.stop()
         if getattr(server, "errors", None):
             raise TrainingError(f"The parameter server failed: {server.errors[0]}")
+        if self.checkpoint_dir is not None:
+            from distkeras.checkpoints import save_checkpoint
+
+            save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
         self.history = list(getattr(server, "history", []))
         return server.get_model()
 
@@ -665,9 +707,9 @@ class EnsembleTrainer(DistributedTrainer):
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)
 
-    def train(self, dataframe, shuffle=False, verbose=1):
+    def train(self, dataframe, shuffle=False, verbose=1, **checkpointing):
         """Trains the members; returns a list of ``num_ensembles`` compiled models."""
-        return super().train(dataframe, shuffle, verbose)
+        return super().train(dataframe, shuffle, verbose, **checkpointing)
 
     def _train(self, frame, label_shapes, shuffle):
         from distkeras.utils import deserialize_model, serialize_model

@@ -1,0 +1,52 @@
+"""Checkpoints of a parameter-server training: the center variable and the update count.
+
+A checkpoint is one frame of the wire format (JSON header, raw arrays: no pickle) written
+atomically through `distkeras.storage`, so it may live on any path the cluster's filesystem
+understands (``hdfs://``, ``s3a://``, a local folder).
+"""
+
+import logging
+import time
+
+from distkeras import networking, storage
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.dkc"
+
+
+def checkpoint_path(folder):
+    """The checkpoint file inside ``folder``."""
+    return folder.rstrip("/") + "/" + CHECKPOINT_NAME
+
+
+def save_checkpoint(folder, server, trainer_name):
+    """Writes the server's center and update count (read under its lock), atomically."""
+    with server.mutex:
+        center, num_updates = server.center_variable, server.num_updates
+    message = {"center": center, "num_updates": num_updates, "trainer": trainer_name,
+               "time": time.time()}
+    storage.write_bytes(checkpoint_path(folder), networking.encode_message(message))
+    return num_updates
+
+
+def load_checkpoint(folder, weight_spec):
+    """Reads the checkpoint in ``folder``, checked against the model's shapes.
+
+    Returns:
+        The message dict (``center``, ``num_updates``, ``trainer``, ``time``), or None when
+        the folder holds no checkpoint.
+
+    Raises:
+        ValueError: If the checkpoint does not match the model.
+    """
+    try:
+        data = storage.read_bytes(checkpoint_path(folder))
+    except FileNotFoundError:
+        return None
+    try:
+        return networking.decode_message(data, max_frame_bytes=len(data) + 1,
+                                         weight_spec=weight_spec)
+    except networking.ProtocolError as error:
+        raise ValueError(f"The checkpoint in {folder} does not fit this model: {error}") \
+            from error

@@ -1,0 +1,96 @@
+"""Checkpoints of the center variable, and resuming after the driver was killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import accuracy, build_mlp
+
+from distkeras.checkpoints import checkpoint_path, load_checkpoint
+from distkeras.trainers import ADAG, SingleTrainer
+
+
+def _adag(**kwargs):
+    settings = dict(keras_model=build_mlp(), worker_optimizer="adam",
+                    loss="categorical_crossentropy", num_workers=2, communication_window=2)
+    settings.update(kwargs)
+    return ADAG(**settings)
+
+
+def _spec(model):
+    return [(w.shape, w.dtype) for w in model.get_weights()]
+
+
+def test_checkpoints_hold_the_final_center(fashion_train, tmp_path):
+    folder = f"file://{tmp_path}/ckpt"
+    trainer = _adag()
+    model = trainer.train(fashion_train.limit(2000), verbose=0, checkpoint_dir=folder,
+                          checkpoint_every=0.2)
+    checkpoint = load_checkpoint(folder, _spec(model))
+    assert checkpoint["num_updates"] == trainer.parameter_server.num_updates > 0
+    for saved, final in zip(checkpoint["center"], model.get_weights()):
+        np.testing.assert_array_equal(saved, final)
+    assert checkpoint["trainer"] == "ADAG"
+
+
+def test_bad_checkpoint_settings_are_refused(fashion_train, tmp_path):
+    with pytest.raises(ValueError, match="resume=True needs the checkpoint_dir"):
+        _adag().train(fashion_train, resume=True)
+    with pytest.raises(ValueError, match="keeps no center variable"):
+        SingleTrainer(build_mlp(), "adam", "categorical_crossentropy").train(
+            fashion_train, checkpoint_dir=str(tmp_path))
+    import keras
+
+    other = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+    folder = str(tmp_path / "mismatch")
+    _adag().train(fashion_train.limit(300), verbose=0, checkpoint_dir=folder)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        load_checkpoint(folder, _spec(other))
+
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from distkeras.session import local_spark_session
+    spark = local_spark_session("local[2]")
+    sys.path.insert(0, {tests!r})
+    from conftest import build_mlp
+    from distkeras.trainers import ADAG
+    data = spark.read.parquet({data!r})
+    trainer = ADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                   loss="categorical_crossentropy", num_workers=2, communication_window=2,
+                   num_epoch=20)
+    trainer.train(data, verbose=0, checkpoint_dir={folder!r}, checkpoint_every=0.5)
+""")
+
+
+def test_resume_after_the_driver_was_killed(fashion_train, fashion_test, tmp_path):
+    data = str(tmp_path / "data.parquet")
+    fashion_train.limit(3000).write.parquet(data)
+    folder = str(tmp_path / "ckpt")
+    script = DRIVER.format(tests=os.path.dirname(__file__), data=data, folder=folder)
+    driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # until a checkpoint holds some training
+            assert driver.poll() is None, "the training driver died on its own"
+            if os.path.exists(checkpoint_path(folder)) and \
+                    load_checkpoint(folder, _spec(build_mlp()))["num_updates"] > 0:
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, Spark's JVM and the workers
+        driver.wait(timeout=30)
+    saved = load_checkpoint(folder, _spec(build_mlp()))
+    assert saved is not None and saved["num_updates"] > 0
+
+    trainer = _adag(communication_window=4)
+    model = trainer.train(fashion_train.limit(3000), verbose=0, checkpoint_dir=folder,
+                          resume=True)
+    assert trainer.parameter_server.num_updates > saved["num_updates"]
+    assert accuracy(model, fashion_test) > 0.6
