@@ -154,3 +154,47 @@ def test_retries_exhausted_names_the_partition_and_cause(fashion_train):
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     probe.bind(("127.0.0.1", trainer.parameter_server.port))  # the server's port is free
     probe.close()
+
+
+def test_a_thousand_silent_connections_do_not_stop_an_honest_worker():
+    import socket
+
+    import keras
+
+    import resource
+
+    # Client and server ends live in this one process: 2,000 descriptors and some room.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2400 if hard == resource.RLIM_INFINITY else min(hard, 2400)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    count = min(1000, (wanted - 300) // 2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    server = DeltaParameterServer(model, 0, handshake_timeout=2.0)
+    server.start()
+    flood = []
+    try:
+        for _ in range(count):
+            flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        honest = networking.connect("127.0.0.1", server.port, timeout=10)
+        networking.authenticate(honest, server.token, 1)
+        before = [layer.copy() for layer in server.center_variable]
+        networking.send_action(honest, networking.ACTION_COMMIT)
+        networking.send_data(honest, {"delta": weights_array(np.ones_like(w) for w in before)})
+        networking.send_action(honest, networking.ACTION_PULL)
+        center = networking.recv_data(honest)["center"]
+        assert all(np.array_equal(c, b + 1) for c, b in zip(center, before))
+        # The silent ones are dropped after the handshake timeout; the honest one stays.
+        deadline = time.monotonic() + 30
+        for sock in flood:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            assert sock.recv(1) == b""
+        networking.send_action(honest, networking.ACTION_PULL)
+        assert networking.recv_data(honest)["num_updates"] == 1
+        networking.send_action(honest, networking.ACTION_QUIT)
+        honest.close()
+    finally:
+        for sock in flood:
+            sock.close()
+        server.stop()
+    assert _distkeras_threads() == []
