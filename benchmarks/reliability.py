@@ -1,0 +1,174 @@
+"""Faults injected into real trainings on local Spark, and what they cost.
+
+Writes docs/reliability.md: each fault, how it was injected, what the user sees, the time
+lost against an undisturbed run, and the final test accuracy against it; plus the fuzzer's
+count (run `benchmarks/fuzz_frames.py` first; its section in docs/benchmarks.md is quoted).
+
+    python benchmarks/reliability.py [--limit 20000]
+"""
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from distkeras.session import local_spark_session, warm_up_executors  # noqa: E402
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "reliability.md")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=20000)
+    args = parser.parse_args()
+    spark = local_spark_session("local[2,4]")
+    warm_up_executors(spark, 2)
+    import report
+    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+    from distkeras.experiments import build_mlp, test_accuracy
+    from distkeras.trainers import ADAG, TrainingError
+    from distkeras.workers import ADAGWorker
+
+    data = load_fashion_mnist(spark, "train", limit=args.limit).cache()
+    data.count()
+    images, labels = load_fashion_mnist_numpy("test")
+    images = images.reshape(len(images), -1).astype("float32") / 255.0
+
+    class LostWorker(ADAGWorker):
+        def communicate(self):
+            from pyspark import TaskContext
+
+            if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 \
+                    and self.iteration >= 120:
+                os._exit(17)
+            super().communicate()
+
+    class PoisonWorker(ADAGWorker):
+        def commit(self, delta, **extra):
+            if self.worker_id == 1 and self.iteration == 60:
+                delta = delta * float("nan")
+            super().commit(delta, **extra)
+
+    class StuckWorker(ADAGWorker):
+        def communicate(self):
+            super().communicate()
+            if self.worker_id == 0 and self.iteration >= 60:
+                time.sleep(3600)
+
+    def trainer_with(worker_class=None, **extra):
+        class Faulty(ADAG):
+            def allocate_worker(self):
+                return (worker_class or ADAGWorker)(self.master_model)
+
+        return Faulty(keras_model=build_mlp(), worker_optimizer="adam",
+                      loss="categorical_crossentropy", num_workers=2, communication_window=6,
+                      **extra)
+
+    def run(worker_class=None, **extra):
+        trainer = trainer_with(worker_class, **extra)
+        started = time.time()
+        try:
+            model = trainer.train(data, verbose=0)
+            return time.time() - started, test_accuracy(model, images, labels), "trains on"
+        except TrainingError as error:
+            return time.time() - started, None, str(error)
+
+    base_time, base_accuracy, _ = run()
+    rows = [["none (undisturbed)", "-", "a trained model", f"{base_time:.1f} s", "-",
+             f"{base_accuracy:.4f}"]]
+
+    def add(fault, injection, outcome):
+        seconds, accuracy, seen = outcome
+        rows.append([fault, injection, seen if accuracy is None else
+                     "a trained model; the retry/refusal is logged", f"{seconds:.1f} s",
+                     f"{seconds - base_time:+.1f} s",
+                     "-" if accuracy is None else f"{accuracy:.4f} ({(accuracy - base_accuracy) * 100:+.2f} points)"])
+
+    add("lost worker process", "worker 1 calls os._exit at step 120 on its first attempt; "
+        "Spark retries the task (local[2,4])", run(LostWorker))
+    add("NaN commit", "worker 1 commits a NaN delta at step 60; the server refuses it",
+        run(PoisonWorker))
+    add("hung worker", "worker 0 sleeps an hour after step 60; worker_timeout=10",
+        run(StuckWorker, worker_timeout=10))
+
+    # The driver killed mid-training, then train(resume=True) from its last checkpoint.
+    folder = tempfile.mkdtemp(prefix="distkeras-reliability-")
+    parquet = os.path.join(folder, "data.parquet")
+    data.write.parquet(parquet)
+    checkpoints = os.path.join(folder, "ckpt")
+    script = textwrap.dedent(f"""
+        import sys
+        from distkeras.session import local_spark_session
+        spark = local_spark_session("local[2]")
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from distkeras.experiments import build_mlp
+        from distkeras.trainers import ADAG
+        ADAG(keras_model=build_mlp(), worker_optimizer="adam", loss="categorical_crossentropy",
+             num_workers=2, communication_window=6).train(
+            spark.read.parquet({parquet!r}), verbose=0, checkpoint_dir={checkpoints!r},
+            checkpoint_every=1.0)
+    """)
+    from distkeras.checkpoints import load_checkpoint
+
+    spec = [(w.shape, w.dtype) for w in build_mlp().get_weights()]
+    started = time.time()
+    driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    updates = 0
+    while time.time() - started < 300 and driver.poll() is None:
+        checkpoint = load_checkpoint(checkpoints, spec) if os.path.exists(
+            os.path.join(checkpoints, "checkpoint.dkc")) else None
+        updates = checkpoint["num_updates"] if checkpoint else 0
+        if updates >= 100:
+            break
+        time.sleep(0.3)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    killed_after = time.time() - started
+    trainer = trainer_with()
+    resumed_at = time.time()
+    model = trainer.train(data, verbose=0, checkpoint_dir=checkpoints, resume=True)
+    resumed = time.time() - resumed_at
+    accuracy = test_accuracy(model, images, labels)
+    rows.append(["driver killed", f"SIGKILL to the driver's process group after a checkpoint "
+                 f"at {updates} updates ({killed_after:.0f} s incl. start-up); then "
+                 "train(resume=True)", "a trained model, resumed from the checkpoint",
+                 f"{resumed:.1f} s (resumed run)", f"{killed_after + resumed - base_time:+.1f} s",
+                 f"{accuracy:.4f} ({(accuracy - base_accuracy) * 100:+.2f} points)"])
+    spark.stop()
+
+    fuzz = "run `python benchmarks/fuzz_frames.py` for the fuzzer's count"
+    bench = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
+    if os.path.exists(bench):
+        match = re.search(r"## Fuzzing the frame decoder\n\n(`[^`]+`)\n.*?\| inputs tried \| "
+                          r"(\d+) \|.*?\| other exceptions \(bugs\) \| (\d+) \|",
+                          open(bench, encoding="utf-8").read(), re.S)
+        if match:
+            fuzz = (f"{int(match.group(2)):,} mutated frames fed to the decoder, "
+                    f"{match.group(3)} crashes or unexpected exceptions ({match.group(1)}).")
+    text = (
+        "# Reliability\n\nFaults injected into ADAG (2 workers, window 6, Adam, batch 32) on "
+        f"{args.limit} Fashion-MNIST images, `local[2,4]`, test accuracy on 10,000 images.\n\n"
+        f"`python {' '.join(sys.argv)}` ({time.strftime('%Y-%m-%d')}, {report.machine()})\n\n"
+        + report.table(["fault", "how it was injected", "what the user sees", "time",
+                        "time lost", "test accuracy"], rows)
+        + "\n\nHostile input to the parameter server (tests/test_parameter_server.py, "
+          "tests/test_networking.py, tests/test_reliability.py): garbage, truncated frames, "
+          "lengths up to 2^63, wrong or missing tokens, wrong shapes and dtypes, silent "
+          "clients, a thousand connections at once: each closes that connection only, the "
+          "center is unchanged and honest workers go on.\n\n"
+        + f"Fuzzing: {fuzz}\n")
+    with open(DOC, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
