@@ -198,3 +198,50 @@ def test_a_thousand_silent_connections_do_not_stop_an_honest_worker():
             sock.close()
         server.stop()
     assert _distkeras_threads() == []
+
+
+CTRL_C_DRIVER = """
+import os, signal, sys, threading, time
+from distkeras.session import local_spark_session
+spark = local_spark_session("local[2]")
+sys.path.insert(0, {tests!r})
+from conftest import build_mlp
+from distkeras.datasets import load_fashion_mnist
+from distkeras.trainers import ADAG
+data = load_fashion_mnist(spark, "train", limit=6000).cache()
+data.count()
+def trainer(epochs):
+    return ADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                loss="categorical_crossentropy", num_workers=2, num_epoch=epochs,
+                communication_window=1)
+first = trainer(30)
+def press_ctrl_c():
+    while not first.parameter_server or first.parameter_server.num_updates < 5:
+        time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=press_ctrl_c, daemon=True).start()
+try:
+    first.train(data, verbose=0)
+    print("NOT INTERRUPTED")
+except KeyboardInterrupt:
+    port = first.parameter_server.port
+    time.sleep(1)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("distkeras")]
+    print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server._running))
+second = trainer(1)
+second.master_port = port  # the same port again: no "address already in use"
+second.train(data.limit(1000), verbose=0)
+print("SECOND OK updates=%d" % second.parameter_server.num_updates)
+"""
+
+
+def test_ctrl_c_stops_everything_and_the_next_training_works(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = CTRL_C_DRIVER.format(tests=os.path.dirname(__file__))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=400)
+    assert "INTERRUPTED threads=0 running=False" in result.stdout, result.stderr[-3000:]
+    assert "SECOND OK" in result.stdout, result.stderr[-3000:]
