@@ -12,7 +12,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from distkeras.session import local_spark_session, warm_up_executors  # noqa: E402
 
 TRAINERS = ("SingleTrainer", "ADAG", "DOWNPOUR", "DynSGD", "Experimental", "AveragingTrainer",
             "AEASGD", "EAMSGD", "EnsembleTrainer")
@@ -23,17 +22,11 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args()
-    spark = local_spark_session("local[2]")
-    warm_up_executors(spark, 2)
     import report
-    from distkeras import trainers
-    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
-    from distkeras.experiments import build_mlp, test_accuracy
 
-    train = load_fashion_mnist(spark, "train", limit=args.limit).cache()
-    train.count()
-    images, labels = load_fashion_mnist_numpy("test")
-    images = images.reshape(len(images), -1).astype("float32") / 255.0
+    spark, train, (images, labels) = report.fashion_mnist_setup(limit=args.limit)
+    from distkeras import trainers
+    from distkeras.experiments import build_mlp, test_accuracy
     rows, single = [], None
     paper_setting = {"class_name": "SGD", "config": {"learning_rate": 0.01}}
     for name in TRAINERS + ("EAMSGD with SGD",):

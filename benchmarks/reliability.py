@@ -19,7 +19,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from distkeras.session import local_spark_session, warm_up_executors  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "reliability.md")
 
@@ -28,18 +27,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=20000)
     args = parser.parse_args()
-    spark = local_spark_session("local[2,4]")
-    warm_up_executors(spark, 2)
     import report
-    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+
+    spark, data, (images, labels) = report.fashion_mnist_setup("local[2,4]", args.limit)
     from distkeras.experiments import build_mlp, test_accuracy
     from distkeras.trainers import ADAG, TrainingError
     from distkeras.workers import ADAGWorker
-
-    data = load_fashion_mnist(spark, "train", limit=args.limit).cache()
-    data.count()
-    images, labels = load_fashion_mnist_numpy("test")
-    images = images.reshape(len(images), -1).astype("float32") / 255.0
 
     class LostWorker(ADAGWorker):
         def communicate(self):

@@ -44,3 +44,18 @@ def write_section(title, body):
     with open(DOC, "w", encoding="utf-8") as handle:
         handle.write(text.rstrip("\n") + "\n")
     print(section)
+
+
+def fashion_mnist_setup(master="local[2]", limit=None):
+    """Spark (started before Keras), warmed executors, the cached training DataFrame and
+    the 10,000 test images as ``(images, labels)`` in [0, 1]."""
+    from distkeras.session import local_spark_session, warm_up_executors
+
+    spark = local_spark_session(master)
+    warm_up_executors(spark, 2)
+    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+
+    train = load_fashion_mnist(spark, "train", limit=limit).cache()
+    train.count()
+    images, labels = load_fashion_mnist_numpy("test")
+    return spark, train, (images.reshape(len(images), -1).astype("float32") / 255.0, labels)

@@ -17,7 +17,6 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
-from distkeras.session import local_spark_session, warm_up_executors  # noqa: E402
 
 
 def steps_rate(trainer, samples):
@@ -37,22 +36,19 @@ def main():
     parser.add_argument("--window", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each, best kept")
     args = parser.parse_args()
-    spark = local_spark_session("local[2]")
-    warm_up_executors(spark, 2)
+    import report
+
+    spark, train, (test_images, test_labels) = report.fashion_mnist_setup(limit=args.limit)
     import numpy as np
 
-    import report
-    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+    from distkeras.datasets import load_fashion_mnist_numpy
     from distkeras.trainers import ADAG, SingleTrainer
     from fashion_mnist import build_mlp, test_accuracy
 
-    train = load_fashion_mnist(spark, "train", limit=args.limit).cache()
     samples = train.count()
     images, labels = load_fashion_mnist_numpy("train")
     x = images[:samples].reshape(samples, -1).astype("float32") / 255.0
     y = np.eye(10, dtype="float32")[labels[:samples]]
-    test_images, test_labels = load_fashion_mnist_numpy("test")
-    test_images = test_images.reshape(len(test_images), -1).astype("float32") / 255.0
 
     rows, rates = [], {}
     best = {}

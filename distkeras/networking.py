@@ -106,16 +106,12 @@ def _as_wire_array(array):
     array = np.asarray(array)
     if array.dtype == object:
         raise TypeError("Cannot send an object array; send a list of numeric arrays instead.")
-    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _little_endian()):
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
         array = array.astype(array.dtype.newbyteorder("<"))
     array = np.ascontiguousarray(array)
     if array.dtype.str not in _ALLOWED_DTYPES:
         raise TypeError(f"Unsupported array dtype {array.dtype}; use a numeric or bool dtype.")
     return array
-
-
-def _little_endian():
-    return np.little_endian
 
 
 def _is_array_list(value):

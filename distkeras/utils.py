@@ -65,21 +65,6 @@ def serialize_keras_object(obj):
     return keras.saving.serialize_keras_object(obj)
 
 
-def deserialize_keras_object(config):
-    """Inverse of `serialize_keras_object`; strings are left for `compile()` to resolve."""
-    import keras
-
-    if config is None or isinstance(config, str):
-        return config
-    if isinstance(config, list):
-        return [deserialize_keras_object(item) for item in config]
-    if isinstance(config, dict) and "class_name" in config:
-        return keras.saving.deserialize_keras_object(config, safe_mode=True)
-    if isinstance(config, dict):
-        return {key: deserialize_keras_object(value) for key, value in config.items()}
-    return config
-
-
 def compile_arguments(optimizer, loss, metrics, loss_weights=None):
     """``model.compile`` keyword arguments from names, objects or config dicts.
 
@@ -106,11 +91,6 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None):
     metrics = [resolve(keras.metrics.get, metric) for metric in (metrics or [])]
     return {"optimizer": optimizer, "loss": loss, "loss_weights": loss_weights,
             "metrics": metrics or None}
-
-
-def weights_nbytes(weights):
-    """Total bytes of a list of weight arrays."""
-    return int(sum(np.asarray(weight).nbytes for weight in weights))
 
 
 def average_history(records):

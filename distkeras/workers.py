@@ -19,9 +19,6 @@ from distkeras.networking import weights_array
 
 logger = logging.getLogger(__name__)
 
-HISTORY_KEYS = ("worker_id", "iteration", "timestamp", "batch_size")
-
-
 class WorkerFailure(RuntimeError):
     """A worker's training failed; the message names its partition and the cause."""
 
