@@ -3,12 +3,21 @@
 Keras's own `train_on_batch` copies the whole training state back into the model's
 variables and waits for the loss after every step. `model.fit` does neither; this does what
 fit does: it keeps the state as JAX arrays between steps and writes it back only when the
-weights are read or written (once per communication window). Per-step logs stay JAX arrays
-until they are read, so steps are dispatched without waiting for the previous one.
+model's variables are read. Per-step logs stay JAX arrays until they are read, so steps are
+dispatched without waiting for the previous one.
+
+Two more costs are removed against a loop over Keras's train function:
+
+* Metrics report per batch (as `train_on_batch` does), so every step starts from reset
+  metric variables. The reset happens inside the compiled step (the initial values are
+  constants of the trace), not as fresh arrays built in Python before every step.
+* The weights the workers exchange every window are read from and written to the JAX state
+  directly, without writing the optimizer and metric state back into Keras variables.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class JaxTrainStep:
@@ -20,8 +29,9 @@ class JaxTrainStep:
 
     def __init__(self, model):
         self.model = model
-        self.state = None
-        self._fresh_metrics = None
+        self.state = None  # (trainable, non_trainable, optimizer) JAX arrays, or None
+        self._step = None
+        self._weight_slots = None
 
     @staticmethod
     def supported(model):
@@ -32,40 +42,84 @@ class JaxTrainStep:
                 and getattr(model, "jit_compile", True)
                 and keras.distribution.distribution() is None)
 
+    def _build(self, data):
+        model = self.model
+        model._symbolic_build(data_batch=data)
+        model.reset_metrics()
+        fresh_metrics = [np.asarray(variable.value) for variable in model.metrics_variables]
+
+        def step(state, batch):
+            # Fresh metric values on every step: the logs describe this batch alone.
+            metrics = [jnp.asarray(value) for value in fresh_metrics]
+            logs, (trainable, non_trainable, optimizer, _) = model.train_step(
+                (*state, metrics), batch)
+            return logs, (trainable, non_trainable, optimizer)
+
+        self._step = jax.jit(step, donate_argnums=0)
+        # Where each entry of `model.weights` (the order of get_weights) lives in the state.
+        positions = {id(variable): (0, index)
+                     for index, variable in enumerate(model.trainable_variables)}
+        positions.update({id(variable): (1, index)
+                          for index, variable in enumerate(model.non_trainable_variables)})
+        self._weight_slots = [positions[id(variable)] for variable in model.weights]
+
+    def _load_state(self):
+        model = self.model
+        self.state = (
+            [variable.value for variable in model.trainable_variables],
+            [variable.value for variable in model.non_trainable_variables],
+            [variable.value for variable in model.optimizer.variables],
+        )
+
     def __call__(self, x, y, sample_weight=None):
         """Runs one step; returns the logs (JAX scalars, per batch)."""
-        model = self.model
         data = (x, y, sample_weight)
+        if self._step is None:
+            self._build(data)
         if self.state is None:
-            model._symbolic_build(data_batch=data)
-            model.make_train_function()
-            model.reset_metrics()
-            self.state = model._get_jax_state(
-                trainable_variables=True, non_trainable_variables=True,
-                optimizer_variables=True, metrics_variables=True,
-                purge_model_variables=False)
-            # The state is donated to the compiled step, so keep a private copy of the
-            # reset metric values to start every step from (per-batch logs).
-            self._fresh_metrics = [jnp.array(value, copy=True) for value in self.state[3]]
-        metrics = [jnp.array(value, copy=True) for value in self._fresh_metrics]
-        state = (*self.state[:3], metrics)
-        model._jax_state_synced = False
-        logs, self.state = model.train_function(state, iter([data]))
+            self._load_state()
+        logs, self.state = self._step(self.state, data)
         return logs
+
+    def get_weights(self):
+        """The model's weights (as `get_weights` orders them), or None before any step."""
+        if self.state is None:
+            return None
+        return [np.array(self.state[group][index]) for group, index in self._weight_slots]
+
+    def set_weights(self, weights):
+        """Replaces the weights in the state; returns False when there is no state yet.
+
+        Raises:
+            ValueError: When a weight's shape does not match the model's.
+        """
+        if self.state is None:
+            return False
+        if len(weights) != len(self._weight_slots):
+            raise ValueError(f"Expected {len(self._weight_slots)} weight arrays, got "
+                             f"{len(weights)}.")
+        groups = [list(self.state[0]), list(self.state[1])]
+        for position, ((group, index), value) in enumerate(zip(self._weight_slots, weights)):
+            current = groups[group][index]
+            value = np.asarray(value)
+            if value.shape != current.shape:
+                raise ValueError(f"Weight {position} has shape {value.shape}; the model "
+                                 f"expects {current.shape}.")
+            groups[group][index] = jnp.array(value, dtype=current.dtype)
+        self.state = (groups[0], groups[1], self.state[2])
+        return True
 
     def sync(self):
         """Writes the state back into the model's variables (before they are read)."""
         if self.state is None:
             return
-        trainable, non_trainable, optimizer, metrics = self.state
-        self.model._jax_state = {
-            "trainable_variables": trainable,
-            "non_trainable_variables": non_trainable,
-            "optimizer_variables": optimizer,
-            "metrics_variables": metrics,
-        }
-        self.model._jax_state_synced = False
-        self.model.jax_state_sync()
+        trainable, non_trainable, optimizer = self.state
+        model = self.model
+        for variables, values in ((model.trainable_variables, trainable),
+                                  (model.non_trainable_variables, non_trainable),
+                                  (model.optimizer.variables, optimizer)):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
         self.state = None  # the variables hold the truth now; re-read them at the next step
 
 

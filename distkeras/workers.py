@@ -176,11 +176,15 @@ class ModelReplica:
             self._fast_step.sync()
 
     def get_weights(self):
-        self._sync()
+        if self._fast_step is not None:
+            weights = self._fast_step.get_weights()
+            if weights is not None:
+                return weights_array(weights)
         return weights_array(self._model.get_weights())
 
     def set_weights(self, weights):
-        self._sync()
+        if self._fast_step is not None and self._fast_step.set_weights(list(weights)):
+            return
         self._model.set_weights(list(weights))
 
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
