@@ -31,6 +31,7 @@ class JaxTrainStep:
         self.model = model
         self.state = None  # (trainable, non_trainable, optimizer) JAX arrays, or None
         self._step = None
+        self._window = None
         self._weight_slots = None
 
     @staticmethod
@@ -55,7 +56,17 @@ class JaxTrainStep:
                 (*state, metrics), batch)
             return logs, (trainable, non_trainable, optimizer)
 
+        def window(state, batches):
+            # Several steps in one compiled call: no Python between them.
+            def body(carry, batch):
+                logs, carry = step(carry, (*batch, None))
+                return carry, logs
+
+            state, logs = jax.lax.scan(body, tuple(state), batches)
+            return logs, state
+
         self._step = jax.jit(step, donate_argnums=0)
+        self._window = jax.jit(window, donate_argnums=0)
         # Where each entry of `model.weights` (the order of get_weights) lives in the state.
         positions = {id(variable): (0, index)
                      for index, variable in enumerate(model.trainable_variables)}
@@ -79,6 +90,24 @@ class JaxTrainStep:
         if self.state is None:
             self._load_state()
         logs, self.state = self._step(self.state, data)
+        return logs
+
+    def run_window(self, batches):
+        """Runs one step per ``(x, y)`` in ``batches`` in one compiled call.
+
+        All batches must have the same shapes (a compiled call per window length).
+
+        Returns:
+            The logs, each a JAX array with one value per step.
+        """
+        first_x, first_y = batches[0]
+        if self._step is None:
+            self._build((first_x, first_y, None))
+        if self.state is None:
+            self._load_state()
+        stacked = jax.tree_util.tree_map(lambda *arrays: np.stack(arrays),
+                                         *[(x, y) for x, y in batches])
+        logs, self.state = self._window(self.state, stacked)
         return logs
 
     def get_weights(self):

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from distkeras import affinity
 from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
@@ -261,6 +262,8 @@ class Trainer:
             context.setJobGroup(job_group, description, interruptOnCancel=True)
         else:
             context.setJobDescription(description)
+        worker.workers_per_machine = affinity.workers_per_machine(
+            context, frame.rdd.getNumPartitions())
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
                                "worker_id long, payload binary")
         try:

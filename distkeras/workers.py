@@ -14,6 +14,7 @@ import numpy as np
 
 from distkeras import networking
 from distkeras import update_rules
+from distkeras.affinity import claimed_cores
 from distkeras.feed import MinibatchFeed
 from distkeras.networking import weights_array
 
@@ -77,8 +78,9 @@ def _ensure_backend(backend):
 class HistoryLog:
     """Per-step training records, kept as columns of numbers (compact, JSON-able).
 
-    Values may arrive as JAX scalars still being computed; they are turned into floats in
-    groups, so recording a step never waits for that step to finish.
+    Values may arrive as JAX scalars, or as JAX arrays holding a whole window of steps,
+    still being computed; they are turned into floats in groups (one transfer per array),
+    so recording a step never waits for that step to finish.
     """
 
     MATERIALIZE_EVERY = 64
@@ -89,21 +91,34 @@ class HistoryLog:
         self._materialized = 0
 
     def append(self, record):
+        """Adds one step's record (a dict of numbers)."""
+        self.extend(record, 1)
+
+    def extend(self, record, count):
+        """Adds ``count`` steps: values that are arrays of ``count`` give one per step,
+        other values are shared by all of them."""
         for key in record:
             if key not in self.columns:
                 self.columns[key] = [None] * self.size
         for key, column in self.columns.items():
-            column.append(record.get(key))
-        self.size += 1
+            value = record.get(key)
+            if count == 1 or value is None or np.ndim(value) == 0:
+                column.extend([value] * count)
+            else:
+                block = _StepBlock(value)
+                column.extend(_BlockItem(block, index) for index in range(count))
+        self.size += count
         if self.size - self._materialized >= self.MATERIALIZE_EVERY:
-            self._materialize(keep_last=1)
+            self._materialize(keep_last=count)
 
     def _materialize(self, keep_last=0):
         end = self.size - keep_last
         for column in self.columns.values():
             for index in range(self._materialized, end):
                 value = column[index]
-                if value is not None and not isinstance(value, (int, float)):
+                if isinstance(value, _BlockItem):
+                    column[index] = value.get()
+                elif value is not None and not isinstance(value, (int, float)):
                     column[index] = _to_float(value)
         self._materialized = max(self._materialized, end)
 
@@ -112,6 +127,32 @@ class HistoryLog:
         self._materialize()
         columns, self.columns, self.size, self._materialized = self.columns, {}, 0, 0
         return columns
+
+
+class _StepBlock:
+    """A window's values for one key: fetched to the host once, when first read."""
+
+    def __init__(self, values):
+        self.values = values
+        self._host = None
+
+    def host(self):
+        if self._host is None:
+            values = np.asarray(self.values).reshape(-1)
+            if not np.issubdtype(values.dtype, np.integer):
+                values = values.astype(np.float64)
+            self._host = values.tolist()  # Python ints and floats, as JSON wants them
+            self.values = None
+        return self._host
+
+
+class _BlockItem:
+    def __init__(self, block, index):
+        self.block = block
+        self.index = index
+
+    def get(self):
+        return self.block.host()[self.index]
 
 
 def _to_float(value):
@@ -155,6 +196,10 @@ def history_records(columns):
     ]
 
 
+def _batch_size(x):
+    return len(x[0]) if isinstance(x, (list, tuple)) else len(x)
+
+
 class ModelReplica:
     """The worker's Keras model, with numpy-2 friendly weights and a record of every step.
 
@@ -164,11 +209,12 @@ class ModelReplica:
     run through `JaxTrainStep` (fit's speed); everything else is the Keras model's own.
     """
 
-    def __init__(self, model, on_batch):
+    def __init__(self, model, on_batch, on_window=None):
         from distkeras.jax_steps import JaxTrainStep
 
         self._model = model
         self._on_batch = on_batch
+        self._on_window = on_window
         self._fast_step = JaxTrainStep(model) if JaxTrainStep.supported(model) else None
 
     def _sync(self):
@@ -189,7 +235,7 @@ class ModelReplica:
 
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
                        return_dict=False):
-        batch_size = len(x[0]) if isinstance(x, (list, tuple)) else len(x)
+        batch_size = _batch_size(x)
         if self._fast_step is not None and class_weight is None:
             logs = self._fast_step(x, y, sample_weight)
             self._on_batch(logs, batch_size)
@@ -206,6 +252,20 @@ class ModelReplica:
             return logs
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
+
+    def train_on_window(self, batches):
+        """Trains one step per ``(x, y)`` in ``batches``, recording each step.
+
+        On the JAX fast path, same-sized batches run in one compiled call (no Python
+        between the steps, as `fit` with ``steps_per_execution``); otherwise step by step.
+        """
+        sizes = {_batch_size(x) for x, _ in batches}
+        if self._fast_step is None or len(batches) < 2 or len(sizes) != 1:
+            for x, y in batches:
+                self.train_on_batch(x, y)
+            return
+        logs = self._fast_step.run_window(batches)
+        self._on_window(logs, sizes.pop(), len(batches))
 
     def __getattr__(self, name):
         self._sync()
@@ -252,6 +312,7 @@ class Worker:
         self.iteration = 1
         self.model = None
         self.history = HistoryLog()
+        self.workers_per_machine = None  # set by the trainer; see `affinity.claimed_cores`
         self._feed = None
 
     # -- on the executor -------------------------------------------------------------
@@ -267,7 +328,7 @@ class Worker:
         model = self.build_model()
         model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
                                           self.loss_weights))
-        self.model = ModelReplica(model, self._record_step)
+        self.model = ModelReplica(model, self._record_step, self._record_window)
 
     def build_model(self):
         """The uncompiled Keras model this worker trains."""
@@ -280,6 +341,42 @@ class Worker:
                   "timestamp": time.time(), "batch_size": batch_size}
         record.update(logs)
         self.history.append(record)
+
+    def _record_window(self, logs, batch_size, count):
+        """Records ``count`` steps whose logs hold one value per step."""
+        now = time.time()
+        record = {"worker_id": self.worker_id,
+                  "iteration": np.arange(self.iteration, self.iteration + count),
+                  "timestamp": np.full(count, now), "batch_size": batch_size}
+        record.update(logs)
+        self.history.extend(record, count)
+
+    def take_minibatches(self, count):
+        """Up to ``count`` next minibatches (fewer, or none, when the data runs out)."""
+        batches = []
+        try:
+            while len(batches) < count:
+                batches.append(self.get_next_minibatch())
+        except StopIteration:
+            pass
+        return batches
+
+    def train_steps(self, batches):
+        """Trains on each minibatch in turn, advancing ``self.iteration``.
+
+        Runs the steps in one compiled call unless a subclass defines its own `train_step`.
+        """
+        if type(self).train_step is not Worker.train_step:
+            for x, y in batches:
+                self.train_step(x, y)
+                self.iteration += 1
+            return
+        self.model.train_on_window(batches)
+        self.iteration += len(batches)
+
+    def train_step(self, x, y):
+        """One local step; EAMSGD adds momentum here."""
+        self.model.train_on_batch(x, y)
 
     def _sample_shapes(self, tensors):
         return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
@@ -316,18 +413,19 @@ class Worker:
             A message dict for the driver (see `result`).
         """
         self.worker_id = worker_id
-        self.prepare_model()
-        self.open_feed(record_batches, label_shapes)
-        self.setup()
-        try:
+        with claimed_cores(getattr(self, "workers_per_machine", None)):
+            self.prepare_model()
+            self.open_feed(record_batches, label_shapes)
+            self.setup()
             try:
-                self.optimize()
-            except StopIteration:
-                pass  # the seed's `while True` loop ends when the data runs out
-            self.finish()
-        finally:
-            self.teardown()
-        return self.result()
+                try:
+                    self.optimize()
+                except StopIteration:
+                    pass  # the seed's `while True` loop ends when the data runs out
+                self.finish()
+            finally:
+                self.teardown()
+            return self.result()
 
     def setup(self):
         """Hook run before `optimize()` (network workers connect here)."""
@@ -350,10 +448,14 @@ class Worker:
 class SequentialWorker(Worker):
     """Trains alone on all its data; returns the weights and history (SingleTrainer)."""
 
+    STEPS_PER_CALL = 16
+
     def optimize(self):
-        for x, y in iter(self.get_next_minibatch, None):
-            self.model.train_on_batch(x, y)
-            self.iteration += 1
+        while True:
+            batches = self.take_minibatches(self.STEPS_PER_CALL)
+            if not batches:
+                return
+            self.train_steps(batches)
 
     def result(self):
         message = super().result()
@@ -364,6 +466,9 @@ class SequentialWorker(Worker):
 
 class NetworkWorker(Worker):
     """A worker that talks to the parameter server with `pull()` and `commit()`.
+
+    The steps' records reach the driver with the commits, at most every
+    ``HISTORY_EVERY_SECONDS`` (the progress bar's pace) and at the end.
 
     Args:
         model, optimizer, loss, loss_weights, metrics, features_col, label_col,
@@ -387,6 +492,9 @@ class NetworkWorker(Worker):
         self.center_variable = None
         self.last_update = 0
         self.socket = None
+        self._last_flush = float("-inf")
+
+    HISTORY_EVERY_SECONDS = 0.5
 
     def setup(self):
         self.socket = networking.connect(self.master_host, self.master_port,
@@ -419,10 +527,12 @@ class NetworkWorker(Worker):
         message.update(extra)
         networking.send_action(self.socket, networking.ACTION_COMMIT)
         networking.send_data(self.socket, message)
-        self.flush_history()
+        if time.monotonic() - self._last_flush >= self.HISTORY_EVERY_SECONDS:
+            self.flush_history()
 
     def flush_history(self):
         """Sends the steps recorded since the last flush to the driver, keeping none."""
+        self._last_flush = time.monotonic()
         if self.history.size:
             networking.send_action(self.socket, networking.ACTION_HISTORY)
             networking.send_data(self.socket, {"history": self.history.drain()})
@@ -438,20 +548,15 @@ class WindowedWorker(NetworkWorker):
     def optimize(self):
         self.pull()
         self.model.set_weights(self.center_variable)
-        steps_since_commit = 0
-        for x, y in iter(self.get_next_minibatch, None):
-            self.train_step(x, y)
-            steps_since_commit += 1
-            if self.iteration % self.communication_window == 0:
+        while True:
+            # The steps left until the next window boundary (a window counts iterations).
+            wanted = self.communication_window - (self.iteration - 1) % self.communication_window
+            batches = self.take_minibatches(wanted)
+            if batches:
+                self.train_steps(batches)
                 self.communicate()
-                steps_since_commit = 0
-            self.iteration += 1
-        if steps_since_commit:
-            self.communicate()
-
-    def train_step(self, x, y):
-        """One local step; EAMSGD adds momentum here."""
-        self.model.train_on_batch(x, y)
+            if len(batches) < wanted:
+                return
 
     def communicate(self):
         """Exchanges with the parameter server at the end of a window."""

@@ -74,3 +74,49 @@ def test_a_weight_of_the_wrong_shape_is_refused_and_the_state_kept():
         step.set_weights(wrong)
     for mine, theirs in zip(step.get_weights(), before):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_a_window_in_one_call_matches_step_by_step():
+    stepwise = ModelReplica(_model_with_batch_norm(), lambda logs, size: None)
+    stepwise_losses = [stepwise.train_on_batch(x, y, return_dict=True)["loss"]
+                       for x, y in _batches(6)]
+    windows = []
+    windowed = ModelReplica(_model_with_batch_norm(), lambda logs, size: None,
+                            lambda logs, size, count: windows.append((logs, size, count)))
+    windowed.train_on_window(list(_batches(6)))
+    (logs, size, count), = windows
+    assert (size, count) == (16, 6)
+    np.testing.assert_allclose(np.asarray(logs["loss"]), stepwise_losses, rtol=1e-4)
+    for mine, theirs in zip(windowed.get_weights(), stepwise.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_window_of_unequal_batches_runs_step_by_step():
+    steps = []
+    replica = ModelReplica(_model_with_batch_norm(), lambda logs, size: steps.append(size),
+                           lambda logs, size, count: steps.append(("window", count)))
+    batches = list(_batches(3))
+    batches[-1] = (batches[-1][0][:5], batches[-1][1][:5])  # the last, partial minibatch
+    replica.train_on_window(batches)
+    assert steps == [16, 16, 5]
+
+
+def test_history_log_keeps_one_record_per_step_of_a_window():
+    from distkeras.workers import HistoryLog
+
+    log = HistoryLog()
+    log.append({"worker_id": 0, "iteration": 1, "loss": 2.0})
+    log.extend({"worker_id": 0, "iteration": np.arange(2, 5),
+                "loss": jnp_array([1.5, 1.0, 0.5])}, 3)
+    columns = log.drain()
+    assert columns["iteration"] == [1, 2, 3, 4]
+    assert all(isinstance(value, int) for value in columns["iteration"])
+    assert columns["loss"] == [2.0, 1.5, 1.0, 0.5]
+    assert columns["worker_id"] == [0, 0, 0, 0]
+    assert log.size == 0
+
+
+def jnp_array(values):
+    import jax.numpy as jnp
+
+    return jnp.asarray(values, dtype=jnp.float32)
