@@ -1,0 +1,112 @@
+"""Workers sharing a machine each claim their own cores, and give them back."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distkeras import affinity
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
+                                reason="CPU affinity is Linux only")
+
+# Holds its claim until stdin closes, so several of them hold claims at the same time.
+_CLAIMANT = textwrap.dedent("""
+    import json, os, sys, threading
+    from distkeras import affinity
+    affinity.LOCK_FOLDER = sys.argv[1]
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # pinned too
+    with affinity.claimed_cores(int(sys.argv[2])) as cores:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+        seen = [sorted(os.sched_getaffinity(t)) for t in threads]
+        print(json.dumps({"cores": sorted(cores), "threads": seen}), flush=True)
+        sys.stdin.read()
+    print(json.dumps(sorted(os.sched_getaffinity(0))), flush=True)
+""")
+
+
+def _start(folder, workers):
+    return subprocess.Popen([sys.executable, "-c", _CLAIMANT, str(folder), str(workers)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_workers_get_disjoint_cores_and_give_them_back(tmp_path):
+    everything = sorted(os.sched_getaffinity(0))
+    first, second = _start(tmp_path, 2), _start(tmp_path, 2)
+    try:
+        claims = [json.loads(process.stdout.readline()) for process in (first, second)]
+        for claim in claims:
+            assert claim["cores"]
+            # Every thread of the process runs on the claimed cores only.
+            assert all(cores == claim["cores"] for cores in claim["threads"])
+        assert not set(claims[0]["cores"]) & set(claims[1]["cores"])
+        assert len(claims[0]["cores"]) == len(everything) // 2
+        restored = []
+        for process in (first, second):
+            process.stdin.close()
+            restored.append(json.loads(process.stdout.readline()))
+        assert restored == [everything, everything]
+    finally:
+        for process in (first, second):
+            process.kill()
+            process.wait()
+
+
+def test_a_lone_worker_keeps_every_core():
+    everything = set(os.sched_getaffinity(0))
+    with affinity.claimed_cores(1) as cores:
+        assert cores == everything
+        assert os.sched_getaffinity(0) == everything
+    with affinity.claimed_cores(None) as cores:
+        assert cores == everything
+
+
+def test_a_killed_worker_frees_its_cores(tmp_path):
+    holder = _start(tmp_path, 2)
+    claimed = json.loads(holder.stdout.readline())["cores"]
+    holder.kill()
+    holder.wait()
+    again = _start(tmp_path, 2)
+    try:
+        assert json.loads(again.stdout.readline())["cores"] == claimed
+    finally:
+        again.kill()
+        again.wait()
+
+
+def test_pinning_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("DISTKERAS_PIN_CORES", "0")
+    everything = set(os.sched_getaffinity(0))
+    with affinity.claimed_cores(8) as cores:
+        assert cores == everything
+        assert os.sched_getaffinity(0) == everything
+
+
+class _Context:
+    def __init__(self, master, conf=None):
+        self.master = master
+        self._conf = conf or {}
+
+    def getConf(self):
+        return self
+
+    def get(self, key, default=None):
+        return self._conf.get(key, default)
+
+
+@pytest.mark.parametrize("master, conf, tasks, expected", [
+    ("local", {}, 4, 1),
+    ("local[2]", {}, 2, 2),
+    ("local[2,4]", {}, 5, 2),
+    ("local[4]", {}, 1, 1),
+    ("local[*]", {}, 1000, os.cpu_count()),
+    ("spark://host:7077", {}, 4, None),
+    ("spark://host:7077", {"spark.executor.cores": "8", "spark.task.cpus": "2"}, 16, 4),
+    ("yarn", {"spark.executor.cores": "4"}, 2, 2),
+])
+def test_workers_per_machine(master, conf, tasks, expected):
+    assert affinity.workers_per_machine(_Context(master, conf), tasks) == expected
