@@ -253,8 +253,10 @@ class Trainer:
         worker.backend = keras.backend.backend()
         _register_user_module(worker)
 
-    def _run_workers(self, frame, worker, label_shapes, description, job_group=None):
-        """Runs one Spark task per partition of ``frame``; returns the workers' messages."""
+    def _run_workers(self, frame, num_tasks, worker, label_shapes, description,
+                     job_group=None):
+        """Runs one Spark task per partition of ``frame`` (``num_tasks`` of them, as laid
+        out by `dataframes.lay_out`); returns the workers' messages."""
         import pyarrow as pa  # noqa: F401  (fail early on the driver if Arrow is missing)
 
         context = frame.sparkSession.sparkContext
@@ -262,8 +264,7 @@ class Trainer:
             context.setJobGroup(job_group, description, interruptOnCancel=True)
         else:
             context.setJobDescription(description)
-        worker.workers_per_machine = affinity.workers_per_machine(
-            context, frame.rdd.getNumPartitions())
+        worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
                                "worker_id long, payload binary")
         try:
@@ -291,7 +292,7 @@ class SingleTrainer(Trainer):
         layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
         worker = self.allocate_worker()
         self._configure_worker(worker)
-        (message,) = self._run_workers(layout, worker, label_shapes,
+        (message,) = self._run_workers(layout, 1, worker, label_shapes,
                                        f"distkeras {type(self).__name__}")
         self.history = workers.history_records(workers.unpack_history(message))
         from distkeras.utils import deserialize_model, serialize_model
@@ -461,7 +462,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                                           self.worker_timeout, type(self).__name__,
                                           self.checkpoint_dir, self.checkpoint_every)
                 monitor.start()
-            self._run_workers(layout, worker, label_shapes,
+            self._run_workers(layout, self.num_partitions(), worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
                               job_group)
         except TrainingError as error:
@@ -665,7 +666,7 @@ class AveragingTrainer(DistributedTrainer):
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
             messages = self._run_workers(
-                layout, worker, label_shapes,
+                layout, self.num_partitions(), worker, label_shapes,
                 f"distkeras AveragingTrainer epoch {epoch + 1}/{self.num_epoch}")
             model.set_weights(list(update_rules.average_weights(
                 weights_array(message["weights"]) for message in messages)))
@@ -721,7 +722,7 @@ class EnsembleTrainer(DistributedTrainer):
                                     seed=self.seed)
         worker = self.allocate_worker()
         self._configure_worker(worker)
-        messages = self._run_workers(layout, worker, label_shapes,
+        messages = self._run_workers(layout, self.num_ensembles, worker, label_shapes,
                                      f"distkeras EnsembleTrainer ({self.num_ensembles} models)")
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
