@@ -6,10 +6,15 @@ the same data (Fashion-MNIST, 60,000 images), model (784-500-500-10), batch (32)
 model rebuild and compilation included) and over the training steps alone (first to last
 step of each worker), and test accuracy.
 
-    python benchmarks/training.py [--limit N] [--window 12]
+    python benchmarks/training.py [--limit N] [--window 12] [--repeat 2]
+
+``--cores N`` runs everything (driver, JVM, executors) on the first N cores only, and
+``--json FILE`` writes the results instead of the doc section: `benchmarks/scaling.py`
+uses both to compare 1 worker on 1 core with 2 workers on 2 cores.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -17,6 +22,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
+FIT = "keras.Model.fit (driver, 1 process)"
+RUNS = ("fit", "single", "adag1", "adag2")
 
 
 def steps_rate(trainer, samples):
@@ -30,15 +37,11 @@ def steps_rate(trainer, samples):
     return samples / max(spans)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--window", type=int, default=12)
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each, best kept")
-    args = parser.parse_args()
+def measure(runs, window, repeat, limit):
+    """Runs each of ``runs`` ``repeat`` times; the best (whole, steps, accuracy) of each."""
     import report
 
-    spark, train, (test_images, test_labels) = report.fashion_mnist_setup(limit=args.limit)
+    spark, train, (test_images, test_labels) = report.fashion_mnist_setup(limit=limit)
     import numpy as np
 
     from distkeras.datasets import load_fashion_mnist_numpy
@@ -49,41 +52,65 @@ def main():
     images, labels = load_fashion_mnist_numpy("train")
     x = images[:samples].reshape(samples, -1).astype("float32") / 255.0
     y = np.eye(10, dtype="float32")[labels[:samples]]
-
-    rows, rates = [], {}
+    common = dict(worker_optimizer="adam", loss="categorical_crossentropy",
+                  metrics=["accuracy"], batch_size=32)
+    makers = {
+        "single": ("SingleTrainer", lambda: SingleTrainer(build_mlp(), **common)),
+        "adag1": (f"ADAG, 1 worker, window {window}", lambda: ADAG(
+            build_mlp(), num_workers=1, communication_window=window, **common)),
+        "adag2": (f"ADAG, 2 workers, window {window}", lambda: ADAG(
+            build_mlp(), num_workers=2, communication_window=window, **common)),
+    }
     best = {}
-    for _ in range(args.repeat):
-        model = build_mlp()
-        model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
-        model.fit(x[:320], y[:320], batch_size=32, verbose=0)  # compile outside the timing
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
-        seconds = time.perf_counter() - start
-        result = (samples / seconds, samples / seconds, test_accuracy(model, test_images,
-                                                                       test_labels))
-        best["keras.Model.fit (driver, 1 process)"] = max(
-            best.get("keras.Model.fit (driver, 1 process)", result), result)
-        common = dict(worker_optimizer="adam", loss="categorical_crossentropy",
-                      metrics=["accuracy"], batch_size=32)
-        trainers = {
-            "SingleTrainer": SingleTrainer(build_mlp(), **common),
-            f"ADAG, 1 worker, window {args.window}": ADAG(
-                build_mlp(), num_workers=1, communication_window=args.window, **common),
-            f"ADAG, 2 workers, window {args.window}": ADAG(
-                build_mlp(), num_workers=2, communication_window=args.window, **common),
-        }
-        for name, trainer in trainers.items():
-            trained = trainer.train(train)
+    for _ in range(repeat):
+        if "fit" in runs:
+            model = build_mlp()
+            model.compile(optimizer="adam", loss="categorical_crossentropy",
+                          metrics=["accuracy"])
+            model.fit(x[:320], y[:320], batch_size=32, verbose=0)  # compile outside timing
+            start = time.perf_counter()
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+            rate = samples / (time.perf_counter() - start)
+            result = (rate, rate, test_accuracy(model, test_images, test_labels))
+            best[FIT] = max(best.get(FIT, result), result)
+        for key in runs:
+            if key == "fit":
+                continue
+            name, make = makers[key]
+            trainer = make()
+            trained = trainer.train(train, verbose=0)
             result = (samples / trainer.get_training_time(), steps_rate(trainer, samples),
                       test_accuracy(trained, test_images, test_labels))
             best[name] = max(best.get(name, result), result)
-    fit_rate = best["keras.Model.fit (driver, 1 process)"][0]
-    for name, (whole, steps, accuracy) in best.items():
-        rates[name] = whole
-        rows.append([name, f"{whole:.0f}", f"{steps:.0f}", f"{whole / fit_rate:.2f}",
-                     f"{accuracy:.4f}"])
-    one = rates[f"ADAG, 1 worker, window {args.window}"]
-    two = rates[f"ADAG, 2 workers, window {args.window}"]
+    spark.stop()
+    return samples, best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--window", type=int, default=12)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each, best kept")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    parser.add_argument("--cores", type=int, default=None,
+                        help="run everything on the first N cores only")
+    parser.add_argument("--json", default=None, help="write the results to this file")
+    args = parser.parse_args()
+    if args.cores:
+        # Before Spark starts: the JVM and every Python worker inherit the restriction.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
+    samples, best = measure(args.runs, args.window, args.repeat, args.limit)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"samples": samples, "results": best}, handle)
+        return
+    import report
+
+    fit_rate = best[FIT][0]
+    rows = [[name, f"{whole:.0f}", f"{steps:.0f}", f"{whole / fit_rate:.2f}", f"{accuracy:.4f}"]
+            for name, (whole, steps, accuracy) in best.items()]
+    one = best[f"ADAG, 1 worker, window {args.window}"][0]
+    two = best[f"ADAG, 2 workers, window {args.window}"][0]
     body = (f"{samples} samples, 1 epoch, batch 32, Adam; best of {args.repeat} runs; "
             "`local[2]`, executors warmed up before timing.\n\n"
             + report.table(["run", "samples/s (whole train())", "samples/s (steps only)",
@@ -91,7 +118,6 @@ def main():
             + f"\n\nADAG 2 workers / 1 worker (whole train()): {two / one:.2f}x.")
     report.write_section(f"Training throughput against keras.Model.fit (window {args.window})",
                          body)
-    spark.stop()
 
 
 if __name__ == "__main__":
