@@ -22,7 +22,7 @@ import tempfile
 
 logger = logging.getLogger(__name__)
 
-LOCK_FOLDER = os.path.join(tempfile.gettempdir(), "distkeras-cores")
+LOCK_FOLDER = os.path.join(tempfile.gettempdir(), f"distkeras-cores-{os.getuid()}")
 
 
 def _thread_ids():
@@ -66,6 +66,15 @@ def _claim_slot(slots):
     return None
 
 
+def _try_claim_slot(slots):
+    try:
+        return _claim_slot(slots)
+    except OSError as error:  # e.g. a lock folder another user owns: run, just unpinned
+        logger.warning("Could not claim cores in %s (%s); this worker runs unpinned.",
+                       LOCK_FOLDER, error)
+        return None
+
+
 @contextlib.contextmanager
 def claimed_cores(workers_per_machine):
     """Pins this process to its share of the machine's cores while the block runs.
@@ -83,7 +92,7 @@ def claimed_cores(workers_per_machine):
         yield set(available)
         return
     per_worker = max(1, len(available) // workers_per_machine)
-    claim = _claim_slot(len(available) // per_worker)
+    claim = _try_claim_slot(len(available) // per_worker)
     if claim is None:
         logger.info("All %d core sets are taken; this worker runs unpinned.",
                     len(available) // per_worker)

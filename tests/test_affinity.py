@@ -110,3 +110,14 @@ class _Context:
 ])
 def test_workers_per_machine(master, conf, tasks, expected):
     assert affinity.workers_per_machine(_Context(master, conf), tasks) == expected
+
+
+def test_an_unusable_lock_folder_leaves_the_worker_unpinned(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the lock folder should be")
+    monkeypatch.setattr(affinity, "LOCK_FOLDER", str(blocker))
+    everything = set(os.sched_getaffinity(0))
+    with affinity.claimed_cores(2) as cores:
+        assert cores == everything
+        assert os.sched_getaffinity(0) == everything
+    assert "runs unpinned" in caplog.text
