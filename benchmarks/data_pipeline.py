@@ -1,17 +1,18 @@
 """Data pipeline: distributed prediction, the minibatch feed, and a worker's memory.
 
-Three measures, in one run, written as one section of docs/benchmarks.md:
+Three measures, written as two sections of docs/benchmarks.md:
 
 1. ModelPredictor on one Spark core (``local[1]``) against ``model.predict`` in the driver,
    on the 10,000 Fashion-MNIST test images and the 784-500-500-10 MLP (target: ratio of
-   samples per second >= 0.8).
+   samples per second >= 0.8), as is and with every process pinned to one CPU.
 2. The feed's share of a worker's time per minibatch (MLP, batch 32, in one process, no
    Spark): iterating `MinibatchFeed` alone against a `SequentialWorker`'s training loop over
    the same feed (target: <= 10%).
 3. Peak memory (``ru_maxrss``) of one SingleTrainer worker on a ~2 GB partition against a
    ~200 MB one, each task in a fresh Python worker (target: ratio <= 1.5).
 
-    python benchmarks/data_pipeline.py [--large-rows 640000] [--small-rows 64000]
+    python benchmarks/data_pipeline.py [--only prediction|feed-memory] [--repeat 5]
+        [--large-rows 640000] [--small-rows 64000]
 """
 
 import argparse
@@ -19,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,71 +31,170 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 from distkeras.session import local_spark_session, warm_up_executors  # noqa: E402
 
-EXECUTOR_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-# Run in a child process whose XLA is restricted to one thread, as the executors' is.
-_ONE_THREAD_PREDICT = r"""
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-from distkeras.datasets import load_fashion_mnist_numpy
-from fashion_mnist import build_mlp
-images, _ = load_fashion_mnist_numpy("test")
-x = images.reshape(len(images), -1).astype("float32") / 255.0
-model = build_mlp()
-model.predict(x, batch_size=1024, verbose=0)
-best = 0.0
-for _ in range(2):
-    start = time.perf_counter()
-    model.predict(x, batch_size=1024, verbose=0)
-    best = max(best, len(x) / (time.perf_counter() - start))
-print(json.dumps({"rate": best}))
-"""
+PREDICTION_TITLE = "Data pipeline: ModelPredictor against model.predict"
+FEED_MEMORY_TITLE = "Data pipeline: feed and memory"
 
 
 # -- 1. prediction ----------------------------------------------------------------------
 
-def measure_prediction(spark, repeat=2):
+def _process_cpu_seconds():
+    """CPU seconds so far of this process, and of its children (the Spark JVM) with their
+    descendants (the Python workers), read from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children, seconds = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        seconds[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    spark = 0.0
+    pending = list(children.get(os.getpid(), []))
+    while pending:
+        pid = pending.pop()
+        spark += seconds[pid]
+        pending += children.get(pid, [])
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, spark
+
+
+class Timings:
+    """Samples/s of each timed run, and CPU seconds (this process, Spark) per run.
+
+    ``cores`` counts this process, plus Spark's processes with ``with_spark`` (not for the
+    driver's predict: the JVM's background work then, its GC and JIT after the previous
+    Spark run, is not the driver's).
+    """
+
+    def __init__(self, samples, with_spark=True):
+        self.samples = samples
+        self.with_spark = with_spark
+        self.rates, self.driver_cpu, self.spark_cpu, self.cores = [], [], [], []
+
+    def time(self, run):
+        """Times one call of ``run``."""
+        driver0, spark0 = _process_cpu_seconds()
+        start = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - start
+        driver1, spark1 = _process_cpu_seconds()
+        self.rates.append(self.samples / seconds)
+        self.driver_cpu.append(driver1 - driver0)
+        self.spark_cpu.append(spark1 - spark0)
+        spark = spark1 - spark0 if self.with_spark else 0.0
+        self.cores.append((driver1 - driver0 + spark) / seconds)
+        return seconds
+
+    def summary(self):
+        return {"best": max(self.rates), "median": statistics.median(self.rates),
+                "driver_cpu": statistics.median(self.driver_cpu),
+                "spark_cpu": statistics.median(self.spark_cpu),
+                "cores": statistics.median(self.cores)}
+
+
+def _zeros_udf():
+    """An Arrow UDF with ModelPredictor's data path (features in, 10 floats out) and no
+    model: the transfer alone."""
+    from typing import Iterator
+
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from distkeras.datasets import float_lists
+
+    def zeros(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        for batch in batches:
+            batch.flatten().to_numpy(zero_copy_only=False)
+            yield float_lists(np.zeros((len(batch), 10), np.float32))
+
+    return F.arrow_udf(zeros, "array<float>")
+
+
+def _with_arrow_batch_rows(spark, rows, run):
+    """``run`` with Spark's Arrow batches of ``rows`` rows instead of the session's."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+    def wrapped():
+        before = spark.conf.get(key)
+        spark.conf.set(key, str(rows))
+        try:
+            run()
+        finally:
+            spark.conf.set(key, before)
+
+    return wrapped
+
+
+def measure_prediction(spark, repeat):
+    """ModelPredictor (Spark's default Arrow batches, then batches of 1,000 rows), its data
+    path without a model, that path on 100 rows (a job's fixed cost) and the driver's
+    predict, interleaved run by run so a busy machine slows all alike; also the first, cold
+    ModelPredictor run."""
     from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
     from distkeras.predictors import ModelPredictor
     from fashion_mnist import build_mlp
 
     test = load_fashion_mnist(spark, "test").cache()
     samples = test.count()
+    few = test.limit(100).cache()
+    few.count()
     model = build_mlp()
-
-    spark_rate = 0.0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        (ModelPredictor(model, features_col="features", batch_size=1024).predict(test)
-         .write.format("noop").mode("overwrite").save())
-        spark_rate = max(spark_rate, samples / (time.perf_counter() - start))
-
-    def identity(record_batches):
-        yield from record_batches
-
-    transfer_rate = 0.0  # the same round trip JVM -> Python -> JVM, without the model
-    for _ in range(repeat):
-        start = time.perf_counter()
-        test.mapInArrow(identity, test.schema).write.format("noop").mode("overwrite").save()
-        transfer_rate = max(transfer_rate, samples / (time.perf_counter() - start))
-
     images, _ = load_fashion_mnist_numpy("test")
     x = images.reshape(len(images), -1).astype("float32") / 255.0
-    model.predict(x, batch_size=1024, verbose=0)  # compile outside the timing
-    driver_rate = 0.0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        model.predict(x, batch_size=1024, verbose=0)
-        driver_rate = max(driver_rate, len(x) / (time.perf_counter() - start))
+    udf = _zeros_udf()
 
-    env = dict(os.environ, XLA_FLAGS=EXECUTOR_XLA_FLAGS,
-               KERAS_BACKEND=os.environ.get("KERAS_BACKEND", "jax"))
-    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
-    child = subprocess.run([sys.executable, "-c", _ONE_THREAD_PREDICT, examples], env=env,
-                           capture_output=True, text=True, check=True)
-    one_thread_rate = json.loads(child.stdout.strip().splitlines()[-1])["rate"]
+    def noop(frame):
+        frame.write.format("noop").mode("overwrite").save()
+
+    def predictor():
+        noop(ModelPredictor(model, "features", batch_size=1024).predict(test))
+
+    runs = {
+        "predictor": predictor,
+        "predictor_1000": _with_arrow_batch_rows(spark, 1000, predictor),
+        "transfer": lambda: noop(test.withColumn("prediction", udf("features"))),
+        "job_100": lambda: noop(few.withColumn("prediction", udf("features"))),
+        "driver": lambda: model.predict(x, batch_size=1024, verbose=0),
+    }
+    timings = {name: Timings(100 if name == "job_100" else samples,
+                             with_spark=name != "driver") for name in runs}
+    cold = timings["predictor"].time(predictor)  # rebuilds and compiles the model
+    timings["predictor"] = Timings(samples)
+    for run in runs.values():  # warm-up: JVM JIT, XLA compilation in the driver
+        for _ in range(3):
+            run()
+    for _ in range(repeat):
+        for name, run in runs.items():
+            timings[name].time(run)
     test.unpersist()
-    return samples, spark_rate, transfer_rate, driver_rate, one_thread_rate
+    few.unpersist()
+    result = {name: timing.summary() for name, timing in timings.items()}
+    result.update(samples=samples, cold_seconds=cold)
+    return result
+
+
+def _prediction_in_this_process(repeat):
+    spark = local_spark_session("local[1]")
+    warm_up_executors(spark, 1)
+    try:
+        return measure_prediction(spark, repeat)
+    finally:
+        spark.stop()
+
+
+def measure_prediction_pinned(repeat):
+    """`measure_prediction` in a child process pinned to CPU 0, with its Spark JVM and
+    Python workers (they inherit the affinity): every side gets one core."""
+    child = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--pinned-child", "--repeat", str(repeat)],
+        preexec_fn=lambda: os.sched_setaffinity(0, {0}), capture_output=True, text=True,
+        check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 # -- 2. the feed's share of a step --------------------------------------------------------
@@ -158,6 +259,8 @@ def write_random_parquet(path, rows, chunk=16384, seed=0):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from distkeras.datasets import float_lists
+
     rng = np.random.default_rng(seed)
     schema = pa.schema([("features", pa.list_(pa.float32())),
                         ("label", pa.list_(pa.float32()))])
@@ -167,14 +270,8 @@ def write_random_parquet(path, rows, chunk=16384, seed=0):
             features = rng.random((count, 784), dtype=np.float32)
             one_hot = np.zeros((count, 10), dtype=np.float32)
             one_hot[np.arange(count), rng.integers(0, 10, count)] = 1.0
-            table = pa.table({
-                "features": pa.ListArray.from_arrays(
-                    pa.array(np.arange(0, count * 784 + 1, 784, dtype=np.int32)),
-                    pa.array(features.reshape(-1))),
-                "label": pa.ListArray.from_arrays(
-                    pa.array(np.arange(0, count * 10 + 1, 10, dtype=np.int32)),
-                    pa.array(one_hot.reshape(-1))),
-            }, schema=schema)
+            table = pa.table({"features": float_lists(features), "label": float_lists(one_hot)},
+                             schema=schema)
             writer.write_table(table, row_group_size=8192)
     return os.path.getsize(path)
 
@@ -222,33 +319,116 @@ def measure_memory(spark, paths, batch_size=32):
     return results
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--large-rows", type=int, default=640_000)
-    parser.add_argument("--small-rows", type=int, default=64_000)
-    args = parser.parse_args()
-    started = time.time()
+def _verdict(ok):
+    return "met" if ok else "**not met**"
 
-    # 1. Prediction, one core.
-    spark = local_spark_session("local[1]")
-    warm_up_executors(spark, 1)
+
+def _prediction_rows(result):
+    """Table rows of one `measure_prediction` result."""
+    driver = result["driver"]["best"]
+    names = [("predictor", "`ModelPredictor(batch_size=1024).predict(df)`, noop write"),
+             ("predictor_1000", "same, Arrow batches of 1,000 rows "
+                                "(`spark.sql.execution.arrow.maxRecordsPerBatch`)"),
+             ("transfer", "its data path without a model (Arrow UDF returning zeros)"),
+             ("driver", "`model.predict(x, batch_size=1024)` in the driver")]
+    rows = []
+    for key, label in names:
+        timing = result[key]
+        cpu = timing["driver_cpu"] + (0.0 if key == "driver" else timing["spark_cpu"])
+        rows.append([label, f"{timing['best']:.0f}", f"{timing['median']:.0f}",
+                     f"{timing['best'] / driver:.2f}", f"{cpu:.2f}",
+                     f"{timing['cores']:.2f}"])
+    return rows
+
+
+def prediction_section(repeat):
+    """Measures ModelPredictor as is and pinned to one CPU; writes its section."""
     import report
 
-    samples, spark_rate, transfer_rate, driver_rate, one_thread_rate = \
-        measure_prediction(spark)
-    print(f"predict: spark {spark_rate:.0f}/s, driver {driver_rate:.0f}/s, "
-          f"driver 1 thread {one_thread_rate:.0f}/s", flush=True)
+    started = time.time()
+    free = _prediction_in_this_process(repeat)
+    print("as is:", json.dumps(free), flush=True)
+    pinned = measure_prediction_pinned(repeat)
+    print("pinned:", json.dumps(pinned), flush=True)
+    header = ["run", "best samples/s", "median samples/s", "best / driver best",
+              "CPU s per run", "cores busy (CPU s / wall s)"]
+    samples = free["samples"]
+    ratio = free["predictor"]["best"] / free["driver"]["best"]
+    pinned_ratio = pinned["predictor"]["best"] / pinned["driver"]["best"]
 
-    # 2. Feed share, in this process.
+    def seconds(result, name):  # best wall seconds per run
+        return (100 if name == "job_100" else samples) / result[name]["best"]
+
+    def cpu(result, name):
+        return result[name]["driver_cpu"] + result[name]["spark_cpu"]
+
+    predict_s, transfer_s = seconds(free, "predictor"), seconds(free, "transfer")
+    driver_s = seconds(free, "driver")
+    body = f"""
+One run, total {time.time() - started:.0f} s. {samples} Fashion-MNIST test images as a
+cached DataFrame, 784-500-500-10 MLP, `local[1]` (one Spark task at a time). Executors
+warmed up (`warm_up_executors`); each measured call runs 3 times unmeasured first (JVM JIT,
+XLA compilation, the model rebuilt once in the Python worker), then the calls take turns
+{repeat} times, so a machine busy with other work slows all of them alike. CPU seconds are
+the median per run of this process plus, for the Spark rows, the Spark JVM and its Python
+workers (from `/proc`; the driver's row counts the driver alone, as the JVM's background
+work then is not its own); "cores busy" is the median of that CPU time over wall time.
+
+Cores in use: `local[1]` runs one task, but that task is two processes, the JVM (reads the
+rows, writes them as Arrow) and the Python worker (predicts), which can run on different
+cores at once. The driver's `model.predict` runs JAX's CPU client, which uses several
+threads whatever `XLA_FLAGS` says (see its "cores busy"). So the first table lets each side
+use all of the machine's {os.cpu_count()} cores; the second pins everything (driver, JVM,
+Python worker) to CPU 0 with `sched_setaffinity`, the like-for-like one-core comparison.
+
+As is (no pinning):
+
+{report.table(header, _prediction_rows(free))}
+
+All on one core (`sched_setaffinity(0, {{0}})`, child process):
+
+{report.table(header, _prediction_rows(pinned))}
+
+Ratio {ratio:.2f} as is, {pinned_ratio:.2f} on one core: {_verdict(min(ratio, pinned_ratio) >= 0.8)}
+(target 0.8; the `mapInArrow` version this replaced, which sent every column through Python
+and back and rebuilt the model in every task, measured 0.13 in this benchmark's previous
+run, commit 433a722). First call on a fresh Python worker (model rebuilt from its `.keras`
+bytes and compiled): {free['cold_seconds']:.2f} s; later calls reuse the worker's model.
+
+Where the time goes (as is, best runs): the zeros row moves the same data with no model in
+{transfer_s:.3f} s, against {driver_s:.3f} s for the driver's whole predict, so no work on
+the model side can lift ModelPredictor above {driver_s / transfer_s:.2f} of the driver on
+this path. Of those {transfer_s:.3f} s, {seconds(free, "job_100"):.3f} s is a job's fixed
+cost (the same UDF over 100 rows); the rest is per row, mostly the JVM writing each of the
+784 floats of a row into Arrow one element at a time (`ArrowWriter`'s
+`ArrayWriter.setValue` held most of the task thread's samples in a JFR profile).
+ModelPredictor adds {predict_s - transfer_s:.3f} s to the zeros row, the order of the
+driver's predict: the Python side now costs about what `model.predict` costs (the model
+stays in the worker between calls, and Spark's `gc.collect()` after each task no longer
+walks the Keras and JAX objects, frozen with `gc.freeze()`). On one core, where nothing
+overlaps, the Spark side spends {cpu(pinned, "predictor"):.2f} CPU s per run, the driver
+{pinned["driver"]["driver_cpu"]:.2f}. Arrow batches of 1,000 rows instead of Spark's
+10,000 change the best rate by x{free["predictor_1000"]["best"] / free["predictor"]["best"]:.2f}
+as is and x{pinned["predictor_1000"]["best"] / pinned["predictor"]["best"]:.2f} on one core
+(the JVM can convert the next batch while Python predicts only with a second core).
+"""
+    report.write_section(PREDICTION_TITLE, body)
+
+
+def feed_memory_section(large_rows, small_rows):
+    """Measures the feed's share of a step and a worker's peak memory; writes their
+    section."""
+    import report
+
+    started = time.time()
     feed_samples, minibatches, feed_ms, worker_ms = measure_feed_share()
     print(f"feed {feed_ms:.3f} ms, worker {worker_ms:.3f} ms per minibatch", flush=True)
-    spark.stop()
 
-    # 3. Memory: a fresh Python worker per task.
+    # A fresh Python worker per task.
     folder = tempfile.mkdtemp(prefix="distkeras-memory-")
     try:
         paths, sizes = {}, {}
-        for name, rows in (("large", args.large_rows), ("small", args.small_rows)):
+        for name, rows in (("large", large_rows), ("small", small_rows)):
             paths[name] = os.path.join(folder, f"{name}.parquet")
             start = time.perf_counter()
             sizes[name] = write_random_parquet(paths[name], rows)
@@ -263,29 +443,8 @@ def main():
         print(f"{name}: {rows} rows, peak RSS {kib / 1024:.0f} MiB, train {seconds:.0f} s",
               flush=True)
 
-    # The section.
-    def verdict(ok):
-        return "met" if ok else "**not met**"
-
-    ratio = spark_rate / driver_rate
     share = feed_ms / worker_ms
     peak_ratio = memory["large"][1] / memory["small"][1]
-    prediction = report.table(
-        ["run", "samples/s", "ratio to driver predict"],
-        [["`ModelPredictor(batch_size=1024).predict(df)`, `local[1]`, noop write",
-          f"{spark_rate:.0f}", f"{ratio:.2f}"],
-         ["identity `mapInArrow` on the same DataFrame, noop write (Arrow transfer alone)",
-          f"{transfer_rate:.0f}", f"{transfer_rate / driver_rate:.2f}"],
-         ["`model.predict(x, batch_size=1024)` in the driver (XLA on all cores)",
-          f"{driver_rate:.0f}", "1.00"],
-         ["same, in a process with XLA on one thread (the executors' setting)",
-          f"{one_thread_rate:.0f}", f"{one_thread_rate / driver_rate:.2f}"]])
-    transfer_note = (
-        f"The identity row is the ceiling for any model: moving the {samples} rows of "
-        f"784 floats to the Python worker and back (ModelPredictor keeps every input column) "
-        f"takes {samples / transfer_rate:.2f} s, against "
-        f"{samples / spark_rate - samples / transfer_rate:.2f} s more for rebuilding the "
-        f"model in the task, compiling and predicting.")
     feed = report.table(
         ["feed ms / minibatch", "worker ms / minibatch (feed + step)", "step ms (difference)",
          "feed share"],
@@ -299,21 +458,7 @@ def main():
     memory_table = report.table(["partition", "rows", "peak RSS of the worker (MiB)",
                                  "train() s"], rows)
     body = f"""
-Three measures of the data path, one run (total {time.time() - started:.0f} s).
-
-**Prediction on one core** (target: ModelPredictor >= 0.8x `model.predict` in one process):
-{samples} Fashion-MNIST test images as a cached DataFrame, 784-500-500-10 MLP, best of 2
-runs each; executors warmed up (`warm_up_executors`) before timing, the driver's predict
-called once before timing. The Spark side runs one task with one XLA thread
-(`local_spark_session` sets `spark.executorEnv.XLA_FLAGS`); the driver's `model.predict`
-runs XLA on all {os.cpu_count()} cores, so the first ratio is against a process with more
-cores. The third row restricts the driver-style predict to one XLA thread for a like-for-like
-comparison.
-
-{prediction}
-
-Ratio {ratio:.2f} against the driver's predict on all cores: {verdict(ratio >= 0.8)}; against
-one XLA thread {spark_rate / one_thread_rate:.2f}: {verdict(spark_rate / one_thread_rate >= 0.8)}. {transfer_note}
+Two measures of the data path, one run (total {time.time() - started:.0f} s).
 
 **Feed share of a worker's time per minibatch** (target: <= 10%): the 784-500-500-10 MLP,
 batch 32, Adam, in this process without Spark (XLA on all cores, so steps are faster than on
@@ -324,7 +469,7 @@ compiled beforehand). Spark's Arrow transfer to the Python worker is not include
 
 {feed}
 
-Feed share {share:.1%}: {verdict(share <= 0.10)}.
+Feed share {share:.1%}: {_verdict(share <= 0.10)}.
 
 **Peak memory of one worker** (target: ~2 GB partition <= 1.5x a ~200 MB one): random float32
 features (784) and one-hot labels (10), uncompressed Parquet, row groups of 8192 rows; one
@@ -336,9 +481,27 @@ from scratch (JAX's compilation cache on disk).
 
 {memory_table}
 
-Ratio {peak_ratio:.2f}: {verdict(peak_ratio <= 1.5)}.
+Ratio {peak_ratio:.2f}: {_verdict(peak_ratio <= 1.5)}.
 """
-    report.write_section("Data pipeline: prediction, feed and memory", body)
+    report.write_section(FEED_MEMORY_TITLE, body)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["prediction", "feed-memory"], default=None,
+                        help="run one section only (default: both)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each prediction")
+    parser.add_argument("--large-rows", type=int, default=640_000)
+    parser.add_argument("--small-rows", type=int, default=64_000)
+    parser.add_argument("--pinned-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pinned_child:  # the child of measure_prediction_pinned: JSON on stdout
+        print(json.dumps(_prediction_in_this_process(args.repeat)), flush=True)
+        return
+    if args.only in (None, "prediction"):
+        prediction_section(args.repeat)
+    if args.only in (None, "feed-memory"):
+        feed_memory_section(args.large_rows, args.small_rows)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Real datasets as Spark DataFrames."""
+"""Real datasets as Spark DataFrames, and datasets written to Parquet through Spark."""
 
 import gzip
 import logging
@@ -62,6 +62,24 @@ def load_fashion_mnist_numpy(split="train", data_dir=None):
     return (x_train, y_train) if split == "train" else (x_test, y_test)
 
 
+def float_lists(matrix):
+    """A 2-D array as an Arrow ``list<float>`` array, one row per list (float32 values; no
+    copy when ``matrix`` is already contiguous float32).
+
+    Raises:
+        ValueError: For 2**31 values or more (Arrow's list offsets are 32-bit).
+    """
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(matrix, dtype=np.float32)
+    rows, width = values.shape
+    if values.size >= 2 ** 31:
+        raise ValueError(f"{values.size} values do not fit one Arrow list array (32-bit "
+                         "offsets); convert fewer rows at a time.")
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+
+
 def to_arrow_table(images, labels, num_classes=10):
     """Images and integer labels as an Arrow table.
 
@@ -74,14 +92,9 @@ def to_arrow_table(images, labels, num_classes=10):
     features = images.reshape(count, -1).astype(np.float32) / 255.0
     one_hot = np.zeros((count, num_classes), dtype=np.float32)
     one_hot[np.arange(count), labels.astype(np.int64)] = 1.0
-    width = features.shape[1]
     return pa.table({
-        "features": pa.ListArray.from_arrays(
-            pa.array(np.arange(0, count * width + 1, width, dtype=np.int32)),
-            pa.array(features.reshape(-1))),
-        "label": pa.ListArray.from_arrays(
-            pa.array(np.arange(0, count * num_classes + 1, num_classes, dtype=np.int32)),
-            pa.array(one_hot.reshape(-1))),
+        "features": float_lists(features),
+        "label": float_lists(one_hot),
         "label_index": pa.array(labels.astype(np.int64)),
     })
 
@@ -135,3 +148,141 @@ def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, da
         write_parquet(to_arrow_table(images, labels), path)
     dataframe = spark.read.parquet(path)
     return dataframe.repartition(num_partitions) if num_partitions else dataframe
+
+
+# -- writing datasets through Spark --------------------------------------------------------
+
+PARQUET_MODES = ("error", "errorifexists", "overwrite", "append", "ignore")
+_ROWS_PER_BATCH = 65536
+
+
+def _check_write_arguments(path, num_partitions, mode):
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"`path` must be a non-empty string. Received: path={path!r}")
+    if mode not in PARQUET_MODES:
+        raise ValueError(f"`mode` must be one of {PARQUET_MODES}. Received: mode={mode!r}")
+    if num_partitions is not None and (isinstance(num_partitions, bool) or not isinstance(
+            num_partitions, (int, np.integer)) or num_partitions < 1):
+        raise ValueError("`num_partitions` must be an integer >= 1 or None. "
+                         f"Received: num_partitions={num_partitions!r}")
+
+
+def _check_not_there(spark, path, mode):
+    """A FileExistsError when ``path`` exists and ``mode`` refuses that (checked before any
+    work, through the cluster's Hadoop filesystem)."""
+    from distkeras.storage import _HadoopFS
+
+    if mode not in ("error", "errorifexists"):
+        return
+    filesystem = _HadoopFS(spark, path)
+    if filesystem.fs.exists(filesystem.path):
+        raise FileExistsError(
+            f"{path} already exists. Pass mode='overwrite' to replace it, mode='append' to "
+            "add files to it, or another path.")
+
+
+def save_parquet(dataframe, path, num_partitions=None, mode="error", compression=None):
+    """Writes a DataFrame to Parquet through Spark, as ``num_partitions`` files.
+
+    The rows are spread round-robin over the files (a shuffle), so every file holds about
+    the same number of rows and a trainer or `ModelPredictor` reading them back gets
+    balanced partitions. Row order is not kept.
+
+    Args:
+        dataframe: The Spark DataFrame to write.
+        path: A folder, on any filesystem the cluster's Hadoop configuration reaches
+            (``hdfs://``, ``s3a://``, ``file://`` or a plain local path).
+        num_partitions: Files to write (default: the session's default parallelism, so
+            reading the folder back gives every core a file).
+        mode: ``"error"`` (refuse an existing path), ``"overwrite"``, ``"append"`` or
+            ``"ignore"`` (write nothing if the path exists), as Spark's writer.
+        compression: Parquet codec (``"snappy"``, ``"zstd"``, ``"none"``...; default:
+            Spark's ``spark.sql.parquet.compression.codec``).
+
+    Raises:
+        ValueError: For a bad ``mode``, ``num_partitions`` or ``path``.
+        FileExistsError: When ``path`` exists and ``mode`` is ``"error"``.
+    """
+    _check_write_arguments(path, num_partitions, mode)
+    spark = dataframe.sparkSession
+    _check_not_there(spark, path, mode)
+    count = int(num_partitions or spark.sparkContext.defaultParallelism)
+    writer = dataframe.repartition(count).write.mode(mode)
+    if compression is not None:
+        writer = writer.option("compression", compression)
+    logger.info("Writing %d Parquet files to %s (mode %s)", count, path, mode)
+    writer.parquet(path)
+
+
+def _label_array(labels):
+    """Labels as an Arrow array: class indices (bigint) for integers, floats for real
+    targets, ``list<float>`` per row for 2-D or higher (one-hot, several targets)."""
+    import pyarrow as pa
+
+    if labels.ndim > 1:
+        return float_lists(labels.reshape(len(labels), -1))
+    if labels.dtype == np.bool_ or np.issubdtype(labels.dtype, np.integer):
+        return pa.array(labels.astype(np.int64))
+    return pa.array(labels.astype(np.float32))
+
+
+def _numeric(name, array):
+    array = np.asarray(array)
+    if not (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.number)) or \
+            np.issubdtype(array.dtype, np.complexfloating):
+        raise TypeError(f"`{name}` must hold real numbers. Received dtype {array.dtype}.")
+    if array.ndim < 1:
+        raise ValueError(f"`{name}` must have one row per sample. Received a scalar.")
+    return array
+
+
+def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
+                       features_col="features", label_col="label"):
+    """Writes features ``x`` and labels ``y`` as a Parquet dataset in the trainers' layout.
+
+    Columns: ``features_col`` as ``array<float>`` (each sample flattened; the trainers and
+    `ModelPredictor` reshape rows to the model's input shape) and ``label_col``: ``bigint``
+    class indices for a 1-D integer ``y``, ``float`` for a 1-D real ``y``, ``array<float>``
+    for a 2-D ``y`` (one-hot). The arrays pass through the driver on their way to Spark,
+    so they must fit in its memory; larger data is better written from a DataFrame with
+    `save_parquet`.
+
+    Args:
+        spark: The SparkSession.
+        x: Features, shape ``(samples, ...)``.
+        y: Labels, shape ``(samples,)`` or ``(samples, ...)``.
+        path: The folder to write (any filesystem the cluster reaches).
+        num_partitions: Files to write (default: the session's default parallelism, at
+            most one per sample).
+        mode: As in `save_parquet`.
+        features_col: Name of the features column.
+        label_col: Name of the label column.
+
+    Raises:
+        ValueError: For ``x`` and ``y`` of different lengths, no samples or features,
+            equal column names, or a bad ``mode``, ``num_partitions`` or ``path``.
+        TypeError: For arrays that do not hold real numbers.
+        FileExistsError: When ``path`` exists and ``mode`` is ``"error"``.
+    """
+    import pyarrow as pa
+
+    x, y = _numeric("x", x), _numeric("y", y)
+    if len(x) != len(y):
+        raise ValueError(f"`x` and `y` must have one row per sample each; x has {len(x)} "
+                         f"rows but y has {len(y)}.")
+    if not len(x) or not x[0].size:
+        raise ValueError(f"`x` holds no samples or no features (shape {x.shape}); there is "
+                         "nothing to write.")
+    if features_col == label_col:
+        raise ValueError(f"`features_col` and `label_col` must differ. Both are "
+                         f"{features_col!r}.")
+    _check_write_arguments(path, num_partitions, mode)
+    # Converted a slice at a time: float32 copies of one slice, and list offsets that fit
+    # in 32 bits however large x is.
+    batches = [pa.RecordBatch.from_pydict({
+        features_col: float_lists(x[start:start + _ROWS_PER_BATCH].reshape(-1, x[0].size)),
+        label_col: _label_array(y[start:start + _ROWS_PER_BATCH])})
+        for start in range(0, len(x), _ROWS_PER_BATCH)]
+    table = pa.Table.from_batches(batches)
+    count = min(int(num_partitions or spark.sparkContext.defaultParallelism), len(x))
+    save_parquet(spark.createDataFrame(table), path, count, mode)

@@ -91,6 +91,79 @@ def test_predicts_nested_arrays_from_reshape_transformer(spark):
                                atol=1e-5)
 
 
+def test_predicts_two_inputs_and_skips_empty_partitions(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    keras.utils.set_random_seed(4)
+    left, right = keras.Input((3,)), keras.Input((2,))
+    merged = keras.layers.Concatenate()([keras.layers.Dense(4)(left), right])
+    model = keras.Model([left, right], keras.layers.Dense(2)(merged))
+    a, b = _features(3, 3), _features(4, 2)
+    frame = spark.createDataFrame(
+        [(i, a[i].tolist(), b[i].tolist()) for i in range(ROWS)], ["id", "a", "b"]) \
+        .repartition(6, "id").filter("id < 9")  # several partitions, some of them empty
+    out = ModelPredictor(model, features_col=["a", "b"], batch_size=4).predict(frame)
+    assert out.columns == ["id", "a", "b", "prediction"]
+    rows, predicted = _predictions(out)
+    assert [row.id for row in rows] == list(range(9))
+    np.testing.assert_allclose(predicted, model.predict([a[:9], b[:9]], verbose=0), atol=1e-5)
+
+
+def test_executors_follow_new_weights_of_the_same_model(spark):
+    """The executors keep the model between calls; changed weights must still reach them."""
+    from distkeras.predictors import ModelPredictor
+
+    model = _mlp((6,), seed=5)
+    x = _features(5, 6)
+    frame = spark.createDataFrame([(i, x[i].tolist()) for i in range(ROWS)],
+                                  ["id", "features"]).coalesce(1)
+    first = _predictions(ModelPredictor(model, batch_size=8).predict(frame))[1]
+    again = _predictions(ModelPredictor(model, batch_size=8).predict(frame))[1]
+    np.testing.assert_array_equal(again, first)
+    model.set_weights([w * 0.5 for w in model.get_weights()])
+    changed = _predictions(ModelPredictor(model, batch_size=8).predict(frame))[1]
+    expected = model.predict(x, verbose=0)
+    assert not np.allclose(expected, first, atol=1e-3)
+    np.testing.assert_allclose(changed, expected, atol=1e-5)
+
+
+def test_model_key_ignores_the_save_date_only():
+    from distkeras.predictors import _model_key
+    from distkeras.utils import serialize_model
+
+    model = _mlp((6,), seed=6)
+    first = serialize_model(model)
+    time_passes = serialize_model(model)
+    assert _model_key(first) == _model_key(time_passes)
+    model.set_weights([w + 1.0 for w in model.get_weights()])
+    assert _model_key(serialize_model(model)) != _model_key(first)
+
+
+def test_cached_model_is_rebuilt_only_for_another_key():
+    import gc
+
+    from distkeras import predictors
+    from distkeras.utils import serialize_model
+
+    data = serialize_model(_mlp((6,), seed=7))
+    saved = dict(predictors._CACHE)
+    predictors._CACHE.clear()
+    try:
+        model = predictors._cached_model("one", data)
+        predictors._settle()  # freezes what is alive, once per model
+        assert predictors._cached_model("one", data) is model
+        assert gc.get_freeze_count() > 0
+        other = predictors._cached_model("two", data)
+        assert other is not model and predictors._CACHE["key"] == "two"
+        assert gc.get_freeze_count() == 0  # unfrozen, so the old model can be collected
+    finally:
+        gc.unfreeze()
+        predictors._CACHE.clear()
+        predictors._CACHE.update(saved)
+
+
 def test_predictor_errors_name_the_column(spark):
     from distkeras.predictors import ModelPredictor
 

@@ -1,0 +1,113 @@
+"""Datasets written to Parquet through Spark: read back, trained on, and refused when they
+should be."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def _parts(path):
+    return sorted(name for name in os.listdir(path) if name.endswith(".parquet"))
+
+
+def test_numpy_round_trip_in_the_trainers_layout(spark, tmp_path):
+    from distkeras.datasets import save_numpy_parquet
+
+    x = np.random.default_rng(0).normal(size=(37, 4, 2)).astype("float32")
+    y = np.arange(37)  # each row is known by its label
+    path = str(tmp_path / "data")
+    save_numpy_parquet(spark, x, y, path, num_partitions=3)
+
+    assert len(_parts(path)) == 3
+    frame = spark.read.parquet(path)
+    assert [(f.name, f.dataType.simpleString()) for f in frame.schema.fields] == [
+        ("features", "array<float>"), ("label", "bigint")]
+    rows = sorted(frame.collect(), key=lambda row: row.label)
+    assert [row.label for row in rows] == list(range(37))
+    np.testing.assert_array_equal(np.array([row.features for row in rows], "float32"),
+                                  x.reshape(37, -1))
+    sizes = [spark.read.parquet(os.path.join(path, name)).count() for name in _parts(path)]
+    assert max(sizes) - min(sizes) <= 1  # round-robin: balanced files
+
+
+def test_numpy_label_kinds_and_column_names(spark, tmp_path):
+    from distkeras.datasets import save_numpy_parquet
+
+    x = np.arange(12, dtype="uint8").reshape(6, 2)  # converted to float
+    one_hot = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2]]
+    save_numpy_parquet(spark, x, one_hot, str(tmp_path / "a"), features_col="pixels",
+                       label_col="target")
+    frame = spark.read.parquet(str(tmp_path / "a"))
+    assert frame.schema.simpleString() == "struct<pixels:array<float>,target:array<float>>"
+    rows = sorted(frame.collect(), key=lambda row: row.pixels[0])
+    assert rows[1].pixels == [2.0, 3.0] and rows[1].target == [0.0, 1.0, 0.0]
+
+    save_numpy_parquet(spark, x, np.linspace(0, 1, 6), str(tmp_path / "b"))
+    assert spark.read.parquet(str(tmp_path / "b")).schema["label"].dataType.simpleString() \
+        == "float"
+
+
+def test_numpy_errors(spark, tmp_path):
+    from distkeras.datasets import save_numpy_parquet
+
+    x, y = np.zeros((4, 3)), np.zeros(4)
+    with pytest.raises(ValueError, match="x has 4 rows but y has 3"):
+        save_numpy_parquet(spark, x, y[:3], str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="no samples"):
+        save_numpy_parquet(spark, x[:0], y[:0], str(tmp_path / "a"))
+    with pytest.raises(TypeError, match="`x` must hold real numbers"):
+        save_numpy_parquet(spark, np.array([["a"]] * 4), y, str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        save_numpy_parquet(spark, x, y, str(tmp_path / "a"), mode="replace")
+    with pytest.raises(ValueError, match="num_partitions"):
+        save_numpy_parquet(spark, x, y, str(tmp_path / "a"), num_partitions=0)
+    with pytest.raises(ValueError, match="must differ"):
+        save_numpy_parquet(spark, x, y, str(tmp_path / "a"), label_col="features")
+    assert not (tmp_path / "a").exists()  # refused before writing anything
+
+    save_numpy_parquet(spark, x, y, str(tmp_path / "a"))
+    with pytest.raises(FileExistsError, match="already exists. Pass mode='overwrite'"):
+        save_numpy_parquet(spark, x, y, str(tmp_path / "a"))
+    save_numpy_parquet(spark, x[:2], y[:2], str(tmp_path / "a"), mode="overwrite")
+    assert spark.read.parquet(str(tmp_path / "a")).count() == 2
+
+
+def test_save_parquet_files_and_modes(spark, tmp_path):
+    from distkeras.datasets import save_parquet
+
+    frame = spark.range(0, 100, 1, 7).selectExpr("id", "array(cast(id as float)) as features")
+    path = str(tmp_path / "frame")
+    save_parquet(frame, path)  # the session's default parallelism: local[2,4] gives 2
+    assert len(_parts(path)) == spark.sparkContext.defaultParallelism
+    assert sorted(row.id for row in spark.read.parquet(path).collect()) == list(range(100))
+
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_parquet(frame, path)
+    save_parquet(frame.limit(10), path, num_partitions=1, mode="append")
+    assert spark.read.parquet(path).count() == 110
+    save_parquet(frame, path, num_partitions=4, mode="overwrite", compression="none")
+    assert len(_parts(path)) == 4 and all(".snappy." not in name for name in _parts(path))
+    assert spark.read.parquet(path).count() == 100
+    save_parquet(frame.limit(1), path, mode="ignore")  # the path exists: nothing written
+    assert spark.read.parquet(path).count() == 100
+
+
+def test_single_trainer_reads_what_save_numpy_parquet_wrote(spark, tmp_path, fashion_test):
+    import keras
+
+    from distkeras.datasets import save_numpy_parquet
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test
+    path = str(tmp_path / "fashion")
+    save_numpy_parquet(spark, images[:1000].reshape(1000, 28, 28), labels[:1000], path)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10, activation="softmax")])
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", batch_size=50)
+    trained = trainer.train(spark.read.parquet(path), verbose=0)
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 1000
+    accuracy = (trained.predict(images[1000:], verbose=0).argmax(1) == labels[1000:]).mean()
+    assert accuracy > 0.5  # one pass of 1,000 images; chance is 0.10
