@@ -128,6 +128,19 @@ class SocketParameterServer(ParameterServer):
         for thread in threads:
             thread.join(timeout=10)
 
+    def wait_for_goodbyes(self, timeout):
+        """Waits until every connection has ended (workers said goodbye), or ``timeout``.
+
+        Returns:
+            Whether every connection ended in time.
+        """
+        deadline = time.monotonic() + timeout
+        with self._history_lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
+
     def _accept_loop(self):
         while self._running:
             try:

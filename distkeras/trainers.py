@@ -360,6 +360,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
         learning_rate: Used by update rules that have one.
+        worker_timeout: Seconds a worker may stay silent before the training stops with
+            an error naming it (None: wait forever).
+        overlap_communication: DOWNPOUR, ADAG and DynSGD only: exchange with the server on
+            a background thread while the next window trains, applying the worker's own
+            update locally instead of waiting to pull it back (see `WindowedWorker`). The
+            same path for one worker; with several, others' commits arrive a window later.
         (the rest): See `DistributedTrainer`.
     """
 
@@ -368,7 +374,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
-                 parallelism_factor=1, learning_rate=None, worker_timeout=None):
+                 parallelism_factor=1, learning_rate=None, worker_timeout=None,
+                 overlap_communication=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -377,13 +384,15 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         self.master_port = master_port
         self.learning_rate = learning_rate
         self.worker_timeout = worker_timeout
+        self.overlap_communication = overlap_communication
         self.parameter_server = None
 
     def get_config(self):
         config = super().get_config()
         config.update(communication_window=self.communication_window,
                       master_port=self.master_port, learning_rate=self.learning_rate,
-                      worker_timeout=self.worker_timeout)
+                      worker_timeout=self.worker_timeout,
+                      overlap_communication=self.overlap_communication)
         return config
 
     def validate_arguments(self):
@@ -394,6 +403,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             _check_number("learning_rate", self.learning_rate)
         if self.worker_timeout is not None:
             _check_number("worker_timeout", self.worker_timeout)
+        if not isinstance(self.overlap_communication, bool):
+            raise ValueError("`overlap_communication` must be True or False. Received: "
+                             f"overlap_communication={self.overlap_communication!r}")
 
     def allocate_worker(self):
         """Returns the worker that every task runs; subclasses define it."""
@@ -439,6 +451,13 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker.communication_window = self.communication_window
         if getattr(worker, "learning_rate", None) is None:
             worker.learning_rate = self.learning_rate
+        if self.overlap_communication:
+            worker.overlap_communication = True
+            checker = getattr(worker, "_check_overlap", None)
+            if checker is None:
+                raise ValueError(f"{type(worker).__name__} cannot overlap communication. "
+                                 "Use overlap_communication=False.")
+            checker()  # a clear error on the driver, before any Spark job
 
     def _train(self, frame, label_shapes, shuffle):
         spark = frame.sparkSession
@@ -465,6 +484,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             self._run_workers(layout, self.num_partitions(), worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
                               job_group)
+            # Every task has ended; let the server read what the workers sent last (their
+            # final history and goodbye) before it closes the connections.
+            if isinstance(server, parameter_servers.SocketParameterServer):
+                server.wait_for_goodbyes(timeout=10.0)
         except TrainingError as error:
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
@@ -546,11 +569,12 @@ class AEASGD(AsynchronousDistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None):
+                 master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
+                 overlap_communication=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout)
+                         worker_timeout, overlap_communication)
         self.rho = rho
 
     def get_config(self):
@@ -588,11 +612,11 @@ class EAMSGD(AEASGD):
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
-                 worker_timeout=None):
+                 worker_timeout=None, overlap_communication=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          rho, learning_rate, master_port, loss_weights, parallelism_factor,
-                         worker_timeout)
+                         worker_timeout, overlap_communication)
         self.momentum = momentum
 
     def get_config(self):
@@ -626,11 +650,12 @@ class Experimental(AsynchronousDistributedTrainer):
     def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
-                 loss_weights=None, parallelism_factor=1, worker_timeout=None):
+                 loss_weights=None, parallelism_factor=1, worker_timeout=None,
+                 overlap_communication=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout)
+                         worker_timeout, overlap_communication)
 
     def validate_arguments(self):
         super().validate_arguments()

@@ -505,6 +505,7 @@ class NetworkWorker(Worker):
         if self.socket is None:
             return
         try:
+            self.before_goodbye()
             self.flush_history()
             networking.send_action(self.socket, networking.ACTION_QUIT)
         except OSError as error:
@@ -512,6 +513,9 @@ class NetworkWorker(Worker):
                            self.worker_id, error)
         networking.close_socket(self.socket)
         self.socket = None
+
+    def before_goodbye(self):
+        """Hook run before the last history and the goodbye are sent."""
 
     def pull(self):
         """Fetches the center variable into ``self.center_variable``."""
@@ -522,20 +526,32 @@ class NetworkWorker(Worker):
 
     def commit(self, delta, **extra):
         """Sends an update (``delta``, plus any extra fields) to the parameter server."""
+        self.send_commit(delta, **extra)
+        if self.history_due():
+            self.flush_history()
+
+    def send_commit(self, delta, **extra):
+        """Sends the commit message alone (no history)."""
         message = {"delta": delta, "worker_id": self.worker_id,
                    "last_update": self.last_update}
         message.update(extra)
         networking.send_action(self.socket, networking.ACTION_COMMIT)
         networking.send_data(self.socket, message)
-        if time.monotonic() - self._last_flush >= self.HISTORY_EVERY_SECONDS:
-            self.flush_history()
+
+    def history_due(self):
+        """Whether the recorded steps should travel with this commit."""
+        return time.monotonic() - self._last_flush >= self.HISTORY_EVERY_SECONDS
 
     def flush_history(self):
         """Sends the steps recorded since the last flush to the driver, keeping none."""
+        self.send_history(self.history.drain())
+
+    def send_history(self, columns):
+        """Sends drained history columns (nothing when there are none)."""
         self._last_flush = time.monotonic()
-        if self.history.size:
+        if columns:
             networking.send_action(self.socket, networking.ACTION_HISTORY)
-            networking.send_data(self.socket, {"history": self.history.drain()})
+            networking.send_data(self.socket, {"history": columns})
 
 
 class WindowedWorker(NetworkWorker):
@@ -543,28 +559,99 @@ class WindowedWorker(NetworkWorker):
 
     Pull, then train; every ``communication_window`` steps (and once more after the last
     step, so no work is lost) call `communicate`. Subclasses define `communicate`.
+
+    With ``overlap_communication`` (workers that define `window_update`: DOWNPOUR, ADAG,
+    DynSGD), the exchange with the server runs on a background thread while the next
+    window trains: at a boundary the worker sends its update, applies that same update
+    to the last center it received and trains on from there; the new center arrives during
+    the window and is used at the next boundary. One worker alone follows exactly the
+    same path as without overlap; with several, the others' commits reach a worker one
+    window later.
     """
+
+    overlap_communication = False
 
     def optimize(self):
         self.pull()
         self.model.set_weights(self.center_variable)
-        while True:
-            # The steps left until the next window boundary (a window counts iterations).
-            wanted = self.communication_window - (self.iteration - 1) % self.communication_window
-            batches = self.take_minibatches(wanted)
-            if batches:
-                self.train_steps(batches)
-                self.communicate()
-            if len(batches) < wanted:
-                return
+        self.window_start = self.center_variable
+        exchange = self.communicate
+        if self.overlap_communication:
+            self._check_overlap()
+            exchange = self.communicate_overlapped
+        # The steps left until the next window boundary (a window counts iterations).
+        wanted = self.communication_window - (self.iteration - 1) % self.communication_window
+        batches = self.take_minibatches(wanted)
+        while batches:
+            self.train_steps(batches)
+            # Read the next window's minibatches while this one computes (JAX runs the
+            # steps asynchronously); the exchange then waits for the weights.
+            complete = len(batches) == wanted
+            wanted = self.communication_window
+            upcoming = self.take_minibatches(wanted) if complete else []
+            exchange()
+            batches = upcoming
+        self.wait_for_exchange()
 
     def communicate(self):
         """Exchanges with the parameter server at the end of a window."""
         raise NotImplementedError
 
+    def window_update(self, weights, start):
+        """The commit for a window that began at ``start`` and ended at ``weights``.
+
+        The server adds it to the center. Workers that define it can overlap their
+        communication with training.
+        """
+        raise NotImplementedError
+
+    def _check_overlap(self):
+        if type(self).window_update is WindowedWorker.window_update:
+            raise ValueError(
+                f"{type(self).__name__} cannot overlap communication: it defines no "
+                "window_update(). Use overlap_communication=False.")
+
+    def communicate_overlapped(self):
+        """Sends this window's update in the background and trains on without waiting."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        update = self.window_update(self.model.get_weights(), self.window_start)
+        self.wait_for_exchange()  # the previous exchange's center is in center_variable
+        self.window_start = update_rules.add_update(self.center_variable, update)
+        self.model.set_weights(self.window_start)
+        history = self.history.drain() if self.history_due() else None
+        if getattr(self, "_exchanger", None) is None:
+            self._exchanger = ThreadPoolExecutor(1, thread_name_prefix="distkeras-exchange")
+        self._pending_exchange = self._exchanger.submit(self._exchange, update, history)
+
+    def _exchange(self, update, history):
+        self.send_commit(update)
+        if history is not None:
+            self.send_history(history)
+        self.pull()
+
+    def wait_for_exchange(self):
+        """Waits for a background exchange to finish; raises what it raised."""
+        pending = getattr(self, "_pending_exchange", None)
+        if pending is not None:
+            self._pending_exchange = None
+            pending.result()
+
+    def before_goodbye(self):
+        try:
+            self.wait_for_exchange()
+        except (OSError, networking.ProtocolError) as error:
+            logger.warning("Worker %s: the last exchange failed: %s", self.worker_id, error)
+        if getattr(self, "_exchanger", None) is not None:
+            self._exchanger.shutdown()
+            self._exchanger = None
+
 
 class DOWNPOURWorker(WindowedWorker):
     """Commits ``W - W_pull``, then pulls and continues from the center."""
+
+    def window_update(self, weights, start):
+        return update_rules.downpour_delta(weights, start)
 
     def communicate(self):
         self.commit(update_rules.downpour_delta(self.model.get_weights(), self.center_variable))
@@ -574,6 +661,9 @@ class DOWNPOURWorker(WindowedWorker):
 
 class ADAGWorker(WindowedWorker):
     """Commits ``(W - W_pull) / communication_window``, then pulls and continues."""
+
+    def window_update(self, weights, start):
+        return update_rules.adag_residual(weights, start, self.communication_window)
 
     def communicate(self):
         self.commit(update_rules.adag_residual(
