@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 FIT = "keras.Model.fit (driver, 1 process)"
-RUNS = ("fit", "single", "adag1", "adag2")
+RUNS = ("fit", "single", "adag1", "adag2", "adag2-overlap")
 
 
 def steps_rate(trainer, samples):
@@ -60,6 +60,9 @@ def measure(runs, window, repeat, limit):
             build_mlp(), num_workers=1, communication_window=window, **common)),
         "adag2": (f"ADAG, 2 workers, window {window}", lambda: ADAG(
             build_mlp(), num_workers=2, communication_window=window, **common)),
+        "adag2-overlap": (f"ADAG, 2 workers, window {window}, overlap_communication",
+                          lambda: ADAG(build_mlp(), num_workers=2, communication_window=window,
+                                       overlap_communication=True, **common)),
     }
     best = {}
     for _ in range(repeat):
