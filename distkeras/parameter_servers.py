@@ -111,8 +111,13 @@ class SocketParameterServer(ParameterServer):
         logger.info("Parameter server %s listening on %s:%s",
                     type(self).__name__, self.host, self.port)
 
-    def stop(self):
-        """Stops accepting, closes every connection and joins the threads."""
+    def stop(self, grace_seconds=1.0):
+        """Stops accepting, closes every connection and joins the threads.
+
+        Args:
+            grace_seconds: How long connections may take to end on their own first, so
+                what finished workers sent last (their final history) is still read.
+        """
         self._running = False
         if self._server_socket is not None:
             networking.close_socket(self._server_socket)
@@ -120,6 +125,8 @@ class SocketParameterServer(ParameterServer):
             # Once the accept loop has ended no connection can be added, so the snapshot
             # below holds every one (a connection accepted during stop() is not left open).
             self._accept_thread.join(timeout=10)
+        if grace_seconds:
+            self.wait_for_goodbyes(grace_seconds)
         with self._history_lock:
             connections = list(self._connections)
             threads = list(self._threads)
