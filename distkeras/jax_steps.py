@@ -72,7 +72,9 @@ class JaxTrainStep:
                      for index, variable in enumerate(model.trainable_variables)}
         positions.update({id(variable): (1, index)
                           for index, variable in enumerate(model.non_trainable_variables)})
-        self._weight_slots = [positions[id(variable)] for variable in model.weights]
+        slots = [positions.get(id(variable)) for variable in model.weights]
+        # A weight outside both lists (an exotic layer): read and write through Keras.
+        self._weight_slots = None if None in slots else slots
 
     def _load_state(self):
         model = self.model
@@ -112,7 +114,7 @@ class JaxTrainStep:
 
     def get_weights(self):
         """The model's weights (as `get_weights` orders them), or None before any step."""
-        if self.state is None:
+        if self.state is None or self._weight_slots is None:
             return None
         return [np.array(self.state[group][index]) for group, index in self._weight_slots]
 
@@ -122,7 +124,7 @@ class JaxTrainStep:
         Raises:
             ValueError: When a weight's shape does not match the model's.
         """
-        if self.state is None:
+        if self.state is None or self._weight_slots is None:
             return False
         if len(weights) != len(self._weight_slots):
             raise ValueError(f"Expected {len(self._weight_slots)} weight arrays, got "

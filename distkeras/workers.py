@@ -226,11 +226,13 @@ class ModelReplica:
             weights = self._fast_step.get_weights()
             if weights is not None:
                 return weights_array(weights)
+        self._sync()
         return weights_array(self._model.get_weights())
 
     def set_weights(self, weights):
         if self._fast_step is not None and self._fast_step.set_weights(list(weights)):
             return
+        self._sync()
         self._model.set_weights(list(weights))
 
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,

@@ -120,3 +120,16 @@ def jnp_array(values):
     import jax.numpy as jnp
 
     return jnp.asarray(values, dtype=jnp.float32)
+
+
+def test_weights_go_through_keras_when_the_state_cannot_place_them():
+    replica = ModelReplica(_model_with_batch_norm(), lambda logs, size: None)
+    batches = list(_batches(2))
+    replica.train_on_batch(*batches[0])
+    replica._fast_step._weight_slots = None  # as for a weight outside both variable lists
+    fresh = _model_with_batch_norm(seed=11).get_weights()
+    replica.set_weights(fresh)
+    for mine, theirs in zip(replica.get_weights(), fresh):
+        np.testing.assert_array_equal(mine, theirs)
+    replica.train_on_batch(*batches[1])  # trains on from the weights written through Keras
+    assert not np.array_equal(replica.get_weights()[0], fresh[0])
