@@ -560,7 +560,8 @@ class WindowedWorker(NetworkWorker):
     """The loop every built-in asynchronous worker shares.
 
     Pull, then train; every ``communication_window`` steps (and once more after the last
-    step, so no work is lost) call `communicate`. Subclasses define `communicate`.
+    step, so no work is lost) call `communicate`. Subclasses define `communicate`, or only
+    `window_update` for a commit-pull-continue rule.
 
     With ``overlap_communication`` (workers that define `window_update`: DOWNPOUR, ADAG,
     DynSGD), the exchange with the server runs on a background thread while the next
@@ -596,8 +597,14 @@ class WindowedWorker(NetworkWorker):
         self.wait_for_exchange()
 
     def communicate(self):
-        """Exchanges with the parameter server at the end of a window."""
-        raise NotImplementedError
+        """Exchanges with the parameter server at the end of a window.
+
+        By default: commit `window_update` of the window that began at the pulled center,
+        pull, and continue from the new center (DOWNPOUR, ADAG, DynSGD).
+        """
+        self.commit(self.window_update(self.model.get_weights(), self.center_variable))
+        self.pull()
+        self.model.set_weights(self.center_variable)
 
     def window_update(self, weights, start):
         """The commit for a window that began at ``start`` and ended at ``weights``.
@@ -605,7 +612,8 @@ class WindowedWorker(NetworkWorker):
         The server adds it to the center. Workers that define it can overlap their
         communication with training.
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must define communicate() or window_update().")
 
     def _check_overlap(self):
         if type(self).window_update is WindowedWorker.window_update:
@@ -655,23 +663,12 @@ class DOWNPOURWorker(WindowedWorker):
     def window_update(self, weights, start):
         return update_rules.downpour_delta(weights, start)
 
-    def communicate(self):
-        self.commit(update_rules.downpour_delta(self.model.get_weights(), self.center_variable))
-        self.pull()
-        self.model.set_weights(self.center_variable)
-
 
 class ADAGWorker(WindowedWorker):
     """Commits ``(W - W_pull) / communication_window``, then pulls and continues."""
 
     def window_update(self, weights, start):
         return update_rules.adag_residual(weights, start, self.communication_window)
-
-    def communicate(self):
-        self.commit(update_rules.adag_residual(
-            self.model.get_weights(), self.center_variable, self.communication_window))
-        self.pull()
-        self.model.set_weights(self.center_variable)
 
 
 class DynSGDWorker(DOWNPOURWorker):
