@@ -49,3 +49,25 @@ def build_mlp(hidden=128):
 def accuracy(model, data):
     images, labels = data
     return float((model.predict(images, batch_size=1000, verbose=0).argmax(1) == labels).mean())
+
+
+@pytest.fixture
+def servers():
+    """Starts parameter servers on 127.0.0.1, port 0, on demand; stops every one afterwards.
+
+    ``servers(cls, model=None, **kwargs)``: the model defaults to `ps_support.make_model()`.
+    """
+    from distkeras.parameter_servers import DeltaParameterServer
+    from ps_support import make_model
+
+    started = []
+
+    def start(cls=DeltaParameterServer, model=None, **kwargs):
+        server = cls(model if model is not None else make_model(), 0, **kwargs)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

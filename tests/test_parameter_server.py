@@ -18,10 +18,9 @@ from distkeras.parameter_servers import (
     DeltaParameterServer,
     SocketParameterServer,
 )
+from ps_support import BIAS, KERNEL, make_model
 
 PREFIX = struct.Struct("<2sBBIQ")
-KERNEL = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.0]], dtype=np.float32)
-BIAS = np.array([0.125, -0.5], dtype=np.float32)
 
 
 # -- update rules ---------------------------------------------------------------------------
@@ -85,31 +84,9 @@ def test_update_rules_keep_float32():
 # -- helpers ------------------------------------------------------------------------------
 
 
-def make_model(kernel=KERNEL, bias=BIAS):
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.set_weights([kernel, bias])
-    return model
-
-
 @pytest.fixture(scope="module")
 def model():
     return make_model()
-
-
-@pytest.fixture
-def servers():
-    """Starts parameter servers on demand and stops every one of them afterwards."""
-    started = []
-
-    def start(cls=DeltaParameterServer, model=None, **kwargs):
-        server = cls(model if model is not None else make_model(), 0, **kwargs)
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 class Client:

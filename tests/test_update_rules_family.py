@@ -30,6 +30,7 @@ from distkeras.workers import (
     ExperimentalWorker,
     ModelReplica,
 )
+from ps_support import BIAS, KERNEL, make_model
 
 F32 = np.float32
 
@@ -254,8 +255,6 @@ def test_eamsgd_worker_train_step_matches_numpy():
 
 # -- 3. servers over real loopback sockets ----------------------------------------------------
 
-KERNEL = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.0]], np.float32)
-BIAS = np.array([0.125, -0.5], np.float32)
 
 
 def layers(kernel, bias):
@@ -266,30 +265,8 @@ def full(kernel_value, bias_value):
     return layers(np.full((3, 2), kernel_value), np.full(2, bias_value))
 
 
-def make_model(kernel=KERNEL, bias=BIAS):
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.set_weights([kernel, bias])
-    return model
-
-
 def initial():
     return layers(KERNEL, BIAS)
-
-
-@pytest.fixture
-def servers():
-    """Starts parameter servers on 127.0.0.1, port 0; stops every one afterwards."""
-    started = []
-
-    def start(cls, **kwargs):
-        server = cls(make_model(), 0, **kwargs)
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 class Client:
