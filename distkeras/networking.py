@@ -35,6 +35,9 @@ ACTION_PULL = b"p"
 ACTION_COMMIT = b"c"
 ACTION_HISTORY = b"h"
 ACTION_QUIT = b"q"
+# Pull, but answer {"unchanged": True} when every update since this connection's last pull
+# was its own commit applied as sent: the worker then knows the center already.
+ACTION_PULL_UNLESS_OWN = b"u"
 
 
 class ProtocolError(Exception):

@@ -3,6 +3,12 @@
 `SocketParameterServer` serves each worker connection on its own thread. A connection
 starts with the run's token; then the worker sends one-byte actions (pull, commit, history,
 quit). Subclasses define `handle_commit`; everything else is shared.
+
+A server whose rule adds each commit to the center exactly as sent (``C += update``) sets
+``commits_applied_as_sent``: a worker whose own commits are the only updates since its
+last pull can then ask for the center "unless only mine changed it" and, when so, compute
+it itself (``C_pull + update``, the same float32 additions), which saves sending the
+weights back. That is every exchange of a lone worker.
 """
 
 import logging
@@ -64,6 +70,8 @@ class SocketParameterServer(ParameterServer):
         host: Address to bind; the trainer sets the driver's address.
         handshake_timeout: Seconds a new connection has to present the token.
     """
+
+    commits_applied_as_sent = False
 
     def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
         super().__init__(model, master_port)
@@ -169,6 +177,8 @@ class SocketParameterServer(ParameterServer):
         conn.worker_id = -1
         conn.last_activity = time.monotonic()
         conn.last_pull_update = 0
+        conn.own_updates = 0  # this connection's commits applied since its last pull
+        conn.own_commits = 0  # ... and received (a refused one is not applied)
         conn.counted = False
         try:
             conn.settimeout(self.handshake_timeout)
@@ -205,8 +215,11 @@ class SocketParameterServer(ParameterServer):
             action = networking.recv_action(conn)
             if action == networking.ACTION_PULL:
                 self.handle_pull(conn, addr)
+            elif action == networking.ACTION_PULL_UNLESS_OWN:
+                self.handle_pull_unless_own(conn, addr)
             elif action == networking.ACTION_COMMIT:
                 conn.counted = False
+                conn.own_commits += 1
                 try:
                     self.handle_commit(conn, addr)
                 except RefusedUpdate as refusal:
@@ -233,6 +246,7 @@ class SocketParameterServer(ParameterServer):
         """
         self.staleness.append((conn.worker_id, self.num_updates - conn.last_pull_update))
         self.num_updates += 1
+        conn.own_updates += 1
         conn.counted = True
 
     def model_update(self, update):
@@ -262,8 +276,34 @@ class SocketParameterServer(ParameterServer):
             # reference stays a consistent snapshot after the lock is released.
             center = self.center_variable
             num_updates = self.num_updates
-        conn.last_pull_update = num_updates
+            conn.last_pull_update = num_updates
+            conn.own_updates = conn.own_commits = 0
         send_data(conn, {"center": center, "num_updates": num_updates})
+
+    def handle_pull_unless_own(self, conn, addr):
+        """Like `handle_pull`, but answers ``{"unchanged": True}`` without the weights when
+        the center moved only by this connection's commits since its last pull, every one
+        of them applied (servers with ``commits_applied_as_sent`` only)."""
+        with self.mutex:
+            num_updates = self.num_updates
+            only_own = (self._commits_applied_as_sent()
+                        and num_updates - conn.last_pull_update == conn.own_updates
+                        and conn.own_updates == conn.own_commits)
+            if only_own:
+                conn.last_pull_update = num_updates
+                conn.own_updates = conn.own_commits = 0
+        if only_own:
+            send_data(conn, {"unchanged": True, "num_updates": num_updates})
+        else:
+            self.handle_pull(conn, addr)
+
+    def _commits_applied_as_sent(self):
+        # The flag counts only where declared by the class whose handle_commit is in use:
+        # a subclass with its own rule does not inherit it by accident.
+        for cls in type(self).__mro__:
+            if "handle_commit" in vars(cls):
+                return bool(vars(cls).get("commits_applied_as_sent", False))
+        return False
 
     def handle_commit(self, conn, addr):
         """Receives one commit and applies it; subclasses define the rule."""
@@ -285,6 +325,8 @@ class SocketParameterServer(ParameterServer):
 class DeltaParameterServer(SocketParameterServer):
     """``C += delta`` (DOWNPOUR, and the default for custom trainers)."""
 
+    commits_applied_as_sent = True
+
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
         delta = self.model_update(data.get("delta"))
@@ -295,6 +337,8 @@ class DeltaParameterServer(SocketParameterServer):
 
 class ADAGParameterServer(SocketParameterServer):
     """``C += residual``, the residual being the worker's window-averaged change (ADAG)."""
+
+    commits_applied_as_sent = True
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)

@@ -526,6 +526,25 @@ class NetworkWorker(Worker):
         self.center_variable = data["center"]
         self.last_update = data.get("num_updates", 0)
 
+    def pull_unless_own(self):
+        """Like `pull`, but the server sends no weights when only this worker's commits
+        changed the center since its last pull and its rule adds commits as sent.
+
+        Returns:
+            True when no weights came: the center is then the last pulled one plus this
+            worker's commit since, which the caller computes (``center_variable`` is left
+            for it to set).
+        """
+        networking.send_action(self.socket, networking.ACTION_PULL_UNLESS_OWN)
+        data = networking.recv_data(self.socket)
+        self.last_update = data.get("num_updates", 0)
+        if data.get("unchanged") is True:
+            return True
+        if "center" not in data:
+            raise networking.ProtocolError("The server's pull reply carries no center.")
+        self.center_variable = data["center"]
+        return False
+
     def commit(self, delta, **extra):
         """Sends an update (``delta``, plus any extra fields) to the parameter server."""
         self.send_commit(delta, **extra)
@@ -600,10 +619,15 @@ class WindowedWorker(NetworkWorker):
         """Exchanges with the parameter server at the end of a window.
 
         By default: commit `window_update` of the window that began at the pulled center,
-        pull, and continue from the new center (DOWNPOUR, ADAG, DynSGD).
+        pull, and continue from the new center (DOWNPOUR, ADAG, DynSGD). When the server
+        adds commits as sent and no other worker committed since, it sends no weights
+        back (`pull_unless_own`): the center is the pulled one plus this update.
         """
-        self.commit(self.window_update(self.model.get_weights(), self.center_variable))
-        self.pull()
+        update = self.window_update(self.model.get_weights(), self.center_variable)
+        self.commit(update)
+        if self.pull_unless_own():
+            # Only this commit moved the center: the server's own addition, done here.
+            self.center_variable = update_rules.add_update(self.center_variable, update)
         self.model.set_weights(self.center_variable)
 
     def window_update(self, weights, start):
@@ -632,13 +656,15 @@ class WindowedWorker(NetworkWorker):
         history = self.history.drain() if self.history_due() else None
         if getattr(self, "_exchanger", None) is None:
             self._exchanger = ThreadPoolExecutor(1, thread_name_prefix="distkeras-exchange")
-        self._pending_exchange = self._exchanger.submit(self._exchange, update, history)
+        self._pending_exchange = self._exchanger.submit(
+            self._exchange, update, history, self.window_start)
 
-    def _exchange(self, update, history):
+    def _exchange(self, update, history, center_if_only_own):
         self.send_commit(update)
         if history is not None:
             self.send_history(history)
-        self.pull()
+        if self.pull_unless_own():
+            self.center_variable = center_if_only_own
 
     def wait_for_exchange(self):
         """Waits for a background exchange to finish; raises what it raised."""

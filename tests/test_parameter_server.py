@@ -16,6 +16,7 @@ from distkeras.networking import recv_data, send_data, weights_array
 from distkeras.parameter_servers import (
     ADAGParameterServer,
     DeltaParameterServer,
+    DynSGDParameterServer,
     SocketParameterServer,
 )
 from ps_support import BIAS, KERNEL, make_model
@@ -105,6 +106,10 @@ class Client:
 
     def pull(self):
         networking.send_action(self.sock, networking.ACTION_PULL)
+        return recv_data(self.sock)
+
+    def pull_unless_own(self):
+        networking.send_action(self.sock, networking.ACTION_PULL_UNLESS_OWN)
         return recv_data(self.sock)
 
     def send_history(self, columns):
@@ -593,3 +598,71 @@ def test_stop_while_clients_keep_connecting(model):
         for sock in opened:
             sock.close()
         assert leaked == [], "a connection accepted during stop() was left open"
+
+
+# -- pulls that skip the weights when only the asker's commits changed the center --------
+
+
+@pytest.mark.parametrize("server_cls", [DeltaParameterServer, ADAGParameterServer])
+def test_pull_unless_own_sends_no_weights_after_only_own_commits(servers, server_cls):
+    server = servers(server_cls)
+    client = Client(server, 0)
+    client.pull()
+    client.commit(layers(0.5, 0.25))
+    client.commit(layers(0.25, 0.25))
+    reply = client.pull_unless_own()
+    assert reply == {"unchanged": True, "num_updates": 2}
+    # Nothing committed since that answer: still unchanged, same count.
+    assert client.pull_unless_own() == {"unchanged": True, "num_updates": 2}
+    client.quit()
+    assert_weights_equal(center_copy(server), [KERNEL + 0.75, BIAS + 0.5])
+
+
+def test_pull_unless_own_sends_the_center_when_another_worker_committed(servers):
+    server = servers(ADAGParameterServer)
+    a, b = Client(server, 0), Client(server, 1)
+    a.pull()
+    b.pull()
+    a.commit(layers(1.0, 1.0))
+    b.commit(layers(0.5, 0.5))
+    reply = a.pull_unless_own()
+    assert "unchanged" not in reply and reply["num_updates"] == 2
+    assert_weights_equal(reply["center"], [KERNEL + 1.5, BIAS + 1.5])
+    # B's own commit plus A's: not only B's, so B gets the weights too.
+    assert_weights_equal(b.pull_unless_own()["center"], [KERNEL + 1.5, BIAS + 1.5])
+    # From here on each sees only its own commits.
+    a.commit(layers(1.0, 1.0))
+    assert a.pull_unless_own() == {"unchanged": True, "num_updates": 3}
+    a.quit()
+    b.quit()
+
+
+def test_pull_unless_own_sends_the_center_after_a_refused_commit(servers):
+    server = servers(ADAGParameterServer)
+    client = Client(server, 0)
+    client.pull()
+    client.commit(layers(np.nan, 1.0))  # refused: the worker must not add it itself
+    reply = client.pull_unless_own()
+    assert reply["num_updates"] == 0
+    assert_weights_equal(reply["center"], [KERNEL, BIAS])
+    client.quit()
+    assert server.refused == 1
+    assert_weights_equal(center_copy(server), [KERNEL, BIAS])
+
+
+def test_pull_unless_own_always_sends_weights_for_rules_that_rescale(servers):
+    class HalvingServer(ADAGParameterServer):  # inherits the flag, not the rule
+        def handle_commit(self, conn, addr):
+            data = recv_data(conn)
+            with self.mutex:
+                self.center_variable = self.center_variable + 0.5 * data["delta"]
+                self.next_update(conn)
+
+    for server_cls in (DynSGDParameterServer, HalvingServer):
+        server = servers(server_cls)
+        client = Client(server, 0)
+        client.pull()
+        client.commit(layers(1.0, 1.0), last_update=0)
+        reply = client.pull_unless_own()
+        client.quit()
+        assert "center" in reply and reply["num_updates"] == 1, server_cls

@@ -1,0 +1,126 @@
+"""Pulls that skip the weights when only the worker's own commit moved the center.
+
+A DOWNPOUR or ADAG worker whose commit is the only update since its last pull is told
+"unchanged" and adds its update to its center itself, as the server did: a lone worker
+gets the weights once. Its center must stay exactly the server's, and training must end
+where the path that pulls the weights every time ends.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from distkeras import parameter_servers, workers  # noqa: E402
+from distkeras.utils import serialize_model  # noqa: E402
+from worker_support import make_worker, record_batches, small_model  # noqa: E402
+
+
+class CountingADAGServer(parameter_servers.ADAGParameterServer):
+    """An ADAG server that counts the pulls that sent the weights."""
+
+    weights_sent = 0
+
+    def handle_pull(self, conn, addr):
+        self.weights_sent += 1
+        super().handle_pull(conn, addr)
+
+
+class AlwaysSendingWorker(workers.ADAGWorker):
+    """ADAG's worker with plain pulls: the weights come back every window."""
+
+    def pull_unless_own(self):
+        self.pull()
+        return False
+
+
+def _train_alone(worker_cls=workers.ADAGWorker, server_cls=CountingADAGServer, window=3,
+                 overlap=False):
+    model = small_model()
+    server = server_cls(model)
+    server.start()
+    try:
+        worker = make_worker(worker_cls, server, serialize_model(model), overlap,
+                             window=window)
+        worker.run(0, record_batches(), [(3,)])
+        assert server.wait_for_goodbyes(timeout=10)
+        return server, [np.array(weight) for weight in worker.model.get_weights()], worker
+    finally:
+        server.stop()
+
+
+def test_lone_worker_gets_the_weights_once_and_keeps_the_servers_center_exactly():
+    server, final, worker = _train_alone()
+    assert server.num_updates == 11  # 32 steps, window 3: ten full windows and the rest
+    assert server.weights_sent == 1  # the first pull only
+    for weight, center, pulled in zip(final, server.center_variable, worker.center_variable):
+        np.testing.assert_array_equal(weight, center)
+        np.testing.assert_array_equal(pulled, center)
+    assert not np.allclose(final[0], small_model().get_weights()[0])  # it did train
+
+
+def test_an_overlapped_lone_worker_gets_the_weights_once_too():
+    server, final, _ = _train_alone(overlap=True)
+    synchronous, synchronous_final, _ = _train_alone()
+    assert server.weights_sent == 1 and server.num_updates == 11
+    for got, want in zip(server.center_variable, synchronous.center_variable):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_skipping_the_weights_ends_where_pulling_them_ends():
+    skipping, skipping_final, _ = _train_alone()
+    pulling, pulling_final, _ = _train_alone(AlwaysSendingWorker)
+    assert pulling.weights_sent == pulling.num_updates + 1
+    for got, want in zip(skipping.center_variable, pulling.center_variable):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(skipping_final, pulling_final):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_rescaling_server_always_sends_the_weights():
+    class CountingDynSGDServer(parameter_servers.DynSGDParameterServer):
+        weights_sent = 0
+
+        def handle_pull(self, conn, addr):
+            self.weights_sent += 1
+            super().handle_pull(conn, addr)
+
+    server, final, _ = _train_alone(workers.DynSGDWorker, CountingDynSGDServer)
+    assert server.weights_sent == server.num_updates + 1 == 12
+    for weight, center in zip(final, server.center_variable):
+        np.testing.assert_array_equal(weight, center)
+
+
+def test_two_workers_commit_everything_and_the_last_holds_the_final_center():
+    model = small_model()
+    server = CountingADAGServer(model)
+    server.start()
+    model_bytes = serialize_model(model)
+    errors, trained = [], {}
+
+    def run(worker_id):
+        try:
+            worker = make_worker(workers.ADAGWorker, server, model_bytes,
+                                 worker_id=worker_id)
+            worker.run(worker_id, record_batches(seed=worker_id), [(3,)])
+            trained[worker_id] = worker
+        except Exception as error:  # noqa: BLE001 - reported to the test thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert server.wait_for_goodbyes(timeout=10)
+    finally:
+        server.stop()
+    assert not errors
+    assert server.num_updates == 16
+    # The worker that pulled last holds the final center, told "unchanged" or not.
+    last = max(trained.values(), key=lambda worker: worker.last_update)
+    for center, pulled in zip(server.center_variable, last.center_variable):
+        np.testing.assert_array_equal(pulled, center)

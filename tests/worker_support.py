@@ -1,0 +1,38 @@
+"""A tiny model, its data as Arrow record batches, and workers built for it, without Spark."""
+
+import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
+
+import keras
+import numpy as np
+import pyarrow as pa
+
+
+def small_model():
+    """Dense 6 -> 8 -> 3, seeded."""
+    keras.utils.set_random_seed(7)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(3, activation="softmax")])
+
+
+def record_batches(rows=500, seed=0):
+    """A learnable 3-class problem as record batches of 128 rows (a ragged last one)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 6)).astype("float32")
+    y = np.eye(3, dtype="float32")[(x[:, 0] > 0).astype(int) + (x[:, 1] > 1).astype(int)]
+    for start in range(0, rows, 128):
+        yield pa.RecordBatch.from_arrays(
+            [pa.FixedSizeListArray.from_arrays(pa.array(x[start:start + 128].ravel()), 6),
+             pa.FixedSizeListArray.from_arrays(pa.array(y[start:start + 128].ravel()), 3)],
+            names=["features", "label"])
+
+
+def make_worker(cls, server, model_bytes, overlap=False, worker_id=0, window=4):
+    """A worker of class ``cls`` set up to train against ``server`` (batch 16, Adam)."""
+    worker = cls(model_bytes, optimizer="adam", loss="categorical_crossentropy",
+                 metrics=["accuracy"], features_col="features", label_col="label",
+                 batch_size=16, num_epoch=1, master_host="127.0.0.1",
+                 master_port=server.port, communication_window=window)
+    worker.token = server.token
+    worker.overlap_communication = overlap
+    worker.worker_id = worker_id
+    return worker
