@@ -1,6 +1,7 @@
 """Parameter server cost: commit + pull of the 784-500-500-10 weights against a raw loopback
-round trip of the same bytes; commits per second that one server sustains from 1, 2, 4 and
-8 concurrent clients.
+round trip of the same bytes (and with the pull a lone worker makes, which gets no weights
+back when only its own commit moved the center); commits per second that one server
+sustains from 1, 2, 4 and 8 concurrent clients.
 
     python benchmarks/parameter_server.py [--rounds 300]
 """
@@ -67,18 +68,19 @@ class Client:
         self.sock = networking.connect("127.0.0.1", server.port)
         networking.authenticate(self.sock, server.token, worker_id)
 
-    def commit_and_pull(self, delta):
+    def commit_and_pull(self, delta, unless_own=False):
         networking.send_action(self.sock, networking.ACTION_COMMIT)
         networking.send_data(self.sock, {"delta": delta})
-        networking.send_action(self.sock, networking.ACTION_PULL)
-        return networking.recv_data(self.sock)["center"]
+        networking.send_action(self.sock, networking.ACTION_PULL_UNLESS_OWN if unless_own
+                               else networking.ACTION_PULL)
+        return networking.recv_data(self.sock)
 
     def close(self):
         networking.send_action(self.sock, networking.ACTION_QUIT)
         self.sock.close()
 
 
-def commit_pull_time(model, rounds):
+def commit_pull_time(model, rounds, unless_own=False):
     server = ADAGParameterServer(model, 0)
     server.start()
     delta = weights_array(np.zeros_like(w) for w in model.get_weights())
@@ -86,7 +88,7 @@ def commit_pull_time(model, rounds):
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
-        client.commit_and_pull(delta)
+        client.commit_and_pull(delta, unless_own)
         times.append(time.perf_counter() - start)
     client.close()
     server.stop()
@@ -128,8 +130,11 @@ def main():
     nbytes = sum(w.nbytes for w in model.get_weights())
     raw = raw_round_trip(nbytes, args.rounds)
     ours = commit_pull_time(model, args.rounds)
+    lone = commit_pull_time(model, args.rounds, unless_own=True)
     rows = [["raw loopback round trip (send + receive the same bytes)", f"{raw * 1e3:.2f}", "1.00"],
-            ["distkeras commit + pull (ADAG server)", f"{ours * 1e3:.2f}", f"{ours / raw:.2f}"]]
+            ["distkeras commit + pull (ADAG server)", f"{ours * 1e3:.2f}", f"{ours / raw:.2f}"],
+            ["distkeras commit + pull of a lone worker (only its own commit since its last "
+             "pull: no weights back)", f"{lone * 1e3:.2f}", f"{lone / raw:.2f}"]]
     body = (f"Weights of the 784-500-500-10 MLP: {nbytes / 1e6:.2f} MB. Median of "
             f"{args.rounds} rounds, client and server in one process (server threads).\n\n"
             + report.table(["operation", "ms", "ratio to raw"], rows))

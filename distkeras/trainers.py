@@ -8,6 +8,7 @@ Every trainer is used the same way::
     model = trainer.train(dataframe)
 """
 
+import contextlib
 import logging
 import socket
 import sys
@@ -28,6 +29,26 @@ logger = logging.getLogger(__name__)
 
 class TrainingError(RuntimeError):
     """A worker or the parameter server failed during training."""
+
+
+ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
+# Rows per Arrow record batch in the training job, unless the session sets its own. Spark's
+# default (10,000) makes a worker wait for the JVM to convert 10,000 rows (0.17 s for
+# Fashion-MNIST) before its first step; smaller batches reach the same throughput.
+FEED_RECORDS_PER_BATCH = 2048
+
+
+@contextlib.contextmanager
+def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
+    """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own."""
+    if spark.conf.get(ARROW_BATCH_KEY, None) is not None:
+        yield
+        return
+    spark.conf.set(ARROW_BATCH_KEY, str(rows))
+    try:
+        yield
+    finally:
+        spark.conf.unset(ARROW_BATCH_KEY)
 
 
 def _check_int(name, value, minimum=1):
@@ -268,7 +289,8 @@ class Trainer:
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
                                "worker_id long, payload binary")
         try:
-            rows = job.collect()
+            with _feed_batch_rows(frame.sparkSession):
+                rows = job.collect()
         except KeyboardInterrupt:
             if job_group is not None:
                 context.cancelJobGroup(job_group)

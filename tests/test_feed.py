@@ -84,3 +84,29 @@ def test_worker_memory_does_not_grow_with_steps():
         measurements.append(_rss_bytes())
     grown = measurements[1] - measurements[0]
     assert grown < 64 * 2**20, f"resident memory grew by {grown / 2**20:.0f} MiB"
+
+
+def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(spark):
+    from distkeras.trainers import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, _feed_batch_rows
+
+    def _batch_rows(record_batches):  # defined here: shipped to the executor by value
+        import pyarrow as pa
+
+        for batch in record_batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    frame = spark.range(0, 5000, numPartitions=1)
+    with _feed_batch_rows(spark):
+        assert spark.conf.get(ARROW_BATCH_KEY) == str(FEED_RECORDS_PER_BATCH)
+        sizes = [row.rows for row in frame.mapInArrow(_batch_rows, "rows long").collect()]
+    assert sizes == [2048, 2048, 904]  # Spark's default would send one batch of 5000
+    assert spark.conf.get(ARROW_BATCH_KEY, None) is None  # the session is left as it was
+
+    spark.conf.set(ARROW_BATCH_KEY, "3000")
+    try:
+        with _feed_batch_rows(spark):
+            sizes = [row.rows for row in frame.mapInArrow(_batch_rows, "rows long").collect()]
+        assert sizes == [3000, 2000]
+        assert spark.conf.get(ARROW_BATCH_KEY) == "3000"
+    finally:
+        spark.conf.unset(ARROW_BATCH_KEY)
