@@ -40,7 +40,12 @@ FEED_RECORDS_PER_BATCH = 2048
 
 @contextlib.contextmanager
 def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
-    """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own."""
+    """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own.
+
+    The setting is the session's: a training started in another thread meanwhile sees it
+    as the session's own and may run with Spark's default when this one ends first (only
+    its speed changes).
+    """
     if spark.conf.get(ARROW_BATCH_KEY, None) is not None:
         yield
         return
