@@ -5,8 +5,6 @@ with the same center, bit for bit; with two workers training must still converge
 worker's error reaches the caller.
 """
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -14,7 +12,8 @@ keras = pytest.importorskip("keras")
 
 from distkeras import parameter_servers, workers  # noqa: E402
 from distkeras.utils import serialize_model  # noqa: E402
-from worker_support import make_worker, record_batches, small_model  # noqa: E402
+from worker_support import (  # noqa: E402
+    make_worker, record_batches, small_model, train_together)
 
 
 def _train_alone(worker_cls, server_cls, overlap):
@@ -49,26 +48,7 @@ def test_two_overlapped_workers_commit_everything():
     model = small_model()
     server = parameter_servers.ADAGParameterServer(model)
     server.start()
-    model_bytes = serialize_model(model)
-    errors = []
-
-    def run(worker_id):
-        try:
-            worker = make_worker(workers.ADAGWorker, server, model_bytes, True, worker_id)
-            worker.run(worker_id, record_batches(seed=worker_id), [(3,)])
-        except Exception as error:  # noqa: BLE001 - reported to the test thread below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-        assert server.wait_for_goodbyes(timeout=10)
-    finally:
-        server.stop()
-    assert not errors
+    train_together(server, serialize_model(model), overlap=True)
     assert server.num_updates == 16
     assert {record["worker_id"] for record in server.history} == {0, 1}
 

@@ -6,8 +6,6 @@ gets the weights once. Its center must stay exactly the server's, and training m
 where the path that pulls the weights every time ends.
 """
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -15,7 +13,8 @@ keras = pytest.importorskip("keras")
 
 from distkeras import parameter_servers, workers  # noqa: E402
 from distkeras.utils import serialize_model  # noqa: E402
-from worker_support import make_worker, record_batches, small_model  # noqa: E402
+from worker_support import (  # noqa: E402
+    make_worker, record_batches, small_model, train_together)
 
 
 class CountingADAGServer(parameter_servers.ADAGParameterServer):
@@ -97,30 +96,9 @@ def test_two_workers_commit_everything_and_the_last_holds_the_final_center():
     model = small_model()
     server = CountingADAGServer(model)
     server.start()
-    model_bytes = serialize_model(model)
-    errors, trained = [], {}
-
-    def run(worker_id):
-        try:
-            worker = make_worker(workers.ADAGWorker, server, model_bytes,
-                                 worker_id=worker_id)
-            worker.run(worker_id, record_batches(seed=worker_id), [(3,)])
-            trained[worker_id] = worker
-        except Exception as error:  # noqa: BLE001 - reported to the test thread below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-        assert server.wait_for_goodbyes(timeout=10)
-    finally:
-        server.stop()
-    assert not errors
+    trained = train_together(server, serialize_model(model))
     assert server.num_updates == 16
     # The worker that pulled last holds the final center, told "unchanged" or not.
-    last = max(trained.values(), key=lambda worker: worker.last_update)
+    last = max(trained, key=lambda worker: worker.last_update)
     for center, pulled in zip(server.center_variable, last.center_variable):
         np.testing.assert_array_equal(pulled, center)

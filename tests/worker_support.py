@@ -36,3 +36,39 @@ def make_worker(cls, server, model_bytes, overlap=False, worker_id=0, window=4):
     worker.overlap_communication = overlap
     worker.worker_id = worker_id
     return worker
+
+
+def train_together(server, model_bytes, count=2, overlap=False, cls=None):
+    """Trains ``count`` workers at once (threads) against a started ``server``, then stops it.
+
+    Returns:
+        The workers, in worker-id order.
+
+    Raises:
+        AssertionError: If a worker failed or a connection did not end in time.
+    """
+    import threading
+
+    from distkeras import workers
+
+    trained = [make_worker(cls or workers.ADAGWorker, server, model_bytes, overlap, index)
+               for index in range(count)]
+    errors = []
+
+    def run(worker):
+        try:
+            worker.run(worker.worker_id, record_batches(seed=worker.worker_id), [(3,)])
+        except Exception as error:  # noqa: BLE001 - reported to the test thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(worker,)) for worker in trained]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert server.wait_for_goodbyes(timeout=10)
+    finally:
+        server.stop()
+    assert not errors, errors
+    return trained
