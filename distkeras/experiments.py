@@ -358,8 +358,8 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
                 even[count] = _even_partitions(train, count)
             started = time.time()
             result, _ = run_one(even[count], test_data, trainer_class, count, window,
-                                epochs=epochs,
-                                batch_size=batch_size, worker_optimizer=worker_optimizer,
+                                epochs=epochs, batch_size=batch_size,
+                                worker_optimizer=worker_optimizer,
                                 model_builder=model_builder, seed=seed,
                                 num_samples=num_samples, name=name)
             results.append(result)
