@@ -625,6 +625,11 @@ def test_pull_unless_own_sends_the_center_when_another_worker_committed(servers)
     b.pull()
     a.commit(layers(1.0, 1.0))
     b.commit(layers(0.5, 0.5))
+    # Commits on two connections are applied in whatever order their threads run: wait
+    # for both before A asks.
+    deadline = time.monotonic() + 10
+    while server.num_updates < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     reply = a.pull_unless_own()
     assert "unchanged" not in reply and reply["num_updates"] == 2
     assert_weights_equal(reply["center"], [KERNEL + 1.5, BIAS + 1.5])
