@@ -56,6 +56,37 @@ def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
         spark.conf.unset(ARROW_BATCH_KEY)
 
 
+# Workers whose sample counts differ by more than this fraction get a warning.
+UNEVEN_TOLERANCE = 0.10
+
+
+def warn_if_uneven(messages):
+    """Logs a warning when the workers trained on very different numbers of samples.
+
+    The slowest worker sets a run's wall time, and a DataFrame that already has one
+    partition per worker is trained as it is: Spark's split of a file is often uneven.
+
+    Args:
+        messages: The workers' result messages (each with ``worker_id`` and ``samples``).
+
+    Returns:
+        Whether a warning was logged.
+    """
+    counts = {message["worker_id"]: message.get("samples") for message in messages}
+    if len(counts) < 2 or not all(isinstance(count, int) for count in counts.values()):
+        return False
+    fewest, most = min(counts.values()), max(counts.values())
+    if most <= (1 + UNEVEN_TOLERANCE) * fewest:
+        return False
+    logger.warning(
+        "The workers trained on uneven partitions (samples per worker: %s); the one with "
+        "the most sets the wall time. Spread the rows evenly once, for example "
+        "`df = df.repartition(%d).cache()`, or pass train(df, shuffle=True).",
+        ", ".join(f"{worker_id}: {count}" for worker_id, count in sorted(counts.items())),
+        len(counts))
+    return True
+
+
 def _check_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(
@@ -306,7 +337,9 @@ class Trainer:
         finally:
             context.setLocalProperty("spark.jobGroup.id", None)
             context.setJobDescription(None)
-        return [networking.decode_message(row["payload"]) for row in rows]
+        messages = [networking.decode_message(row["payload"]) for row in rows]
+        warn_if_uneven(messages)
+        return messages
 
 
 class SingleTrainer(Trainer):

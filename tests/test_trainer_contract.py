@@ -81,3 +81,34 @@ def test_config_round_trip(name):
 def test_bad_settings_are_named(name, kwargs, message, fashion_train):
     with pytest.raises(ValueError, match=message):
         _build(name, **kwargs).train(fashion_train)
+
+
+def test_uneven_partitions_get_a_warning_that_says_how_to_even_them(fashion_train, caplog):
+    import logging
+
+    # Two partitions, of 600 and 300 rows.
+    first, second = (fashion_train.limit(rows).rdd.coalesce(1) for rows in (600, 300))
+    uneven = fashion_train.sparkSession.createDataFrame(first.union(second),
+                                                        fashion_train.schema)
+    assert uneven.rdd.getNumPartitions() == 2
+    trainer = _build("ADAG")
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        trainer.train(uneven, verbose=0)
+    warnings = [record.getMessage() for record in caplog.records
+                if "uneven partitions" in record.getMessage()]
+    assert len(warnings) == 1
+    assert "0: 600" in warnings[0] and "1: 300" in warnings[0]
+    assert "repartition(2)" in warnings[0]
+
+
+def test_even_enough_partitions_get_no_warning(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        assert not trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+                                            {"worker_id": 1, "samples": 1100}])
+        assert not trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000}])
+        assert not trainers.warn_if_uneven([{"worker_id": 0}, {"worker_id": 1}])
+        assert trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+                                        {"worker_id": 1, "samples": 1101}])
+    assert len(caplog.records) == 1
