@@ -8,6 +8,8 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras.tensors import packed_size
+
 
 def as_column_list(value):
     """A column name or a list of names, as a list."""
@@ -40,17 +42,21 @@ def _to_training_column(dataframe, name):
     data_type = dataframe.schema[name].dataType
     if isinstance(data_type, VectorUDT):
         return vector_to_array(F.col(name), "float32").alias(name)
-    if _is_numeric(data_type) or _array_depth_numeric(data_type):
+    if (_is_numeric(data_type) or _array_depth_numeric(data_type)
+            or isinstance(data_type, T.BinaryType)):
         return F.col(name)
     raise TypeError(
         f"Column {name!r} has type {data_type.simpleString()}; expected a number, an array "
-        "of numbers or a Spark ML vector."
+        "of numbers, a Spark ML vector or packed float32 tensors (binary, see "
+        "`distkeras.transformers.PackedTensorTransformer`)."
     )
 
 
 def _sample_size(value):
     if value is None:
         return None
+    if isinstance(value, (bytes, bytearray)):
+        return packed_size(value)
     if hasattr(value, "toArray"):
         return value.toArray().size
     return np.asarray(value, dtype=np.float64).size if isinstance(value, (list, tuple)) else 0

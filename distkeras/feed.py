@@ -8,11 +8,15 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 import numpy as np
 import pyarrow as pa
 
+from distkeras.tensors import is_packed_type, unpack_column
+
 
 def column_to_numpy(column, sample_shape, name):
-    """An Arrow column of numbers or (nested) lists as a numpy array of ``(rows, *shape)``.
+    """An Arrow column of numbers, (nested) lists or packed tensors as a numpy array of
+    ``(rows, *shape)``.
 
-    Lists become float32; scalar integer columns (sparse labels) become int32.
+    Lists and packed (binary) rows become float32; scalar integer columns (sparse labels)
+    become int32.
 
     Raises:
         ValueError: Naming the column, for nulls or a number of values that does not fit.
@@ -23,6 +27,8 @@ def column_to_numpy(column, sample_shape, name):
             f"Column {name!r} has {column.null_count} null values in this partition; "
             "drop or fill them first (for example `df.dropna()`)."
         )
+    if is_packed_type(column.type):
+        return unpack_column(column, sample_shape, name)
     if _is_list(column.type):
         values = column.flatten()
         while _is_list(values.type):

@@ -65,14 +65,18 @@ def _is_nested_numeric_array(data_type):
     return _is_numeric(data_type)
 
 
-def _kind(dataset, name, role="input column", nested=False):
+def _kind(dataset, name, role="input column", nested=False, packed=False):
     """``"vector"``, ``"array"`` (of numbers) or ``"scalar"`` (a number); else a TypeError.
 
-    With ``nested=True``, arrays of arrays (of arrays...) of numbers count as arrays too.
+    With ``nested=True``, arrays of arrays (of arrays...) of numbers count as arrays too;
+    with ``packed=True``, a binary column is ``"packed"`` (float32 tensors, see
+    `PackedTensorTransformer`).
     """
     data_type = _column_type(dataset, name, role)
     if isinstance(data_type, VectorUDT):
         return "vector"
+    if packed and isinstance(data_type, T.BinaryType):
+        return "packed"
     if _is_numeric_array(data_type) or (
             nested and isinstance(data_type, T.ArrayType) and _is_nested_numeric_array(data_type)):
         return "array"
@@ -80,8 +84,8 @@ def _kind(dataset, name, role="input column", nested=False):
         return "scalar"
     raise TypeError(
         f"Column {name!r} (the {role}) has type {data_type.simpleString()}; expected a "
-        f"number, an array of numbers{' (possibly nested)' if nested else ''} or a Spark ML "
-        "vector."
+        f"number, an array of numbers{' (possibly nested)' if nested else ''}"
+        f"{', packed float32 tensors (binary)' if packed else ''} or a Spark ML vector."
     )
 
 
@@ -419,6 +423,37 @@ class ReshapeTransformer(_ColumnTransformer):
         return F.when(F.size(values) == size, nest(shape, F.lit(0))).otherwise(_fail(
             f"ReshapeTransformer: column {input_col!r} holds an array whose length is not "
             f"{size}, the number of values in shape {tuple(shape)}."))
+
+
+class PackedTensorTransformer(_ColumnTransformer):
+    """Packs arrays of numbers (flat or nested) or vectors into binary float32 tensors.
+
+    Trainers and `ModelPredictor` read a packed column as they read an ``array<float>``
+    (the model's input gives each row's shape), but Spark hands it to Python in one copy
+    instead of one float at a time: pack the features once, cache or save the result, and
+    every later epoch and prediction reads them faster. The packing itself runs in Python
+    (an Arrow UDF), once.
+
+    Args:
+        input_col: Column of arrays of numbers (possibly nested) or Spark ML vectors.
+        output_col: Name of the new ``binary`` column (may replace ``input_col``).
+    """
+
+    def __init__(self, input_col=None, output_col=None):
+        super().__init__()
+        _set_given(self, inputCol=input_col, outputCol=output_col)
+
+    def _expression(self, dataset, input_col):
+        from distkeras.tensors import pack_udf
+
+        kind = _kind(dataset, input_col, nested=True)
+        if kind == "scalar":
+            raise TypeError(
+                f"Column {input_col!r} holds single numbers; PackedTensorTransformer packs "
+                "arrays of numbers or vectors.")
+        column = (vector_to_array(F.col(input_col), "float32") if kind == "vector"
+                  else F.col(input_col))
+        return pack_udf()(column)
 
 
 class LabelIndexTransformer(_ColumnTransformer):
