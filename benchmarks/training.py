@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 FIT = "keras.Model.fit (driver, 1 process)"
-RUNS = ("fit", "single", "adag1", "adag2", "adag2-overlap")
+RUNS = ("fit", "single", "adag1", "adag2", "adag2-overlap", "single-packed", "adag1-packed",
+        "adag2-packed")
+PACKED = ", packed features"
 
 
 def steps_rate(trainer, samples):
@@ -44,11 +46,15 @@ def measure(runs, window, repeat, limit):
     spark, train, (test_images, test_labels) = report.fashion_mnist_setup(limit=limit)
     import numpy as np
 
-    from distkeras.datasets import load_fashion_mnist_numpy
+    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
     from distkeras.trainers import ADAG, SingleTrainer
     from fashion_mnist import build_mlp, test_accuracy
 
     samples = train.count()
+    # The same rows, features stored as binary float32 (`distkeras.tensors`).
+    packed = load_fashion_mnist(train.sparkSession, "train", limit=limit, num_partitions=2,
+                                packed=True).cache()
+    packed.count()
     images, labels = load_fashion_mnist_numpy("train")
     x = images[:samples].reshape(samples, -1).astype("float32") / 255.0
     y = np.eye(10, dtype="float32")[labels[:samples]]
@@ -64,6 +70,8 @@ def measure(runs, window, repeat, limit):
                           lambda: ADAG(build_mlp(), num_workers=2, communication_window=window,
                                        overlap_communication=True, **common)),
     }
+    for key in ("single", "adag1", "adag2"):
+        makers[f"{key}-packed"] = (makers[key][0] + PACKED, makers[key][1])
     best = {}
     for _ in range(repeat):
         if "fit" in runs:
@@ -81,7 +89,7 @@ def measure(runs, window, repeat, limit):
                 continue
             name, make = makers[key]
             trainer = make()
-            trained = trainer.train(train, verbose=0)
+            trained = trainer.train(packed if key.endswith("-packed") else train, verbose=0)
             result = (samples / trainer.get_training_time(), steps_rate(trainer, samples),
                       test_accuracy(trained, test_images, test_labels))
             best[name] = max(best.get(name, result), result)
@@ -115,7 +123,9 @@ def main():
     one = best[f"ADAG, 1 worker, window {args.window}"][0]
     two = best[f"ADAG, 2 workers, window {args.window}"][0]
     body = (f"{samples} samples, 1 epoch, batch 32, Adam; best of {args.repeat} runs; "
-            "`local[2]`, executors warmed up before timing.\n\n"
+            "`local[2]`, executors warmed up before timing. Rows marked \"packed features\" "
+            "train on the same rows with the features stored as binary float32 "
+            "(`load_fashion_mnist(packed=True)`), the others on `array<float>`.\n\n"
             + report.table(["run", "samples/s (whole train())", "samples/s (steps only)",
                             "ratio to fit", "test accuracy"], rows)
             + f"\n\nADAG 2 workers / 1 worker (whole train()): {two / one:.2f}x.")
