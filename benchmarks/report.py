@@ -46,9 +46,10 @@ def write_section(title, body):
     print(section)
 
 
-def fashion_mnist_setup(master="local[2]", limit=None):
-    """Spark (started before Keras), warmed executors, the cached training DataFrame and
-    the 10,000 test images as ``(images, labels)`` in [0, 1]."""
+def fashion_mnist_setup(master="local[2]", limit=None, packed=False):
+    """Spark (started before Keras), warmed executors, the cached training DataFrame
+    (features packed as float32 bytes with ``packed=True``) and the 10,000 test images as
+    ``(images, labels)`` in [0, 1]."""
     from distkeras.session import local_spark_session, warm_up_executors
 
     spark = local_spark_session(master)
@@ -57,7 +58,8 @@ def fashion_mnist_setup(master="local[2]", limit=None):
 
     # Two even partitions (Spark's split of the Parquet file is uneven); 1-worker runs
     # coalesce them without a shuffle.
-    train = load_fashion_mnist(spark, "train", limit=limit, num_partitions=2).cache()
+    train = load_fashion_mnist(spark, "train", limit=limit, num_partitions=2,
+                               packed=packed).cache()
     train.count()
     images, labels = load_fashion_mnist_numpy("test")
     return spark, train, (images.reshape(len(images), -1).astype("float32") / 255.0, labels)
