@@ -244,11 +244,12 @@ def _numeric(name, array):
 
 
 def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
-                       features_col="features", label_col="label"):
+                       features_col="features", label_col="label", packed=False):
     """Writes features ``x`` and labels ``y`` as a Parquet dataset in the trainers' layout.
 
-    Columns: ``features_col`` as ``array<float>`` (each sample flattened; the trainers and
-    `ModelPredictor` reshape rows to the model's input shape) and ``label_col``: ``bigint``
+    Columns: ``features_col`` as ``array<float>``, or packed float32 bytes (``binary``) with
+    ``packed=True`` (each sample flattened; the trainers and `ModelPredictor` reshape rows
+    to the model's input shape) and ``label_col``: ``bigint``
     class indices for a 1-D integer ``y``, ``float`` for a 1-D real ``y``, ``array<float>``
     for a 2-D ``y`` (one-hot). The arrays pass through the driver on their way to Spark,
     so they must fit in its memory; larger data is better written from a DataFrame with
@@ -264,6 +265,8 @@ def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
         mode: As in `save_parquet`.
         features_col: Name of the features column.
         label_col: Name of the label column.
+        packed: Write the features as packed float32 tensors (see `distkeras.tensors`),
+            which Spark hands to the workers faster.
 
     Raises:
         ValueError: For ``x`` and ``y`` of different lengths, no samples or features,
@@ -272,6 +275,8 @@ def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
         FileExistsError: When ``path`` exists and ``mode`` is ``"error"``.
     """
     import pyarrow as pa
+
+    from distkeras.tensors import pack_rows
 
     x, y = _numeric("x", x), _numeric("y", y)
     if len(x) != len(y):
@@ -286,8 +291,9 @@ def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
     _check_write_arguments(path, num_partitions, mode)
     # Converted a slice at a time: float32 copies of one slice, and list offsets that fit
     # in 32 bits however large x is.
+    to_column = pack_rows if packed else float_lists
     batches = [pa.RecordBatch.from_pydict({
-        features_col: float_lists(x[start:start + _ROWS_PER_BATCH].reshape(-1, x[0].size)),
+        features_col: to_column(x[start:start + _ROWS_PER_BATCH].reshape(-1, x[0].size)),
         label_col: _label_array(y[start:start + _ROWS_PER_BATCH])})
         for start in range(0, len(x), _ROWS_PER_BATCH)]
     table = pa.Table.from_batches(batches)

@@ -33,6 +33,19 @@ def test_numpy_round_trip_in_the_trainers_layout(spark, tmp_path):
     assert max(sizes) - min(sizes) <= 1  # round-robin: balanced files
 
 
+def test_numpy_packed_features_round_trip(spark, tmp_path):
+    from distkeras.datasets import save_numpy_parquet
+
+    x = np.random.default_rng(1).normal(size=(11, 3, 2)).astype("float32")
+    path = str(tmp_path / "packed")
+    save_numpy_parquet(spark, x, np.arange(11), path, num_partitions=2, packed=True)
+    frame = spark.read.parquet(path)
+    assert frame.schema.simpleString() == "struct<features:binary,label:bigint>"
+    rows = sorted(frame.collect(), key=lambda row: row.label)
+    np.testing.assert_array_equal(
+        np.stack([np.frombuffer(row.features, "<f4") for row in rows]), x.reshape(11, -1))
+
+
 def test_numpy_label_kinds_and_column_names(spark, tmp_path):
     from distkeras.datasets import save_numpy_parquet
 
