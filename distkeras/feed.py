@@ -6,9 +6,8 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 """
 
 import numpy as np
-import pyarrow as pa
 
-from distkeras.tensors import is_packed_type, unpack_column
+from distkeras.tensors import is_list_type, is_packed_type, unpack_column
 
 
 def column_to_numpy(column, sample_shape, name):
@@ -29,9 +28,9 @@ def column_to_numpy(column, sample_shape, name):
         )
     if is_packed_type(column.type):
         return unpack_column(column, sample_shape, name)
-    if _is_list(column.type):
+    if is_list_type(column.type):
         values = column.flatten()
-        while _is_list(values.type):
+        while is_list_type(values.type):
             values = values.flatten()
         flat = values.to_numpy(zero_copy_only=False)
         size = int(np.prod(sample_shape)) if sample_shape else 1
@@ -53,11 +52,6 @@ def column_to_numpy(column, sample_shape, name):
     if np.issubdtype(flat.dtype, np.integer):
         return flat.astype(np.int32, copy=False)
     return flat.astype(np.float32, copy=False)
-
-
-def _is_list(arrow_type):
-    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
-            or pa.types.is_fixed_size_list(arrow_type))
 
 
 def _pick(arrays, single):

@@ -21,6 +21,12 @@ PACKED_DTYPE = np.dtype("<f4")
 _MAX_BYTES = 2 ** 31 - 1  # Arrow's binary offsets are 32-bit
 
 
+def is_list_type(arrow_type):
+    """Whether an Arrow type is a list (variable, large or fixed-size)."""
+    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+            or pa.types.is_fixed_size_list(arrow_type))
+
+
 def is_packed_type(arrow_type):
     """Whether an Arrow type holds packed tensors (a binary type)."""
     return (pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
@@ -81,8 +87,7 @@ def pack_arrow_column(column):
     Raises:
         ValueError: For null arrays or null values, or a column that is not lists.
     """
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-            or pa.types.is_fixed_size_list(column.type)):
+    if not is_list_type(column.type):
         raise ValueError(f"Only arrays of numbers can be packed; got Arrow type {column.type}.")
     values, bounds = _row_bounds(column)
     if values.null_count:
