@@ -7,10 +7,87 @@ than ``worker_timeout``.
 """
 
 import logging
+import sys
 import threading
 import time
 
 logger = logging.getLogger(__name__)
+
+VERBOSE_CHOICES = (0, 1, 2, "auto")
+
+
+def resolve_verbose(verbose):
+    """Keras's ``verbose`` for a training: ``"auto"`` becomes 1 (a bar) where a person watches
+    (stderr is a terminal, or a notebook kernel runs us) and 2 (lines) elsewhere.
+
+    Raises:
+        ValueError: For anything but 0, 1, 2 or ``"auto"``.
+    """
+    if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
+        raise ValueError(f"`verbose` must be 0 (silent), 1 (a progress bar), 2 (a line every "
+                         f"{LineProgress.EVERY:.0f} seconds) or 'auto'. "
+                         f"Received: verbose={verbose!r}")
+    if verbose != "auto":
+        return verbose
+    interactive = _in_notebook() or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+    return 1 if interactive else 2
+
+
+def _in_notebook():
+    """Whether a Jupyter kernel runs us (tqdm's own test, from `tqdm.autonotebook`)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in shell.config
+
+
+class BarProgress:
+    """A tqdm progress bar on stderr (or in the notebook)."""
+
+    def __init__(self, name, total):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, unit="sample", desc=name, leave=False,
+                        dynamic_ncols=True)
+
+    def update(self, samples, postfix):
+        self.bar.n = samples
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.refresh()
+
+    def close(self):
+        self.bar.close()
+
+
+class LineProgress:
+    """Progress as plain lines on stderr, for logs and pipes: one every ``EVERY`` seconds
+    and a last one when the training ends (a bar's carriage returns would fill a log)."""
+
+    EVERY = 30.0
+
+    def __init__(self, name, total, stream=None):
+        self.name = name
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.started = self.last_written = time.monotonic()
+        self.line = None
+
+    def update(self, samples, postfix):
+        done = f"{samples}/{self.total}" if self.total else f"{samples}"
+        details = ", ".join(f"{key}={value}" for key, value in postfix.items())
+        self.line = (f"{self.name}: {done} samples, "
+                     f"{time.monotonic() - self.started:.0f} s, {details}\n")
+        if time.monotonic() - self.last_written >= self.EVERY:
+            self._write()
+
+    def _write(self):
+        self.stream.write(self.line)
+        self.stream.flush()
+        self.line = None
+        self.last_written = time.monotonic()
+
+    def close(self):
+        if self.line is not None:
+            self._write()
 
 
 class TrainingMonitor(threading.Thread):
@@ -21,7 +98,8 @@ class TrainingMonitor(threading.Thread):
         spark_context: The SparkContext running the job.
         job_group: The Spark job group to cancel when a worker stalls.
         total_samples: Samples the whole run will train on (for the bar), or None.
-        verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr).
+        verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr), 2 for a line every
+            30 seconds (see `resolve_verbose` for ``"auto"``).
         worker_timeout: Seconds a connected worker may stay silent, or None.
         name: The bar's label (the trainer's name).
         checkpoint_dir: Where to save the center variable periodically, or None.
@@ -37,7 +115,7 @@ class TrainingMonitor(threading.Thread):
         self.spark_context = spark_context
         self.job_group = job_group
         self.total_samples = total_samples
-        self.verbose = verbose
+        self.verbose = resolve_verbose(verbose)
         self.worker_timeout = worker_timeout
         self.interval = interval
         self.name = name or type(server).__name__
@@ -54,15 +132,15 @@ class TrainingMonitor(threading.Thread):
         self._done.set()
         self.join(timeout=5)
 
-    def _progress_bar(self):
-        if not self.verbose:
-            return None
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return None
-        return tqdm(total=self.total_samples, unit="sample", desc=self.name,
-                    leave=False, dynamic_ncols=True)
+    def _progress(self):
+        if self.verbose == 2:
+            return LineProgress(self.name, self.total_samples)
+        if self.verbose == 1:
+            try:
+                return BarProgress(self.name, self.total_samples)
+            except ImportError:  # tqdm is optional
+                return LineProgress(self.name, self.total_samples)
+        return None
 
     def _read_new_records(self):
         history = self.server.history
@@ -76,32 +154,30 @@ class TrainingMonitor(threading.Thread):
         return len(new)
 
     def run(self):
-        bar = self._progress_bar()
+        progress = self._progress()
         started = last_checkpoint = time.monotonic()
         try:
             while not self._done.wait(self.interval):
-                self._update(bar, started)
+                self._update(progress, started)
                 if self.worker_timeout and self._check_stall():
                     return
                 if self.checkpoint_dir and \
                         time.monotonic() - last_checkpoint >= self.checkpoint_every:
                     self._checkpoint()
                     last_checkpoint = time.monotonic()
-            self._update(bar, started)  # the last records, sent as the workers finished
+            self._update(progress, started)  # the last records, sent as the workers finished
         finally:
-            if bar is not None:
-                bar.close()
+            if progress is not None:
+                progress.close()
 
-    def _update(self, bar, started):
-        if not self._read_new_records() or bar is None:
+    def _update(self, progress, started):
+        if not self._read_new_records() or progress is None:
             return
-        bar.n = self._samples
         elapsed = max(time.monotonic() - started, 1e-9)
         postfix = {"commits/s": f"{self.server.num_updates / elapsed:.1f}"}
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
-        bar.set_postfix(postfix, refresh=False)
-        bar.refresh()
+        progress.update(self._samples, postfix)
 
     def _checkpoint(self):
         from distkeras.checkpoints import save_checkpoint

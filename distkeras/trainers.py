@@ -21,7 +21,7 @@ from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import workers
-from distkeras.monitor import TrainingMonitor
+from distkeras.monitor import TrainingMonitor, resolve_verbose
 from distkeras.utils import average_history
 
 logger = logging.getLogger(__name__)
@@ -231,15 +231,17 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------
 
-    def train(self, dataframe, shuffle=False, verbose=1, checkpoint_dir=None,
+    def train(self, dataframe, shuffle=False, verbose="auto", checkpoint_dir=None,
               checkpoint_every=60.0, resume=False):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
             dataframe: Rows with the feature and label columns.
             shuffle: Whether to shuffle the rows before each epoch.
-            verbose: 1 shows a progress bar for parameter-server trainers (samples done,
-                commits per second, running loss); 0 is silent.
+            verbose: Progress of parameter-server trainers (samples done, commits per
+                second, running loss), as in Keras: 1 a progress bar, 2 a line every 30
+                seconds and at the end (for logs), 0 nothing; ``"auto"`` is 1 in a terminal
+                or a notebook and 2 elsewhere.
             checkpoint_dir: Parameter-server trainers only: a folder (any Hadoop path) where
                 the center variable is saved every ``checkpoint_every`` seconds and at the end.
             checkpoint_every: Seconds between two checkpoints.
@@ -249,7 +251,7 @@ class Trainer:
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
         """
-        self.verbose = verbose
+        self.verbose = resolve_verbose(verbose)
         self.checkpoint_dir, self.checkpoint_every, self.resume = \
             checkpoint_dir, checkpoint_every, resume
         self.validate_arguments()
@@ -258,7 +260,7 @@ class Trainer:
             dataframe, self.master_model, self.features_col, self.label_col)
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
         # Counting is a Spark job of its own: done before the clock starts.
-        self._progress_total = self._samples_for_progress(frame) if verbose else None
+        self._progress_total = self._samples_for_progress(frame) if self.verbose else None
         start = time.time()
         self.history = []
         try:
@@ -796,7 +798,7 @@ class EnsembleTrainer(DistributedTrainer):
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)
 
-    def train(self, dataframe, shuffle=False, verbose=1, **checkpointing):
+    def train(self, dataframe, shuffle=False, verbose="auto", **checkpointing):
         """Trains the members; returns a list of ``num_ensembles`` compiled models."""
         return super().train(dataframe, shuffle, verbose, **checkpointing)
 

@@ -94,6 +94,55 @@ def test_progress_bar_shows_samples(fashion_train, capsys):
     assert "sample" in err and "loss=" in err and "commits/s=" in err
     trainer.train(fashion_train.limit(3000), verbose=0)
     assert "sample" not in capsys.readouterr().err
+    # The default in a log (pytest's captured stderr is no terminal): plain lines, no
+    # carriage returns, the last one at the end with every sample counted.
+    trainer.train(fashion_train.limit(3000))
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if line.startswith("ADAG: ")]
+    assert progress and progress[-1].startswith("ADAG: 3000/3000 samples, ")
+    assert "commits/s=" in progress[-1] and "loss=" in progress[-1]
+    assert not any("\r" in line for line in lines)
+
+
+def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch):
+    import io
+
+    from distkeras.monitor import resolve_verbose
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert [resolve_verbose(v) for v in ("auto", 0, 1, 2)] == [2, 0, 1, 2]
+    monkeypatch.setattr("sys.stderr", Terminal())
+    assert resolve_verbose("auto") == 1
+    for bad in (3, "yes", True, None):
+        with pytest.raises(ValueError, match="`verbose` must be 0"):
+            resolve_verbose(bad)
+
+
+def test_line_progress_writes_at_most_every_interval_and_at_the_end(monkeypatch):
+    import io
+
+    from distkeras import monitor
+
+    now = [100.0]
+    monkeypatch.setattr(monitor.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    progress = monitor.LineProgress("ADAG", 600, stream=stream)
+    progress.update(100, {"loss": "0.9000"})
+    now[0] += 31
+    progress.update(300, {"loss": "0.5000"})
+    now[0] += 5
+    progress.update(500, {"loss": "0.4000"})
+    assert stream.getvalue() == "ADAG: 300/600 samples, 31 s, loss=0.5000\n"
+    now[0] += 1
+    progress.update(600, {"loss": "0.3000"})
+    progress.close()
+    assert stream.getvalue().splitlines()[-1] == "ADAG: 600/600 samples, 37 s, loss=0.3000"
+    progress.close()  # nothing new: nothing written
+    assert len(stream.getvalue().splitlines()) == 2
 
 
 class DyingWorker(ADAGWorker):
