@@ -66,6 +66,22 @@ def _model_shapes(tensors):
     return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
 
 
+def check_known_inputs(model):
+    """Raises a clear error for a model whose inputs and outputs Keras does not know.
+
+    A subclassed `keras.Model` has no ``inputs`` until it is wrapped in a functional model,
+    and distkeras reads the shapes of its rows from them.
+    """
+    if getattr(model, "inputs", None) and getattr(model, "outputs", None):
+        return
+    raise ValueError(
+        f"distkeras needs a model with known inputs and outputs (a Sequential or functional "
+        f"model); {type(model).__name__} has none, as a subclassed keras.Model does not. Wrap "
+        "it: `inputs = keras.Input(shape=(...)); model = keras.Model(inputs, "
+        "your_model(inputs))`, and give your class a `get_config()` for its constructor "
+        "arguments so that the executors can rebuild it.")
+
+
 def validate(dataframe, model, features_col, label_col):
     """Checks columns, types and sizes against the model before any training starts.
 
@@ -82,6 +98,7 @@ def validate(dataframe, model, features_col, label_col):
         ValueError: Naming the column and what the model expects.
         TypeError: For a column of a type that cannot be trained on.
     """
+    check_known_inputs(model)
     features_cols = as_column_list(features_col)
     label_cols = as_column_list(label_col)
     if len(features_cols) != len(model.inputs):

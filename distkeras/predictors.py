@@ -21,6 +21,7 @@ import zipfile
 
 import numpy as np
 
+from distkeras.dataframes import check_known_inputs
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -53,21 +54,28 @@ def _model_key(model_bytes):
     return digest.hexdigest()
 
 
-def _cached_model(key, model_bytes):
+def _cached_model(key, model_bytes, objects=None):
     """The model of ``model_bytes``, rebuilt only when this process holds another one.
 
     Replacing the model unfreezes what `_settle` froze first, so the old model's reference
     cycles are collected rather than kept for the life of the worker.
+
+    Args:
+        key: `_model_key` of the archive.
+        model_bytes: The `.keras` archive.
+        objects: The custom objects the model names (`distkeras.custom_objects.find`).
     """
     if _CACHE.get("key") == key:
         return _CACHE["model"]
+    from distkeras import custom_objects
     from distkeras.utils import deserialize_model
 
     if _CACHE:
         _CACHE.clear()
         gc.unfreeze()
         gc.collect()
-    model = deserialize_model(model_bytes)
+    with custom_objects.scope(objects):
+        model = deserialize_model(model_bytes)
     _CACHE.update(key=key, model=model, settled=False)
     return model
 
@@ -112,7 +120,7 @@ def _predict_arrays(model, columns, names, input_shapes, batch_size):
     return float_lists(_predict_in_chunks(model, arrays, batch_size))
 
 
-def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size):
+def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objects=None):
     """The Arrow UDF (iterator form) that predicts on the executors."""
     import typing
 
@@ -136,7 +144,7 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size):
                 yield pa.array([], pa.list_(pa.float32()))
                 continue
             if model is None:  # not for an empty partition
-                model = _cached_model(key, model_bytes)
+                model = _cached_model(key, model_bytes, objects)
             yield _predict_arrays(model, columns, names, input_shapes, batch_size)
             _settle()
 
@@ -182,6 +190,7 @@ class ModelPredictor:
             raise TypeError("`keras_model` must be a keras.Model. "
                             f"Received: keras_model={type(self.model).__name__}")
         _check_batch_size(self.batch_size)
+        check_known_inputs(self.model)
         features = (list(self.features_col) if isinstance(self.features_col, (list, tuple))
                     else [self.features_col])
         if len(features) != len(self.model.inputs):
@@ -220,6 +229,7 @@ class ModelPredictor:
         from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
 
+        from distkeras import custom_objects
         from distkeras.utils import serialize_model
 
         features, kinds = self._validate(dataframe)
@@ -227,8 +237,12 @@ class ModelPredictor:
                    for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
                         for tensor in self.model.inputs]
-        udf = _prediction_udf(serialize_model(self.model), keras.backend.backend(), features,
-                              input_shapes, int(self.batch_size))
+        model_bytes = serialize_model(self.model)
+        objects, unresolved = custom_objects.find(self.model)
+        if objects or unresolved:
+            custom_objects.check_rebuildable(model_bytes, None, objects, unresolved)
+        udf = _prediction_udf(model_bytes, keras.backend.backend(), features,
+                              input_shapes, int(self.batch_size), objects)
         logger.debug("Predicting %r from %s with batch_size=%d", self.output_col, features,
                      self.batch_size)
         return dataframe.withColumn(self.output_col, udf(*columns))

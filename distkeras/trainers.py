@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from distkeras import affinity
+from distkeras import custom_objects
 from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
@@ -258,17 +259,32 @@ class Trainer:
         self._validate_checkpointing()
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
+        self._custom_objects = self._find_custom_objects()
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
         # Counting is a Spark job of its own: done before the clock starts.
         self._progress_total = self._samples_for_progress(frame) if self.verbose else None
         start = time.time()
         self.history = []
-        try:
-            model = self._train(frame, label_shapes, shuffle)
-        finally:
-            self.training_time = time.time() - start
-        self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
-        return self._compile(model)
+        with custom_objects.scope(self._custom_objects):
+            try:
+                model = self._train(frame, label_shapes, shuffle)
+            finally:
+                self.training_time = time.time() - start
+            self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
+            return self._compile(model)
+
+    def _find_custom_objects(self):
+        """The user's own layers, losses, metrics the executors need; checked here first."""
+        from distkeras.utils import serialize_keras_object, serialize_model
+
+        compile_objects = (self.worker_optimizer, self.loss, self.metrics)
+        found, unresolved = custom_objects.find(self.master_model, compile_objects)
+        if found or unresolved:  # Keras's own objects always rebuild: only custom ones fail
+            custom_objects.check_rebuildable(
+                serialize_model(self.master_model),
+                [serialize_keras_object(obj) for obj in compile_objects] + [self.loss_weights],
+                found, unresolved)
+        return found
 
     def _train(self, frame, label_shapes, shuffle):
         raise NotImplementedError
@@ -310,6 +326,7 @@ class Trainer:
             if getattr(worker, name, None) is None:
                 setattr(worker, name, serialize_keras_object(value))
         worker.backend = keras.backend.backend()
+        worker.custom_objects = dict(getattr(self, "_custom_objects", None) or {})
         _register_user_module(worker)
 
     def _run_workers(self, frame, num_tasks, worker, label_shapes, description,

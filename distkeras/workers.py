@@ -310,6 +310,7 @@ class Worker:
         self.num_epoch = num_epoch
         self.learning_rate = learning_rate
         self.backend = None
+        self.custom_objects = {}  # set by the trainer: see `distkeras.custom_objects`
         self.worker_id = 0
         self.iteration = 1
         self.model = None
@@ -325,11 +326,13 @@ class Worker:
         _enable_compilation_cache()
         import keras
 
+        from distkeras import custom_objects
         from distkeras.utils import compile_arguments
 
-        model = self.build_model()
-        model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
-                                          self.loss_weights))
+        with custom_objects.scope(getattr(self, "custom_objects", None)):
+            model = self.build_model()
+            model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
+                                              self.loss_weights))
         self.model = ModelReplica(model, self._record_step, self._record_window)
 
     def build_model(self):

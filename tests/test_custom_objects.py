@@ -1,0 +1,97 @@
+"""A user's own layers, activations, losses and metrics reach the executors.
+
+The objects live in `custom_objects_support`, a module the executors cannot import.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import accuracy
+
+
+def test_find_names_custom_layer_activation_loss_and_metric(spark):
+    from custom_objects_support import (ScaledDense, custom_mlp, leaky, smoothed_crossentropy,
+                                        top_class_rate)
+
+    from distkeras.custom_objects import find
+
+    objects, unresolved = find(custom_mlp(),
+                               ("adam", smoothed_crossentropy, ["accuracy", top_class_rate]))
+
+    assert objects["ScaledDense"] is ScaledDense
+    assert objects["distkeras_tests>leaky"] is leaky
+    assert objects["smoothed_crossentropy"] is smoothed_crossentropy
+    assert objects["top_class_rate"] is top_class_rate
+    assert unresolved == []
+
+
+def test_find_nothing_for_keras_own_objects(spark):
+    import keras
+    from conftest import build_mlp
+
+    from distkeras.custom_objects import find
+
+    objects, unresolved = find(build_mlp(), (keras.optimizers.SGD(0.1),
+                                             keras.losses.CategoricalCrossentropy(),
+                                             ["accuracy", keras.metrics.AUC()]))
+
+    assert objects == {} and unresolved == []
+
+
+def test_unknown_loss_fails_on_the_driver_naming_it(spark, fashion_train):
+    from conftest import build_mlp
+
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(), "adam", {"class_name": "NoSuchLoss", "config": {}},
+                   num_workers=2)
+
+    with pytest.raises(ValueError, match="NoSuchLoss.*register_keras_serializable"):
+        trainer.train(fashion_train, verbose=0)
+    assert trainer.get_history() == []
+
+
+def test_subclassed_model_gets_a_clear_error(fashion_train):
+    from custom_objects_support import Residual
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    model = Residual()
+    model.build((None, 784))
+
+    with pytest.raises(ValueError, match="subclassed keras.Model.*keras.Input"):
+        SingleTrainer(model, "adam", "categorical_crossentropy").train(fashion_train)
+    with pytest.raises(ValueError, match="subclassed keras.Model"):
+        ModelPredictor(model).predict(fashion_train)
+
+
+def test_adag_trains_and_predicts_with_custom_objects(spark, fashion_train, fashion_test):
+    from custom_objects_support import custom_mlp, smoothed_crossentropy, top_class_rate
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(custom_mlp(), "adam", smoothed_crossentropy,
+                   metrics=[top_class_rate], num_workers=2, communication_window=4)
+    model = trainer.train(fashion_train.repartition(2), verbose=0)
+
+    assert accuracy(model, fashion_test) > 0.6
+    assert all("top_class_rate" in record for record in trainer.get_history())
+    images = fashion_test[0][:50]
+    frame = spark.createDataFrame(
+        [(i, row.tolist()) for i, row in enumerate(images)], "id int, features array<float>")
+    rows = ModelPredictor(model).predict(frame).orderBy("id").collect()
+    predicted = np.array([row["prediction"] for row in rows], dtype="float32")
+    np.testing.assert_allclose(predicted, model.predict(images, verbose=0), atol=1e-5)
+
+
+def test_wrapped_subclassed_model_trains(spark, fashion_train, fashion_test):
+    import keras
+    from custom_objects_support import Residual
+    from distkeras.trainers import SingleTrainer
+
+    inputs = keras.Input((784,))
+    outputs = keras.layers.Dense(10, activation="softmax")(Residual(32)(inputs))
+    model = SingleTrainer(keras.Model(inputs, outputs), "adam",
+                          "categorical_crossentropy").train(fashion_train, verbose=0)
+
+    assert accuracy(model, fashion_test) > 0.6
