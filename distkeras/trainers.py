@@ -23,7 +23,7 @@ from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import workers
 from distkeras.monitor import TrainingMonitor, resolve_verbose
-from distkeras.utils import average_history
+from distkeras.utils import average_history, check_compile_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +260,8 @@ class Trainer:
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
         self._custom_objects = self._find_custom_objects()
+        check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
+                                [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs])
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
         # Counting is a Spark job of its own: done before the clock starts.
         self._progress_total = self._samples_for_progress(frame) if self.verbose else None

@@ -93,6 +93,73 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None):
             "metrics": metrics or None}
 
 
+# Metric names that `model.compile` resolves itself, from the loss and the labels' shape.
+_COMPILE_METRIC_NAMES = ("accuracy", "acc", "crossentropy", "ce")
+
+# Losses that compare one-hot labels with the model's output, value by value.
+_ONE_HOT_LOSSES = ("categorical_crossentropy", "categoricalcrossentropy",
+                   "categorical_focal_crossentropy", "categoricalfocalcrossentropy")
+
+
+def _names(value):
+    if isinstance(value, dict) and "class_name" not in value:
+        return list(value.values())
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _loss_name(loss):
+    if isinstance(loss, str):
+        return loss.lower()
+    name = getattr(loss, "__name__", None) or type(loss).__name__
+    return name.lower()
+
+
+def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_shapes=()):
+    """Raises a clear error, on the driver, for what would fail on every executor.
+
+    Names are resolved as Keras resolves them (a typo fails here, naming the argument,
+    not in a Spark task), and a one-hot loss given scalar labels is refused.
+
+    Args:
+        optimizer: The worker optimizer as the user gave it.
+        loss: The loss (name, object, or a list or dict of them per output).
+        metrics: The metrics.
+        label_shapes: Per output, the shape of a label row (``()`` for scalars).
+        output_shapes: Per output, the model's output shape (without the batch).
+
+    Raises:
+        ValueError: Naming the argument and the value that cannot be used.
+    """
+    import keras
+
+    checks = [("worker_optimizer", "keras.optimizers", keras.optimizers.get, [optimizer]),
+              ("loss", "keras.losses", keras.losses.get, _names(loss)),
+              ("metrics", "keras.metrics", keras.metrics.get,
+               [m for m in _names(metrics or []) if m not in _COMPILE_METRIC_NAMES])]
+    for argument, module, getter, values in checks:
+        for value in values:
+            if not isinstance(value, str):
+                continue
+            try:
+                getter(value)
+            except ValueError as error:
+                raise ValueError(f"`{argument}`: Keras does not know {value!r} ({error}). "
+                                 f"Check the spelling against {module}.") from error
+    if isinstance(loss, dict) and "class_name" not in loss:
+        return  # losses by output name: Keras matches them to the outputs itself
+    losses = _names(loss)
+    if len(losses) == 1 and len(output_shapes) > 1:
+        losses = losses * len(output_shapes)
+    for index, (each, labels, output) in enumerate(zip(losses, label_shapes, output_shapes)):
+        if labels == () and int(np.prod(output or (1,))) > 1 and \
+                _loss_name(each) in _ONE_HOT_LOSSES:
+            raise ValueError(
+                f"The labels of output {index} are scalars (class indices) but the loss "
+                f"{_loss_name(each)!r} expects one-hot labels of shape {tuple(output)}. Use "
+                "loss='sparse_categorical_crossentropy', or one-hot encode the labels first "
+                "(distkeras.transformers.OneHotTransformer).")
+
+
 def average_history(records):
     """Averages per-step history records over workers, step by step.
 

@@ -83,6 +83,34 @@ def test_bad_settings_are_named(name, kwargs, message, fashion_train):
         _build(name, **kwargs).train(fashion_train)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"worker_optimizer": "adamm"}, "`worker_optimizer`: Keras does not know 'adamm'"),
+    ({"loss": "categorical_crossentropyy"},
+     "`loss`: Keras does not know 'categorical_crossentropyy'"),
+    ({"metrics": ["accuracy", "acuracy"]}, "`metrics`: Keras does not know 'acuracy'"),
+])
+def test_misspelled_names_fail_on_the_driver(kwargs, message, fashion_train):
+    settings = {"worker_optimizer": "adam", "loss": "categorical_crossentropy", **kwargs}
+    trainer = trainers.ADAG(build_mlp(), num_workers=2, **settings)
+
+    with pytest.raises(ValueError, match=message):
+        trainer.train(fashion_train, verbose=0)
+    assert trainer.get_history() == []
+
+
+@pytest.mark.parametrize("loss", ["categorical_crossentropy", "CategoricalCrossentropy"])
+def test_class_indices_with_a_one_hot_loss_say_which_loss_to_use(loss, spark):
+    import keras
+    from pyspark.sql import Row
+
+    frame = spark.createDataFrame([Row(features=[0.5] * 784, label=3)] * 4)
+    loss = keras.losses.get(loss) if loss[0].isupper() else loss
+    trainer = trainers.SingleTrainer(build_mlp(), "adam", loss)
+
+    with pytest.raises(ValueError, match="scalars .*sparse_categorical_crossentropy"):
+        trainer.train(frame, verbose=0)
+
+
 def test_uneven_partitions_get_a_warning_that_says_how_to_even_them(fashion_train, caplog):
     import logging
 
