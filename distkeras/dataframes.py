@@ -140,10 +140,13 @@ def validate(dataframe, model, features_col, label_col):
     return label_shapes
 
 
-def training_frame(dataframe, features_col, label_col):
+def training_frame(dataframe, features_col, label_col, sample_weight_col=None):
     """Selects the training columns, with Spark ML vectors turned into arrays."""
     columns = as_column_list(features_col) + as_column_list(label_col)
-    return dataframe.select(*[_to_training_column(dataframe, name) for name in columns])
+    selected = [_to_training_column(dataframe, name) for name in columns]
+    if sample_weight_col is not None:
+        selected.append(F.col(sample_weight_col).cast("float"))
+    return dataframe.select(*selected)
 
 
 def lay_out(dataframe, num_partitions, num_epoch, shuffle=False, seed=None):

@@ -24,7 +24,7 @@ import logging
 
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasPredictionCol
+from pyspark.ml.param.shared import HasPredictionCol, HasWeightCol
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
@@ -157,7 +157,7 @@ class _KerasModelReader(MLReader):
         return instance
 
 
-class KerasEstimator(Estimator, _HasKerasParams, MLReadable, MLWritable):
+class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWritable):
     """Any distkeras trainer as a Spark ML Estimator.
 
     ``fit(dataframe)`` runs ``trainer.train(dataframe)`` and returns a `KerasModel` that
@@ -169,12 +169,16 @@ class KerasEstimator(Estimator, _HasKerasParams, MLReadable, MLWritable):
             return several models (`EnsembleTrainer`) are not supported.
         output_col: The prediction column the fitted model adds.
         batch_size: Rows per model call when the fitted model predicts.
+        weight_col: A numeric column weighing each row's loss (Param ``weightCol``; the
+            trainer's ``sample_weight_col``), or None.
     """
 
-    def __init__(self, trainer=None, output_col="prediction", batch_size=1024):
+    def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
+                 weight_col=None):
         super().__init__()
         self.trainer = trainer
         self._init_params(output_col, batch_size)
+        _set_given(self, weightCol=weight_col)
 
     def _fit(self, dataset):
         import keras
@@ -183,7 +187,9 @@ class KerasEstimator(Estimator, _HasKerasParams, MLReadable, MLWritable):
             raise TypeError("KerasEstimator needs a distkeras trainer, for example "
                             f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
         _check_batch_size(self.getOrDefault(self.batchSize))
-        model = self.trainer.train(dataset)
+        weight_col = self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) \
+            else None
+        model = self.trainer.train(dataset, sample_weight_col=weight_col or None)
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "

@@ -7,6 +7,7 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 
 import numpy as np
 
+from distkeras.sample_weights import row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
 
 
@@ -62,7 +63,7 @@ class MinibatchFeed:
     """Iterates ``(x, y)`` minibatches over a stream of Arrow record batches.
 
     The last minibatch of the stream may be smaller than ``batch_size``; it is yielded,
-    not dropped.
+    not dropped. With sample or class weights, minibatches are ``(x, y, sample_weight)``.
 
     Args:
         record_batches: An iterator of `pyarrow.RecordBatch`.
@@ -73,10 +74,13 @@ class MinibatchFeed:
         label_shapes: Per output, the shape of one target (``()`` for a scalar).
         single_input: Whether ``x`` is one array rather than a list.
         single_output: Whether ``y`` is one array rather than a list.
+        weight_col: A column of per-row sample weights, or None.
+        class_table: Per class index, its weight (`sample_weights.validate`), or None.
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
-                 feature_shapes, label_shapes, single_input=True, single_output=True):
+                 feature_shapes, label_shapes, single_input=True, single_output=True,
+                 weight_col=None, class_table=None):
         self.record_batches = record_batches
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
@@ -85,6 +89,9 @@ class MinibatchFeed:
         self.label_shapes = [tuple(shape) for shape in label_shapes]
         self.single_input = single_input
         self.single_output = single_output
+        self.weight_col = weight_col
+        self.class_table = None if class_table is None else np.asarray(class_table, np.float32)
+        self.weighted = weight_col is not None or class_table is not None
         self.samples = 0
         self._iterator = self._minibatches()
 
@@ -99,7 +106,11 @@ class MinibatchFeed:
              for name, shape in zip(self.features_cols, self.feature_shapes)]
         y = [column_to_numpy(record_batch.column(name), shape, name)
              for name, shape in zip(self.label_cols, self.label_shapes)]
-        return x + y
+        if not self.weighted:
+            return x + y
+        weights = None if self.weight_col is None else \
+            column_to_numpy(record_batch.column(self.weight_col), (), self.weight_col)
+        return x + y + [row_weights(record_batch.num_rows, weights, y[0], self.class_table)]
 
     def _minibatches(self):
         size = self.batch_size
@@ -126,6 +137,8 @@ class MinibatchFeed:
             yield self._split(pending)
 
     def _split(self, arrays):
-        count = len(self.features_cols)
+        inputs, outputs = len(self.features_cols), len(self.label_cols)
         self.samples += len(arrays[0])
-        return _pick(arrays[:count], self.single_input), _pick(arrays[count:], self.single_output)
+        batch = (_pick(arrays[:inputs], self.single_input),
+                 _pick(arrays[inputs:inputs + outputs], self.single_output))
+        return (*batch, arrays[-1]) if self.weighted else batch

@@ -59,7 +59,7 @@ class JaxTrainStep:
         def window(state, batches):
             # Several steps in one compiled call: no Python between them.
             def body(carry, batch):
-                logs, carry = step(carry, (*batch, None))
+                logs, carry = step(carry, batch if len(batch) == 3 else (*batch, None))
                 return carry, logs
 
             state, logs = jax.lax.scan(body, tuple(state), batches)
@@ -95,20 +95,21 @@ class JaxTrainStep:
         return logs
 
     def run_window(self, batches):
-        """Runs one step per ``(x, y)`` in ``batches`` in one compiled call.
+        """Runs one step per ``(x, y)`` or ``(x, y, sample_weight)`` in ``batches`` in one
+        compiled call.
 
         All batches must have the same shapes (a compiled call per window length).
 
         Returns:
             The logs, each a JAX array with one value per step.
         """
-        first_x, first_y = batches[0]
+        first = tuple(batches[0])
         if self._step is None:
-            self._build((first_x, first_y, None))
+            self._build(first if len(first) == 3 else (*first, None))
         if self.state is None:
             self._load_state()
         stacked = jax.tree_util.tree_map(lambda *arrays: stack(arrays),
-                                         *[(x, y) for x, y in batches])
+                                         *[tuple(batch) for batch in batches])
         logs, self.state = self._window(self.state, stacked)
         return logs
 

@@ -21,6 +21,7 @@ from distkeras import custom_objects
 from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
+from distkeras import sample_weights
 from distkeras import workers
 from distkeras.monitor import TrainingMonitor, resolve_verbose
 from distkeras.utils import average_history, check_compile_arguments
@@ -233,7 +234,7 @@ class Trainer:
     # -- training -----------------------------------------------------------------------
 
     def train(self, dataframe, shuffle=False, verbose="auto", checkpoint_dir=None,
-              checkpoint_every=60.0, resume=False):
+              checkpoint_every=60.0, resume=False, sample_weight_col=None, class_weight=None):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
@@ -248,6 +249,11 @@ class Trainer:
             checkpoint_every: Seconds between two checkpoints.
             resume: Start from the checkpoint in ``checkpoint_dir`` (if there is one) instead
                 of the model's weights. The epochs run again in full from those weights.
+            sample_weight_col: A numeric column weighing each row's loss (as Keras's
+                ``sample_weight``).
+            class_weight: A dict from class index to the weight of that class's rows (as
+                Keras's ``class_weight``; classes not named weigh 1). Multiplies with
+                ``sample_weight_col``. Single-output models.
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
@@ -260,9 +266,16 @@ class Trainer:
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
         self._custom_objects = self._find_custom_objects()
+        output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
-                                [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs])
-        frame = dataframes.training_frame(dataframe, self.features_col, self.label_col)
+                                output_shapes)
+        self._sample_weight_col = sample_weight_col
+        self._class_table = sample_weights.validate(
+            dataframe, sample_weight_col, class_weight,
+            dataframes.as_column_list(self.features_col)
+            + dataframes.as_column_list(self.label_col), label_shapes, output_shapes)
+        frame = dataframes.training_frame(dataframe, self.features_col, self.label_col,
+                                          sample_weight_col)
         # Counting is a Spark job of its own: done before the clock starts.
         self._progress_total = self._samples_for_progress(frame) if self.verbose else None
         start = time.time()
@@ -329,6 +342,8 @@ class Trainer:
                 setattr(worker, name, serialize_keras_object(value))
         worker.backend = keras.backend.backend()
         worker.custom_objects = dict(getattr(self, "_custom_objects", None) or {})
+        worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
+        worker.class_table = getattr(self, "_class_table", None)
         _register_user_module(worker)
 
     def _run_workers(self, frame, num_tasks, worker, label_shapes, description,
@@ -817,9 +832,9 @@ class EnsembleTrainer(DistributedTrainer):
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)
 
-    def train(self, dataframe, shuffle=False, verbose="auto", **checkpointing):
+    def train(self, dataframe, shuffle=False, verbose="auto", **options):
         """Trains the members; returns a list of ``num_ensembles`` compiled models."""
-        return super().train(dataframe, shuffle, verbose, **checkpointing)
+        return super().train(dataframe, shuffle, verbose, **options)
 
     def _train(self, frame, label_shapes, shuffle):
         from distkeras.utils import deserialize_model, serialize_model

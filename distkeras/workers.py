@@ -256,15 +256,16 @@ class ModelReplica:
         return values[0] if len(values) == 1 else values
 
     def train_on_window(self, batches):
-        """Trains one step per ``(x, y)`` in ``batches``, recording each step.
+        """Trains one step per ``(x, y)`` or ``(x, y, sample_weight)`` in ``batches``,
+        recording each step.
 
         On the JAX fast path, same-sized batches run in one compiled call (no Python
         between the steps, as `fit` with ``steps_per_execution``); otherwise step by step.
         """
-        sizes = {_batch_size(x) for x, _ in batches}
+        sizes = {_batch_size(batch[0]) for batch in batches}
         if self._fast_step is None or len(batches) < 2 or len(sizes) != 1:
-            for x, y in batches:
-                self.train_on_batch(x, y)
+            for batch in batches:
+                self.train_on_batch(*batch)
             return
         logs = self._fast_step.run_window(batches)
         self._on_window(logs, sizes.pop(), len(batches))
@@ -372,16 +373,16 @@ class Worker:
         Runs the steps in one compiled call unless a subclass defines its own `train_step`.
         """
         if type(self).train_step is not Worker.train_step:
-            for x, y in batches:
-                self.train_step(x, y)
+            for batch in batches:
+                self.train_step(*batch)
                 self.iteration += 1
             return
         self.model.train_on_window(batches)
         self.iteration += len(batches)
 
-    def train_step(self, x, y):
+    def train_step(self, x, y, sample_weight=None):
         """One local step; EAMSGD adds momentum here."""
-        self.model.train_on_batch(x, y)
+        self.model.train_on_batch(x, y, sample_weight=sample_weight)
 
     def _sample_shapes(self, tensors):
         return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
@@ -401,10 +402,13 @@ class Worker:
             self._sample_shapes(self.model.inputs), self._label_shapes(label_shapes),
             single_input=not isinstance(self.features_col, (list, tuple)),
             single_output=not isinstance(self.label_col, (list, tuple)),
+            weight_col=getattr(self, "sample_weight_col", None),
+            class_table=getattr(self, "class_table", None),
         )
 
     def get_next_minibatch(self):
-        """Returns the next ``(x, y)`` minibatch.
+        """Returns the next ``(x, y)`` minibatch (``(x, y, sample_weight)`` when the
+        trainer was given sample or class weights).
 
         Raises:
             StopIteration: When this partition's data for this run is spent.
@@ -741,12 +745,12 @@ class EAMSGDWorker(AEASGDWorker):
         self.momentum = momentum
         self.velocity = None
 
-    def train_step(self, x, y):
+    def train_step(self, x, y, sample_weight=None):
         weights = self.model.get_weights()
         if self.velocity is None:
             self.velocity = weights * 0.0
         self.model.set_weights(update_rules.lookahead(weights, self.velocity, self.momentum))
-        self.model.train_on_batch(x, y)
+        self.model.train_on_batch(x, y, sample_weight=sample_weight)
         self.velocity = update_rules.momentum_velocity(
             self.velocity, weights, self.model.get_weights())
 

@@ -106,3 +106,23 @@ def test_estimator_errors(spark):
         KerasEstimator().fit(frame)
     with pytest.raises(ValueError, match="holds no Keras model"):
         KerasModel().transform(frame)
+
+
+def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train, tmp_path):
+    from pyspark.ml import Pipeline
+    from pyspark.sql import functions as F
+
+    from distkeras.estimators import KerasEstimator
+
+    trainer = _single_trainer()
+    initial = trainer.master_model.get_weights()
+    # Every row weighs 0: the trained model must be the initial one.
+    frame = fashion_train.limit(256).withColumn("weight", F.lit(0.0))
+    stage = KerasEstimator(trainer, weight_col="weight")
+    fitted = Pipeline(stages=[stage]).fit(frame.withColumnRenamed("label", "one_hot"))
+
+    for trained, start in zip(fitted.stages[0].keras_model.get_weights(), initial):
+        np.testing.assert_allclose(trained, start, atol=1e-7)
+    Pipeline(stages=[stage]).save(str(tmp_path / "weighted"))
+    loaded = Pipeline.load(str(tmp_path / "weighted")).getStages()[0]
+    assert loaded.getOrDefault("weightCol") == "weight"

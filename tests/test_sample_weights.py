@@ -1,0 +1,153 @@
+"""Sample weights and class weights: hand-computed weights, the feed, Keras's own `fit`, and
+training on imbalanced data."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from distkeras.feed import MinibatchFeed
+from distkeras.sample_weights import class_indices, row_weights
+
+
+def test_row_weights_multiply_sample_and_class_weights():
+    table = np.array([1.0, 4.0, 0.5], dtype=np.float32)
+    one_hot = np.eye(3, dtype=np.float32)[[0, 1, 2, 1]]
+
+    weights = row_weights(4, np.array([1.0, 2.0, 3.0, 0.0]), one_hot, table)
+
+    np.testing.assert_array_equal(weights, [1.0, 8.0, 1.5, 0.0])
+    np.testing.assert_array_equal(row_weights(3, None, np.array([2, 0, 7]), table),
+                                  [0.5, 1.0, 1.0])  # class 7 is not in the table: weight 1
+    np.testing.assert_array_equal(row_weights(2), [1.0, 1.0])
+
+
+def test_class_indices_of_indices_one_hot_and_binary_labels():
+    np.testing.assert_array_equal(class_indices(np.array([3, 0, 1])), [3, 0, 1])
+    np.testing.assert_array_equal(class_indices(np.eye(4)[[2, 3]]), [2, 3])
+    np.testing.assert_array_equal(class_indices(np.array([[0.0], [1.0], [0.9]])), [0, 1, 1])
+
+
+def test_negative_or_missing_sample_weights_are_refused():
+    with pytest.raises(ValueError, match="finite numbers >= 0.*2 that are not"):
+        row_weights(3, np.array([1.0, -1.0, np.nan]))
+
+
+def test_feed_yields_weights_with_their_rows_across_record_batches():
+    def record_batch(start, count):
+        rows = np.arange(start, start + count)
+        return pa.RecordBatch.from_pydict({
+            "x": pa.array(rows.astype(np.float32)),
+            "y": pa.array(rows % 2),
+            "w": pa.array((rows + 1).astype(np.float64)),
+        })
+
+    table = np.array([1.0, 10.0], dtype=np.float32)
+    feed = MinibatchFeed(iter([record_batch(0, 5), record_batch(5, 4)]), ["x"], ["y"], 4,
+                         [()], [()], weight_col="w", class_table=table)
+
+    batches = list(feed)
+
+    assert [len(x) for x, _, _ in batches] == [4, 4, 1]
+    x = np.concatenate([x for x, _, _ in batches])
+    weights = np.concatenate([w for _, _, w in batches])
+    np.testing.assert_array_equal(x, np.arange(9))
+    np.testing.assert_array_equal(weights, (np.arange(9) + 1) * np.where(np.arange(9) % 2, 10, 1))
+
+
+def _imbalanced(rows=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4)).astype(np.float32)
+    return x, (x[:, 0] > 1.6).astype(np.int64)  # about 5% positives
+
+
+def _linear_model(seed=1):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+
+
+def _frame(spark, x, y, **extra):
+    columns = {"features": [row.tolist() for row in x], "label": y.tolist(),
+               **{name: values.tolist() for name, values in extra.items()}}
+    rows = list(zip(*columns.values()))
+    return spark.createDataFrame(rows, list(columns)).coalesce(1)
+
+
+def test_single_trainer_with_class_weight_matches_keras_fit(spark):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    x, y = _imbalanced(rows=320)
+    class_weight = {0: 0.5, 1: 8.0}
+    reference = _linear_model()
+    reference.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, class_weight=class_weight,
+                  verbose=0)
+
+    trainer = SingleTrainer(_linear_model(), keras.optimizers.SGD(0.05),
+                            "sparse_categorical_crossentropy", metrics=[])
+    model = trainer.train(_frame(spark, x, y), verbose=0, class_weight=class_weight)
+
+    for mine, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    unweighted = SingleTrainer(_linear_model(), keras.optimizers.SGD(0.05),
+                               "sparse_categorical_crossentropy", metrics=[])
+    plain = unweighted.train(_frame(spark, x, y), verbose=0)
+    assert not np.allclose(plain.get_weights()[0], reference.get_weights()[0], atol=1e-3)
+
+
+def test_zero_sample_weights_leave_the_model_untouched(spark):
+    from distkeras.trainers import ADAG
+
+    x, y = _imbalanced(rows=400)
+    start = _linear_model()
+    frame = _frame(spark, x, y, weight=np.zeros(len(x))).repartition(2)
+
+    model = ADAG(_linear_model(), "sgd", "sparse_categorical_crossentropy", num_workers=2,
+                 communication_window=3).train(frame, verbose=0, sample_weight_col="weight")
+
+    for trained, initial in zip(model.get_weights(), start.get_weights()):
+        np.testing.assert_allclose(trained, initial, atol=1e-7)
+
+
+def test_class_weight_lifts_minority_recall_with_adag_on_two_workers(spark):
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    x, y = _imbalanced(rows=4000)
+    frame = _frame(spark, x, y).repartition(2).cache()
+
+    def minority_recall(**weights):
+        trainer = ADAG(_linear_model(), keras.optimizers.Adam(0.02),
+                       "sparse_categorical_crossentropy", num_workers=2, num_epoch=2,
+                       communication_window=2)
+        model = trainer.train(frame, verbose=0, **weights)
+        predicted = model.predict(x, verbose=0).argmax(axis=1)
+        return float((predicted[y == 1] == 1).mean())
+
+    plain = minority_recall()
+    weighted = minority_recall(class_weight={1: 10.0})
+    assert weighted >= 0.9 and weighted > plain + 0.2, (plain, weighted)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"class_weight": {5: 1.0}}, ValueError, "key 5 is not a class index .*0 to 1"),
+    ({"class_weight": {0: -1.0}}, ValueError, "class 0 must be a number >= 0"),
+    ({"class_weight": [1.0, 2.0]}, ValueError, "must be a non-empty dict"),
+    ({"sample_weight_col": "nope"}, ValueError, "'nope' is not a column"),
+    ({"sample_weight_col": "features"}, ValueError, "also a feature or label column"),
+    ({"sample_weight_col": "name"}, TypeError, "one number per row"),
+])
+def test_bad_weights_are_named_before_training(options, error, message, spark):
+    from distkeras.trainers import SingleTrainer
+
+    x, y = _imbalanced(rows=10)
+    frame = _frame(spark, x, y).selectExpr("*", "'a' AS name")
+    trainer = SingleTrainer(_linear_model(), "sgd", "sparse_categorical_crossentropy")
+
+    with pytest.raises(error, match=message):
+        trainer.train(frame, verbose=0, **options)
+    assert trainer.get_history() == []
