@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 VERBOSE_CHOICES = (0, 1, 2, "auto")
@@ -105,11 +107,15 @@ class TrainingMonitor(threading.Thread):
         checkpoint_dir: Where to save the center variable periodically, or None.
         checkpoint_every: Seconds between two checkpoints.
         interval: Seconds between two looks.
+        validator: A `distkeras.validation.Validator` to evaluate the center variable with
+            each time the workers' samples complete an epoch (all but the last: the trainer
+            evaluates the returned model), or None. Needs ``total_samples``.
+        num_epoch: Epochs in ``total_samples``.
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
-                 interval=0.5):
+                 interval=0.5, validator=None, num_epoch=1):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -127,6 +133,9 @@ class TrainingMonitor(threading.Thread):
         self._seen = 0
         self._samples = 0
         self._recent_losses = []
+        self.validator = validator if total_samples else None
+        self.num_epoch = num_epoch
+        self._validated_epochs = 0
 
     def stop(self):
         self._done.set()
@@ -171,13 +180,34 @@ class TrainingMonitor(threading.Thread):
                 progress.close()
 
     def _update(self, progress, started):
-        if not self._read_new_records() or progress is None:
+        if not self._read_new_records():
+            return
+        self._validate_finished_epochs()
+        if progress is None:
             return
         elapsed = max(time.monotonic() - started, 1e-9)
         postfix = {"commits/s": f"{self.server.num_updates / elapsed:.1f}"}
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
         progress.update(self._samples, postfix)
+
+    def _validate_finished_epochs(self):
+        """Evaluates the center once the samples of another epoch have all been trained."""
+        if self.validator is None:
+            return
+        finished = min(int(self._samples * self.num_epoch // self.total_samples),
+                       self.num_epoch - 1)  # the last epoch: the returned model, at the end
+        if finished <= self._validated_epochs or self._samples >= self.total_samples:
+            return  # nothing new, or all done: the trainer evaluates the returned model
+        # Records arrive twice a second: when they show several epochs done at once, only
+        # the latest is evaluated (the center is already past the others).
+        self._validated_epochs = finished
+        with self.server.mutex:  # a copy: commits go on while it is evaluated
+            weights = [np.array(weight) for weight in self.server.center_variable]
+        try:
+            self.validator.evaluate(weights, finished, self._samples)
+        except Exception as error:  # validation must not kill the training it watches
+            logger.warning("Could not evaluate the validation data: %s", error)
 
     def _checkpoint(self):
         from distkeras.checkpoints import save_checkpoint

@@ -22,6 +22,7 @@ from distkeras import dataframes
 from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import sample_weights
+from distkeras import validation
 from distkeras import workers
 from distkeras.monitor import TrainingMonitor, resolve_verbose
 from distkeras.utils import average_history, check_compile_arguments
@@ -175,6 +176,7 @@ class Trainer:
         self.num_epoch = num_epoch
         self.training_time = None
         self.history = []
+        self._validator = None
         self.verbose = 1
         self._progress_total = None
 
@@ -234,7 +236,8 @@ class Trainer:
     # -- training -----------------------------------------------------------------------
 
     def train(self, dataframe, shuffle=False, verbose="auto", checkpoint_dir=None,
-              checkpoint_every=60.0, resume=False, sample_weight_col=None, class_weight=None):
+              checkpoint_every=60.0, resume=False, sample_weight_col=None, class_weight=None,
+              validation_data=None):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
@@ -254,6 +257,9 @@ class Trainer:
             class_weight: A dict from class index to the weight of that class's rows (as
                 Keras's ``class_weight``; classes not named weigh 1). Multiplies with
                 ``sample_weight_col``. Single-output models.
+            validation_data: A DataFrame with the same columns, or a fraction of
+                ``dataframe``'s rows to hold out at random; its rows are evaluated on the
+                driver after each epoch and at the end (`get_validation_history()`).
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
@@ -263,6 +269,8 @@ class Trainer:
             checkpoint_dir, checkpoint_every, resume
         self.validate_arguments()
         self._validate_checkpointing()
+        dataframe, validation_frame = (dataframe, None) if validation_data is None \
+            else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
         self._custom_objects = self._find_custom_objects()
@@ -276,17 +284,58 @@ class Trainer:
             + dataframes.as_column_list(self.label_col), label_shapes, output_shapes)
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col,
                                           sample_weight_col)
-        # Counting is a Spark job of its own: done before the clock starts.
-        self._progress_total = self._samples_for_progress(frame) if self.verbose else None
-        start = time.time()
-        self.history = []
         with custom_objects.scope(self._custom_objects):
+            # Collecting and counting are Spark jobs of their own: done before the clock.
+            self._validator = self._make_validator(validation_frame)
+            self._progress_total = self._samples_for_progress(frame) \
+                if self.verbose or self._validator else None
+            start = time.time()
+            self.history = []
             try:
                 model = self._train(frame, label_shapes, shuffle)
             finally:
                 self.training_time = time.time() - start
             self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
-            return self._compile(model)
+            model = self._compile(model)
+            self._validate_returned(model)
+            return model
+
+    def _make_validator(self, validation_frame):
+        """A `validation.Validator` holding the validation rows, or None without them."""
+        if validation_frame is None:
+            return None
+        from distkeras.utils import deserialize_model, serialize_model
+
+        x, y = validation.collect(validation_frame, self.master_model, self.features_col,
+                                  self.label_col)
+        # Trainer's own: EnsembleTrainer's compiles a list.
+        model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
+        return validation.Validator(model, x, y)
+
+    def _validate_epoch(self, weights, epoch):
+        """Evaluates the weights reached after ``epoch`` (1-based), when validating."""
+        if self._validator is not None:
+            samples = sum(record.get("batch_size", 0) for record in self.history)
+            self._validator.evaluate(weights, epoch, samples)
+
+    def _validate_returned(self, model):
+        """Evaluates the returned model (each member of a list, as `member` i)."""
+        if self._validator is None:
+            return
+        if isinstance(model, list):
+            for member, each in enumerate(model):
+                samples = sum(record.get("batch_size", 0) for record in self.history
+                              if record["worker_id"] == member)
+                self._validator.evaluate_model(each, self.num_epoch, samples, member=member)
+            return
+        samples = sum(record.get("batch_size", 0) for record in self.history)
+        self._validator.evaluate_model(model, self.num_epoch, samples)
+
+    def get_validation_history(self):
+        """One record per evaluation of the validation data in the last `train()`:
+        ``epoch``, ``samples``, ``timestamp``, ``val_loss``, ``val_<metric>``."""
+        validator = getattr(self, "_validator", None)
+        return list(validator.records) if validator is not None else []
 
     def _find_custom_objects(self):
         """The user's own layers, losses, metrics the executors need; checked here first."""
@@ -575,7 +624,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 monitor = TrainingMonitor(server, spark.sparkContext, job_group,
                                           self._progress_total, self.verbose,
                                           self.worker_timeout, type(self).__name__,
-                                          self.checkpoint_dir, self.checkpoint_every)
+                                          self.checkpoint_dir, self.checkpoint_every,
+                                          validator=self._validator,
+                                          num_epoch=self.num_epoch)
                 monitor.start()
             self._run_workers(layout, self.num_partitions(), worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
@@ -795,6 +846,8 @@ class AveragingTrainer(DistributedTrainer):
                 for record in workers.history_records(workers.unpack_history(message)):
                     record["epoch"] = epoch
                     self.history.append(record)
+            if epoch + 1 < self.num_epoch:  # the last one: the returned model, at the end
+                self._validate_epoch(model.get_weights(), epoch + 1)
         return model
 
 

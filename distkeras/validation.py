@@ -1,0 +1,119 @@
+"""Validation during training, as Keras's ``fit(validation_data=...)`` reports it.
+
+``train(df, validation_data=val_df)`` (or a fraction of ``df``, split off at random) holds
+the validation rows on the driver as numpy arrays and evaluates the model on them: the
+center variable as the workers' samples complete each epoch (parameter-server trainers),
+the average after each epoch (`AveragingTrainer`), and the returned model at the end.
+Each evaluation is one record of ``trainer.get_validation_history()``: ``epoch``,
+``samples`` (trained so far), ``timestamp``, ``val_loss`` and ``val_<metric>``.
+"""
+
+import logging
+import numbers
+import time
+
+import numpy as np
+
+from distkeras import dataframes
+from distkeras.feed import column_to_numpy
+
+logger = logging.getLogger(__name__)
+
+SPLIT_COLUMN = "__distkeras_validation_draw"
+
+
+def split(dataframe, validation_data, seed=1234):
+    """The training and validation DataFrames for ``validation_data``.
+
+    Args:
+        dataframe: The training DataFrame the user passed.
+        validation_data: A DataFrame with the same columns, or a fraction in (0, 1) of
+            ``dataframe``'s rows to hold out (each row drawn with a seeded random number,
+            so cache ``dataframe`` for the same split every time it is read).
+        seed: Seed of the draw.
+
+    Returns:
+        ``(training, validation)`` DataFrames.
+
+    Raises:
+        ValueError: For a fraction outside (0, 1) or another kind of value.
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    if isinstance(validation_data, DataFrame):
+        return dataframe, validation_data
+    if isinstance(validation_data, bool) or not isinstance(validation_data, numbers.Real) \
+            or not 0.0 < validation_data < 1.0:
+        raise ValueError(
+            "`validation_data` must be a Spark DataFrame with the training columns or a "
+            f"fraction between 0 and 1 of the rows to hold out. Received: {validation_data!r}")
+    drawn = dataframe.withColumn(SPLIT_COLUMN, F.rand(seed))
+    training = drawn.where(F.col(SPLIT_COLUMN) >= validation_data).drop(SPLIT_COLUMN)
+    validation = drawn.where(F.col(SPLIT_COLUMN) < validation_data).drop(SPLIT_COLUMN)
+    return training, validation
+
+
+def collect(validation, model, features_col, label_col):
+    """The validation rows as numpy arrays ``(x, y)`` shaped for ``model``.
+
+    Raises:
+        ValueError: When the rows do not fit the model (see `dataframes.validate`) or
+            there are none.
+    """
+    try:
+        label_shapes = dataframes.validate(validation, model, features_col, label_col)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"In the validation data: {error}") from error
+    features = dataframes.as_column_list(features_col)
+    labels = dataframes.as_column_list(label_col)
+    table = dataframes.training_frame(validation, features_col, label_col).toArrow()
+    if table.num_rows == 0:
+        raise ValueError("The validation data has no rows.")
+    input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
+    output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
+    x = [column_to_numpy(table.column(name).combine_chunks(), shape, name)
+         for name, shape in zip(features, input_shapes)]
+    y = [column_to_numpy(table.column(name).combine_chunks(),
+                         () if given == () else shape, name)
+         for name, given, shape in zip(labels, label_shapes, output_shapes)]
+    single_input = not isinstance(features_col, (list, tuple))
+    single_output = not isinstance(label_col, (list, tuple))
+    logger.info("Validating on %d rows held on the driver", table.num_rows)
+    return (x[0] if single_input else x), (y[0] if single_output else y)
+
+
+class Validator:
+    """Evaluates weights on the validation rows and keeps one record per evaluation.
+
+    Args:
+        model: A compiled `keras.Model` of the trained architecture (its weights are
+            replaced at every evaluation).
+        x: Validation inputs.
+        y: Validation targets.
+        batch_size: Rows per model call.
+    """
+
+    def __init__(self, model, x, y, batch_size=1024):
+        self.model = model
+        self.x = x
+        self.y = y
+        self.batch_size = batch_size
+        self.records = []
+
+    def evaluate(self, weights, epoch, samples):
+        """Evaluates ``weights``; appends and returns the record."""
+        self.model.set_weights(list(weights))
+        return self.evaluate_model(self.model, epoch, samples)
+
+    def evaluate_model(self, model, epoch, samples, **extra):
+        """Evaluates a compiled model as it is; appends and returns the record."""
+        logs = model.evaluate(self.x, self.y, batch_size=self.batch_size, verbose=0,
+                              return_dict=True)
+        record = {"epoch": epoch, "samples": int(samples), "timestamp": time.time(), **extra}
+        record.update({f"val_{name}": float(np.asarray(value)) for name, value in logs.items()})
+        self.records.append(record)
+        logger.info("Validation after epoch %s (%d samples): %s", epoch, samples,
+                    ", ".join(f"{key} {value:.4f}" for key, value in record.items()
+                              if key.startswith("val_")))
+        return record
