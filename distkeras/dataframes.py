@@ -82,6 +82,28 @@ def check_known_inputs(model):
         "arguments so that the executors can rebuild it.")
 
 
+def check_spark_dataframe(dataframe, role="training data"):
+    """Raises a clear error for anything but a classic (not Spark Connect) DataFrame.
+
+    The trainers run their workers through the SparkContext (`mapInArrow` tasks that
+    reach the driver's parameter server), which a Spark Connect client does not have.
+    """
+    from pyspark.sql import DataFrame
+
+    module = type(dataframe).__module__ or ""
+    if module.startswith("pyspark.sql.connect"):
+        raise TypeError(
+            f"The {role} is a Spark Connect DataFrame; distkeras needs a classic "
+            "SparkSession (SparkSession.builder.master(...).getOrCreate(), or "
+            "distkeras.session.local_spark_session()), whose executors can reach the "
+            "driver's parameter server.")
+    if not isinstance(dataframe, DataFrame):
+        hint = (" Convert it with spark.createDataFrame(...)."
+                if module.startswith(("pandas", "numpy", "pyarrow")) else "")
+        raise TypeError(f"The {role} must be a Spark DataFrame. Received: "
+                        f"{type(dataframe).__module__}.{type(dataframe).__name__}.{hint}")
+
+
 def validate(dataframe, model, features_col, label_col):
     """Checks columns, types and sizes against the model before any training starts.
 
@@ -98,6 +120,7 @@ def validate(dataframe, model, features_col, label_col):
         ValueError: Naming the column and what the model expects.
         TypeError: For a column of a type that cannot be trained on.
     """
+    check_spark_dataframe(dataframe)
     check_known_inputs(model)
     features_cols = as_column_list(features_col)
     label_cols = as_column_list(label_col)

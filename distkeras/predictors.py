@@ -21,7 +21,7 @@ import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import check_known_inputs
+from distkeras.dataframes import check_known_inputs, check_spark_dataframe
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -190,6 +190,7 @@ class ModelPredictor:
             raise TypeError("`keras_model` must be a keras.Model. "
                             f"Received: keras_model={type(self.model).__name__}")
         _check_batch_size(self.batch_size)
+        check_spark_dataframe(dataframe, "DataFrame to predict on")
         check_known_inputs(self.model)
         features = (list(self.features_col) if isinstance(self.features_col, (list, tuple))
                     else [self.features_col])

@@ -269,6 +269,7 @@ class Trainer:
             checkpoint_dir, checkpoint_every, resume
         self.validate_arguments()
         self._validate_checkpointing()
+        dataframes.check_spark_dataframe(dataframe)
         dataframe, validation_frame = (dataframe, None) if validation_data is None \
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(

@@ -41,7 +41,9 @@ def split(dataframe, validation_data, seed=1234):
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    if isinstance(validation_data, DataFrame):
+    if isinstance(validation_data, DataFrame) or \
+            (type(validation_data).__module__ or "").startswith("pyspark.sql.connect"):
+        dataframes.check_spark_dataframe(validation_data, "validation data")
         return dataframe, validation_data
     if isinstance(validation_data, bool) or not isinstance(validation_data, numbers.Real) \
             or not 0.0 < validation_data < 1.0:

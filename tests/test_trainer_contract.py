@@ -140,3 +140,21 @@ def test_even_enough_partitions_get_no_warning(caplog):
         assert trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000},
                                         {"worker_id": 1, "samples": 1101}])
     assert len(caplog.records) == 1
+
+
+def test_anything_but_a_classic_spark_dataframe_is_refused_with_a_hint(spark):
+    import pandas as pd
+
+    from distkeras.predictors import ModelPredictor
+
+    trainer = trainers.SingleTrainer(build_mlp(), "adam", "categorical_crossentropy")
+    with pytest.raises(TypeError, match="must be a Spark DataFrame.*pandas.*createDataFrame"):
+        trainer.train(pd.DataFrame({"features": [[0.0] * 784], "label": [[1.0] * 10]}))
+    with pytest.raises(TypeError, match="DataFrame to predict on must be a Spark DataFrame"):
+        ModelPredictor(build_mlp()).predict([[0.0] * 784])
+
+    # A Spark Connect DataFrame (its class lives in pyspark.sql.connect) has no
+    # SparkContext for the workers: refused, saying what to use instead.
+    connect_frame = type("DataFrame", (), {"__module__": "pyspark.sql.connect.dataframe"})()
+    with pytest.raises(TypeError, match="Spark Connect DataFrame.*classic SparkSession"):
+        trainer.train(connect_frame)
