@@ -189,6 +189,8 @@ class TrainingMonitor(threading.Thread):
         postfix = {"commits/s": f"{self.server.num_updates / elapsed:.1f}"}
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
+        if self.validator is not None and self.validator.records:
+            postfix["val_loss"] = f"{self.validator.records[-1]['val_loss']:.4f}"
         progress.update(self._samples, postfix)
 
     def _validate_finished_epochs(self):

@@ -41,9 +41,19 @@ class _Server:
 class _Validator:
     def __init__(self):
         self.calls = []
+        self.records = []
 
     def evaluate(self, weights, epoch, samples):
         self.calls.append((float(weights[0][0]), epoch, samples))
+        self.records.append({"val_loss": 1.0 / epoch})
+
+
+class _Progress:
+    def __init__(self):
+        self.postfixes = []
+
+    def update(self, samples, postfix):
+        self.postfixes.append(dict(postfix))
 
 
 def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last():
@@ -53,10 +63,12 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     monitor = TrainingMonitor(server, None, "group", total_samples=300, verbose=0,
                               validator=validator, num_epoch=3)
 
+    progress = _Progress()
+
     def trained(samples, center):
         server.history.append({"batch_size": samples, "loss": 1.0})
         server.center_variable = [np.full(2, center, np.float32)]
-        monitor._update(None, 0.0)
+        monitor._update(progress, 0.0)
 
     trained(60, 1.0)     # 60 of 100 samples in epoch 1: nothing yet
     trained(50, 2.0)     # 110: epoch 1 done
@@ -65,6 +77,9 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     trained(30, 5.0)     # 300: all done, the trainer evaluates the returned model
 
     assert validator.calls == [(2.0, 1, 110), (4.0, 2, 270)]
+    # The progress shows the latest validation loss once there is one.
+    assert [postfix.get("val_loss") for postfix in progress.postfixes] == \
+        [None, "1.0000", "1.0000", "0.5000", "0.5000"]
 
 
 def _frame(spark, images, labels):
