@@ -57,12 +57,19 @@ def _records(trainer_or_records):
     return list(trainer_or_records)
 
 
+def _validation_records(trainer):
+    getter = getattr(trainer, "get_validation_history", None)
+    return list(getter()) if getter is not None else []
+
+
 def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20):
     """Training loss and accuracy against wall time, one thin line per worker.
 
     Every worker's per-step values are smoothed with a rolling mean over ``smoothing`` steps;
     the thick line is the mean over all workers: every step of every worker in time order,
-    smoothed over ``smoothing`` steps per worker.
+    smoothed over ``smoothing`` steps per worker. A trainer that validated
+    (``train(validation_data=...)``) adds its validation values as points, at the time of
+    each evaluation.
 
     Args:
         trainer: A trained distkeras trainer (or the list its `get_history()` returns).
@@ -105,6 +112,11 @@ def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20)
         axis.plot(times, rolling_mean([r[metric] for r in pooled],
                                       smoothing * len(worker_ids)),
                   color="black", linewidth=2.6, label="mean of workers")
+        validated = [r for r in _validation_records(trainer) if f"val_{metric}" in r]
+        if validated:
+            axis.plot(np.asarray([r["timestamp"] for r in validated]) - start,
+                      [r[f"val_{metric}"] for r in validated], linestyle="none", marker="o",
+                      markersize=7, color="tab:red", label="validation")
         axis.set_xlabel("seconds since the first step")
         axis.set_ylabel(_METRIC_LABELS.get(metric, metric))
         axis.set_title(f"{_METRIC_LABELS.get(metric, metric)} "

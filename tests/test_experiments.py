@@ -105,7 +105,7 @@ def test_plot_history_draws_every_worker_and_the_mean(spark, tmp_path):
     trainer = ADAG(keras_model=build_mlp(64), worker_optimizer="adam",
                    loss="categorical_crossentropy", metrics=["accuracy"], num_workers=2,
                    batch_size=32, communication_window=4)
-    trainer.train(data)
+    trainer.train(data, validation_data=0.2)
     path = str(tmp_path / "history.png")
     figure = plot_history(trainer, path)
     assert len(figure.axes) == 2
@@ -113,7 +113,13 @@ def test_plot_history_draws_every_worker_and_the_mean(spark, tmp_path):
     assert loss_axes.get_ylabel() == "training loss"
     assert accuracy_axes.get_ylabel() == "training accuracy"
     lines = loss_axes.get_lines()
-    assert [line.get_label() for line in lines] == ["worker 0", "worker 1", "mean of workers"]
+    assert [line.get_label() for line in lines] == ["worker 0", "worker 1", "mean of workers",
+                                                    "validation"]
+    validation = trainer.get_validation_history()
+    assert list(lines[-1].get_ydata()) == [record["val_loss"] for record in validation]
+    assert list(accuracy_axes.get_lines()[-1].get_ydata()) == \
+        [record["val_accuracy"] for record in validation]
+    lines = lines[:-1]
     assert lines[-1].get_linewidth() > 2 * lines[0].get_linewidth()
     history = trainer.get_history()
     span = max(r["timestamp"] for r in history) - min(r["timestamp"] for r in history)
