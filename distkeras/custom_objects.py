@@ -106,7 +106,7 @@ def find(model, compile_objects=()):
         _referenced_names(serialize_keras_object(obj), names)
     live = _live_objects(model, compile_objects)
     registry = keras.saving.get_custom_objects()
-    main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    main = _user_main_namespace()
     objects, unresolved = {}, []
     for name in sorted(names):
         source = next((source for source in (registry, live, main)
@@ -121,6 +121,21 @@ def find(model, compile_objects=()):
     if objects:
         logger.debug("Custom objects sent to the executors: %s", sorted(objects))
     return objects, unresolved
+
+
+def _user_main_namespace():
+    """What the user's own script or notebook defined at its top level, or ``{}``.
+
+    Only a ``__main__`` without a module spec is the user's (``python script.py``, a
+    notebook kernel). One run with ``python -m`` is a module; ``python -m distkeras.cli`` in
+    particular runs Punchcard's jobs, whose configs come from clients: a name in them must
+    never pick one of that process's own functions.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return {}
+    return {name: value for name, value in vars(main).items()
+            if getattr(value, "__module__", None) == "__main__"}
 
 
 def _ship_modules_by_value(objects):

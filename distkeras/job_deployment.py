@@ -205,7 +205,7 @@ def validate_submission(body, allowed_roots=()):
         BadRequest: Saying what was wrong.
     """
     from distkeras.registry import get_trainer_class
-    from distkeras.utils import deserialize_model
+    from distkeras.utils import check_compile_arguments, deserialize_model
 
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
@@ -241,6 +241,7 @@ def validate_submission(body, allowed_roots=()):
                 config[attribute] = workers
         built = trainer_class.from_config(config, keras_model=model)
         built.validate_arguments()
+        check_compile_arguments(built.worker_optimizer, built.loss, built.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
     return fields, trainer_class, config, model_bytes

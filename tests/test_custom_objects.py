@@ -95,3 +95,54 @@ def test_wrapped_subclassed_model_trains(spark, fashion_train, fashion_test):
                           "categorical_crossentropy").train(fashion_train, verbose=0)
 
     assert accuracy(model, fashion_test) > 0.6
+
+
+def _fake_main(monkeypatch, spec):
+    import os
+    import sys
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = spec
+
+    def helper(y_true, y_pred):
+        return y_pred
+
+    helper.__module__ = "__main__"
+    main.helper = helper
+    main.system = os.system  # imported into __main__, not defined there
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return helper
+
+
+def test_names_are_looked_up_in_a_user_script_or_notebook(monkeypatch, spark):
+    from conftest import build_mlp
+
+    from distkeras.custom_objects import find
+
+    helper = _fake_main(monkeypatch, spec=None)
+    loss = {"module": "builtins", "class_name": "function", "config": "helper",
+            "registered_name": "function"}
+    system = dict(loss, config="system")
+
+    objects, unresolved = find(build_mlp(), ("adam", loss, [system]))
+
+    assert objects == {"helper": helper} and unresolved == ["system"]
+
+
+def test_a_module_run_as_main_lends_none_of_its_functions(monkeypatch, spark):
+    """`python -m distkeras.cli` runs Punchcard's jobs: a client's config naming one of its
+    functions must not make Keras call it."""
+    import importlib.machinery
+
+    from conftest import build_mlp
+
+    from distkeras.custom_objects import find
+
+    _fake_main(monkeypatch, spec=importlib.machinery.ModuleSpec("distkeras.cli", None))
+    loss = {"module": "builtins", "class_name": "function", "config": "helper",
+            "registered_name": "function"}
+
+    objects, unresolved = find(build_mlp(), ("adam", loss, []))
+
+    assert objects == {} and unresolved == ["helper"]

@@ -139,7 +139,12 @@ def test_refusals(secrets, tmp_path, data_path):
             "model": ["not base64!", base64.b64encode(b"PK\x03\x04garbage").decode()],
             "trainer": [{"class_name": "os.system", "config": {}},
                         {"class_name": "ADAG", "config": {"communication_window": 0}},
-                        {"class_name": "ADAG", "config": {"no_such_argument": 1}}, "ADAG"],
+                        {"class_name": "ADAG", "config": {"no_such_argument": 1}}, "ADAG",
+                        # Valid but for a misspelled name: refused now, not in the job.
+                        {"class_name": "ADAG", "config": {**good["trainer"]["config"],
+                                                          "loss": "categorical_crossentropyy"}},
+                        {"class_name": "ADAG", "config": {**good["trainer"]["config"],
+                                                          "worker_optimizer": "adamm"}}],
         }
         for field, values in cases.items():
             for value in values:
