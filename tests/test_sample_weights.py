@@ -151,3 +151,37 @@ def test_bad_weights_are_named_before_training(options, error, message, spark):
     with pytest.raises(error, match=message):
         trainer.train(frame, verbose=0, **options)
     assert trainer.get_history() == []
+
+
+def test_a_custom_worker_written_as_the_docs_say_takes_the_weights(spark):
+    from distkeras.trainers import AsynchronousDistributedTrainer
+    from distkeras.workers import NetworkWorker
+
+    class WeightedWorker(NetworkWorker):
+        def optimize(self):
+            self.pull()
+            self.model.set_weights(self.center_variable)
+            while True:
+                x, y, *weights = self.get_next_minibatch()
+                assert len(weights) == 1 and len(weights[0]) == len(x)
+                start = self.model.get_weights()
+                self.model.train_on_batch(x, y, *weights)
+                self.commit(self.model.get_weights() - start)
+                self.pull()
+                self.model.set_weights(self.center_variable)
+                self.iteration += 1
+
+    class WeightedTrainer(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            return WeightedWorker(self.master_model)
+
+    x, y = _imbalanced(rows=200)
+    frame = _frame(spark, x, y, weight=np.zeros(len(x))).repartition(2)
+    start = _linear_model()
+
+    model = WeightedTrainer(_linear_model(), "sgd", "sparse_categorical_crossentropy",
+                            num_workers=2).train(frame, verbose=0, sample_weight_col="weight")
+
+    assert len(model.get_weights()) == len(start.get_weights())
+    for trained, initial in zip(model.get_weights(), start.get_weights()):
+        np.testing.assert_allclose(trained, initial, atol=1e-7)
