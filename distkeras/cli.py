@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 
+from distkeras import train_options
+
 logger = logging.getLogger(__name__)
 
 # Trainer arguments that have their own options below; every other constructor argument of
@@ -86,7 +88,19 @@ def _train_parser(trainer_class=None, add_help=True):
                         help="loss (default: the model's compiled loss; required otherwise)")
     parser.add_argument("--metrics", default="accuracy", help="comma-separated metrics")
     parser.add_argument("--shuffle", action="store_true", help="shuffle rows each epoch")
+    parser.add_argument("--validation", default=None,
+                        help="a fraction of the rows to hold out (0.1), or a Parquet path, "
+                             "to evaluate after each epoch")
+    parser.add_argument("--sample-weight-col", default=None,
+                        help="a numeric column weighing each row's loss")
+    parser.add_argument("--class-weight", default=None,
+                        help='JSON object from class index to weight, e.g. \'{"1": 5}\'')
+    parser.add_argument("--train-options", default=None,
+                        help="JSON file of train options (shuffle, validation, "
+                             "sample_weight_col, class_weight); the flags above override it")
     parser.add_argument("--history", default=None, help="where to write the history (JSON)")
+    parser.add_argument("--validation-history", default=None,
+                        help="where to write the validation history (JSON)")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--trainer-config", default=None,
@@ -215,6 +229,34 @@ def command_train(argv):
         raise
 
 
+def _train_options(args):
+    """The train options of ``--train-options`` and the flags, checked."""
+    options = {}
+    if args.train_options:
+        with open(args.train_options, encoding="utf-8") as handle:
+            options = json.load(handle)
+        if not isinstance(options, dict):
+            raise CommandError(f"{args.train_options} must hold a JSON object")
+    if args.shuffle:
+        options["shuffle"] = True
+    if args.validation is not None:
+        try:
+            options["validation"] = float(args.validation)
+        except ValueError:
+            options["validation"] = args.validation  # a Parquet path
+    if args.sample_weight_col is not None:
+        options["sample_weight_col"] = args.sample_weight_col
+    if args.class_weight is not None:
+        try:
+            options["class_weight"] = json.loads(args.class_weight)
+        except ValueError as error:
+            raise CommandError(f"--class-weight is not JSON: {error}") from error
+    try:
+        return train_options.normalize(options)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+
+
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     spark = _spark(args.master)
@@ -230,14 +272,17 @@ def _train(trainer_class, args):
         trainer = _trainer_from_config(trainer_class, model, args.trainer_config)
     else:
         trainer = build_trainer(trainer_class, model, args)
+    options = _train_options(args)
     warm_up.join()
     write_status(args.status, "training")
-    trained = trainer.train(dataframe, shuffle=args.shuffle)
+    trained = trainer.train(dataframe, **train_options.train_arguments(options, spark))
     if isinstance(trained, list):
         raise CommandError("EnsembleTrainer returns several models; save them from Python")
     utils.save_model(trained, args.output)
     if args.history:
         utils.save_history(trainer.get_history(), args.history)
+    if args.validation_history:
+        utils.save_history(trainer.get_validation_history(), args.validation_history)
     history = trainer.get_history()
     samples = sum(record.get("batch_size", 0) for record in history)
     seconds = trainer.get_training_time()

@@ -32,6 +32,8 @@ import urllib.error
 import urllib.request
 import uuid
 
+from distkeras import train_options
+
 logger = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Punchcard-Secret"
@@ -58,10 +60,16 @@ class Job:
             ``num_executors * num_processes`` partitions, one worker each.
         num_processes: Worker processes per executor.
         trainer: A distkeras trainer (its class must be registered on the server).
+        train_options: Options of `train()`, as JSON: ``shuffle`` (bool), ``validation``
+            (a fraction of the rows to hold out, or a Parquet path the cluster reads),
+            ``sample_weight_col`` (a column name), ``class_weight`` (class index to weight).
     """
 
-    def __init__(self, secret, job_name, data_path, num_executors, num_processes, trainer):
+    def __init__(self, secret, job_name, data_path, num_executors, num_processes, trainer,
+                 train_options=None):
         self.secret = secret
+        self.train_options = train_options
+        self.validation_history = None
         self.job_name = job_name
         self.data_path = data_path
         self.num_executors = num_executors
@@ -101,6 +109,7 @@ class Job:
             "trainer": {"class_name": type(self.trainer).__name__,
                         "config": self.trainer.get_config()},
             "model": base64.b64encode(serialize_model(self.trainer.master_model)).decode(),
+            "train_options": self.train_options,
         }
 
     def send(self, url):
@@ -144,6 +153,7 @@ class Job:
         answer = self._request("GET", "/api/destroy", timeout=300)
         self.model_bytes = base64.b64decode(answer["model"])
         self.history = answer["history"]
+        self.validation_history = answer.get("validation_history") or []
         return self
 
     def cancel(self):
@@ -165,6 +175,12 @@ class Job:
             raise JobError("No history yet: call wait_completion() first.")
         return self.history
 
+    def get_validation_history(self):
+        """The validation records (with ``train_options={"validation": ...}``)."""
+        if self.validation_history is None:
+            raise JobError("No history yet: call wait_completion() first.")
+        return self.validation_history
+
 
 # --------------------------------------------------------------------------------------
 # The server
@@ -174,16 +190,16 @@ class BadRequest(ValueError):
     """A malformed submission (HTTP 400)."""
 
 
-def _check_data_path(path, allowed_roots):
+def _check_data_path(path, allowed_roots, name="data_path"):
     if not isinstance(path, str) or not path or len(path) > 4096:
-        raise BadRequest("'data_path' must be a non-empty string.")
+        raise BadRequest(f"'{name}' must be a non-empty string.")
     if any(ord(char) < 32 for char in path):
-        raise BadRequest("'data_path' must not contain control characters.")
+        raise BadRequest(f"'{name}' must not contain control characters.")
     if ".." in re.split(r"[/\\]", path):
-        raise BadRequest("'data_path' must not contain '..' segments.")
+        raise BadRequest(f"'{name}' must not contain '..' segments.")
     if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
                                  for root in allowed_roots):
-        raise BadRequest(f"'data_path' must be under one of: {', '.join(allowed_roots)}.")
+        raise BadRequest(f"'{name}' must be under one of: {', '.join(allowed_roots)}.")
     return path
 
 
@@ -232,6 +248,12 @@ def validate_submission(body, allowed_roots=()):
         model = deserialize_model(model_bytes)
     except Exception as error:  # any failure to load is the client's archive's fault
         raise BadRequest(f"The model archive was refused: {error}") from error
+    try:
+        fields["train_options"] = train_options.normalize(
+            body.get("train_options"),
+            lambda path: _check_data_path(path, allowed_roots, "train_options.validation"))
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
     config = dict(trainer["config"])
     workers = fields["num_executors"] * fields["num_processes"]
     try:
@@ -324,6 +346,8 @@ class Punchcard:
             handle.write(model_bytes)
         with open(os.path.join(job_dir, "trainer.json"), "w", encoding="utf-8") as handle:
             json.dump(config, handle)
+        with open(os.path.join(job_dir, "train_options.json"), "w", encoding="utf-8") as handle:
+            json.dump(fields.pop("train_options"), handle)
         job = {"id": job_id, "secret_hash": secret_hash, "identity": identity,
                "trainer_class": trainer_class.__name__, "job_dir": job_dir, "state": "queued",
                "created": time.time(), **fields}
@@ -366,8 +390,13 @@ class Punchcard:
         history_path = os.path.join(job["job_dir"], "history.json")
         with open(history_path, encoding="utf-8") as handle:
             history = json.load(handle)
+        validation_path = os.path.join(job["job_dir"], "validation.json")
+        validation = []
+        if os.path.exists(validation_path):  # jobs queued before train options existed
+            with open(validation_path, encoding="utf-8") as handle:
+                validation = json.load(handle)
         self.forget(job)
-        return {"model": model, "history": history}
+        return {"model": model, "history": history, "validation_history": validation}
 
     def forget(self, job):
         self.store.delete(job["id"])
@@ -462,9 +491,16 @@ class Punchcard:
                 "--trainer-config", os.path.join(job["job_dir"], "trainer.json"),
                 "--output", os.path.join(job["job_dir"], "trained.keras"),
                 "--history", os.path.join(job["job_dir"], "history.json"),
+                "--validation-history", os.path.join(job["job_dir"], "validation.json"),
                 "--status", os.path.join(job["job_dir"], "status.json"),
                 "--master", self.master,
-                "--job-id", job["id"]]
+                "--job-id", job["id"]] + self._options_arguments(job)
+
+    @staticmethod
+    def _options_arguments(job):
+        path = os.path.join(job["job_dir"], "train_options.json")
+        # A job queued by a server from before train options has no such file.
+        return ["--train-options", path] if os.path.exists(path) else []
 
     def _start(self, job):
         if not self.store.update(job["id"], only_if_state="queued", state="running",

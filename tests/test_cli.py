@@ -41,7 +41,23 @@ def test_train_in_process(spark, parquet_data, model_file, tmp_path, fashion_tes
     assert sum(record["batch_size"] for record in records) == 1500
 
 
+def test_train_options_validate_and_weigh(spark, parquet_data, model_file, tmp_path):
+    from distkeras import cli
+
+    output, validation = str(tmp_path / "out.keras"), str(tmp_path / "validation.json")
+    status = cli.main(["train", "--data", parquet_data, "--model", model_file,
+                       "--trainer", "ADAG", "--workers", "2", "--window", "4",
+                       "--epochs", "2", "--output", output, "--validation", parquet_data,
+                       "--class-weight", '{"0": 2.0}', "--validation-history", validation])
+    assert status == 0
+    records = json.load(open(validation))
+    assert records[-1]["epoch"] == 2 and records[-1]["samples"] == 3000
+    assert records[-1]["val_accuracy"] > 0.4
+
+
 @pytest.mark.parametrize("change, message", [
+    ({"--validation": "1.5"}, "'validation' must be a fraction"),
+    ({"--class-weight": "{1: 2}"}, "--class-weight is not JSON"),
     ({"--data": "/nonexistent/data.parquet"}, "cannot read Parquet data"),
     ({"--model": "/nonexistent/model.keras"}, "model file not found"),
     ({"--trainer": "Nope"}, "Unknown trainer 'Nope'. Available trainers:"),

@@ -120,6 +120,19 @@ def test_seed_session_trains_and_returns_the_model(server, secrets, data_path, f
     assert os.listdir(os.path.join(server.punchcard.work_dir, "jobs")) == []
 
 
+def test_train_options_reach_the_job(server, secrets, data_path):
+    secret = secrets[1][2]
+    job = Job(secret, "options", data_path, 1, 2, _trainer(),
+              train_options={"validation": 0.2, "shuffle": True, "class_weight": {0: 2.0}})
+    job.send(server.url)
+    job.wait_completion(timeout=300, poll_interval=0.5)
+
+    trained = sum(record["batch_size"] for record in job.get_history())
+    assert 1400 < trained < 1800  # about a fifth of the 2,000 rows held out
+    (last,) = job.get_validation_history()[-1:]
+    assert last["epoch"] == 1 and last["samples"] == trained and 0 < last["val_loss"] < 5
+
+
 def test_refusals(secrets, tmp_path, data_path):
     import keras
 
@@ -145,6 +158,9 @@ def test_refusals(secrets, tmp_path, data_path):
                                                           "loss": "categorical_crossentropyy"}},
                         {"class_name": "ADAG", "config": {**good["trainer"]["config"],
                                                           "worker_optimizer": "adamm"}}],
+            "train_options": [{"validation": 2}, {"validation": "/data/../etc"},
+                              {"class_weight": {"a": 1}}, {"sample_weight_col": "a;b"},
+                              {"no_such_option": 1}, "shuffle"],
         }
         for field, values in cases.items():
             for value in values:
