@@ -136,6 +136,8 @@ class TrainingMonitor(threading.Thread):
         self.validator = validator if total_samples else None
         self.num_epoch = num_epoch
         self._validated_epochs = 0
+        self._epoch_losses = []
+        self.stopped_by_callback = None
 
     def stop(self):
         self._done.set()
@@ -159,6 +161,7 @@ class TrainingMonitor(threading.Thread):
             self._samples += record.get("batch_size", 0)
             if "loss" in record:
                 self._recent_losses.append(record["loss"])
+                self._epoch_losses.append(record["loss"])
         del self._recent_losses[:-50]
         return len(new)
 
@@ -195,7 +198,7 @@ class TrainingMonitor(threading.Thread):
 
     def _validate_finished_epochs(self):
         """Evaluates the center once the samples of another epoch have all been trained."""
-        if self.validator is None:
+        if self.validator is None or self.stopped_by_callback:
             return
         finished = min(int(self._samples * self.num_epoch // self.total_samples),
                        self.num_epoch - 1)  # the last epoch: the returned model, at the end
@@ -206,10 +209,19 @@ class TrainingMonitor(threading.Thread):
         self._validated_epochs = finished
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             weights = [np.array(weight) for weight in self.server.center_variable]
+        # The mean loss of the steps reported since the last epoch's end.
+        loss = float(np.mean(self._epoch_losses)) if self._epoch_losses else None
+        self._epoch_losses = []
         try:
-            self.validator.evaluate(weights, finished, self._samples)
+            self.validator.evaluate(weights, finished, self._samples, loss)
         except Exception as error:  # validation must not kill the training it watches
             logger.warning("Could not evaluate the validation data: %s", error)
+            return
+        if self.validator.stop_requested:
+            self.stopped_by_callback = f"a callback stopped the training after epoch {finished}"
+            logger.info("Stopping the workers: %s", self.stopped_by_callback)
+            self.spark_context.cancelJobGroup(self.job_group)
+            self._done.set()
 
     def _checkpoint(self):
         from distkeras.checkpoints import save_checkpoint

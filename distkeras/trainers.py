@@ -237,7 +237,7 @@ class Trainer:
 
     def train(self, dataframe, shuffle=False, verbose="auto", checkpoint_dir=None,
               checkpoint_every=60.0, resume=False, sample_weight_col=None, class_weight=None,
-              validation_data=None):
+              validation_data=None, callbacks=None):
         """Trains on a Spark DataFrame and returns a compiled `keras.Model`.
 
         Args:
@@ -260,6 +260,11 @@ class Trainer:
             validation_data: A DataFrame with the same columns, or a fraction of
                 ``dataframe``'s rows to hold out at random; its rows are evaluated on the
                 driver after each epoch and at the end (`get_validation_history()`).
+            callbacks: Keras callbacks run on the driver at the end of each epoch (see
+                `validation.Validator`), with ``val_*`` logs when ``validation_data`` is
+                given and the training ``loss``: ``EarlyStopping`` stops the workers and
+                returns the model (with ``restore_best_weights``, the best epoch's),
+                ``ModelCheckpoint`` and ``CSVLogger`` save what they see.
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
@@ -270,6 +275,7 @@ class Trainer:
         self.validate_arguments()
         self._validate_checkpointing()
         dataframes.check_spark_dataframe(dataframe)
+        callbacks = validation.check_callbacks(callbacks)
         dataframe, validation_frame = (dataframe, None) if validation_data is None \
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
@@ -287,11 +293,13 @@ class Trainer:
                                           sample_weight_col)
         with custom_objects.scope(self._custom_objects):
             # Collecting and counting are Spark jobs of their own: done before the clock.
-            self._validator = self._make_validator(validation_frame)
+            self._validator = self._make_validator(validation_frame, callbacks)
             self._progress_total = self._samples_for_progress(frame) \
                 if self.verbose or self._validator else None
             start = time.time()
             self.history = []
+            if self._validator is not None:
+                self._validator.begin()
             try:
                 model = self._train(frame, label_shapes, shuffle)
             finally:
@@ -301,23 +309,46 @@ class Trainer:
             self._validate_returned(model)
             return model
 
-    def _make_validator(self, validation_frame):
-        """A `validation.Validator` holding the validation rows, or None without them."""
-        if validation_frame is None:
+    def _make_validator(self, validation_frame, callbacks):
+        """A `validation.Validator` for the validation rows and the callbacks, or None
+        without either."""
+        if validation_frame is None and not callbacks:
             return None
         from distkeras.utils import deserialize_model, serialize_model
 
-        x, y = validation.collect(validation_frame, self.master_model, self.features_col,
-                                  self.label_col)
+        if callbacks and isinstance(self, EnsembleTrainer):
+            raise ValueError("EnsembleTrainer trains independent models: callbacks, which "
+                             "watch one model, do not apply. Use validation_data alone.")
+        x = y = None
+        if validation_frame is not None:
+            x, y = validation.collect(validation_frame, self.master_model, self.features_col,
+                                      self.label_col)
         # Trainer's own: EnsembleTrainer's compiles a list.
         model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
-        return validation.Validator(model, x, y)
+        return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch)
 
-    def _validate_epoch(self, weights, epoch):
-        """Evaluates the weights reached after ``epoch`` (1-based), when validating."""
-        if self._validator is not None:
-            samples = sum(record.get("batch_size", 0) for record in self.history)
-            self._validator.evaluate(weights, epoch, samples)
+    def _trained_so_far(self, worker_id=None, epochs=1):
+        """Samples in the history (of one worker, if given) and the mean step loss of its
+        last ``1 / epochs`` of them (the last epoch's, in time order)."""
+        records = [record for record in self.history
+                   if worker_id is None or record["worker_id"] == worker_id]
+        counts = np.cumsum([record.get("batch_size", 0) for record in records])
+        total = int(counts[-1]) if len(counts) else 0
+        start = total * (epochs - 1) / epochs
+        losses = [record["loss"] for record, count in zip(records, counts)
+                  if count > start and "loss" in record]
+        return total, (float(np.mean(losses)) if losses else None)
+
+    def _validate_epoch(self, weights, epoch, epoch_records=None):
+        """Runs the end of ``epoch`` (1-based) on the weights reached, when validating or
+        calling back; returns whether a callback asked to stop."""
+        if self._validator is None:
+            return False
+        samples, _ = self._trained_so_far()
+        losses = [record["loss"] for record in epoch_records or [] if "loss" in record]
+        self._validator.evaluate(weights, epoch, samples,
+                                 float(np.mean(losses)) if losses else None)
+        return self._validator.stop_requested
 
     def _validate_returned(self, model):
         """Evaluates the returned model (each member of a list, as `member` i)."""
@@ -325,12 +356,12 @@ class Trainer:
             return
         if isinstance(model, list):
             for member, each in enumerate(model):
-                samples = sum(record.get("batch_size", 0) for record in self.history
-                              if record["worker_id"] == member)
+                samples, _ = self._trained_so_far(member)
                 self._validator.evaluate_model(each, self.num_epoch, samples, member=member)
             return
-        samples = sum(record.get("batch_size", 0) for record in self.history)
-        self._validator.evaluate_model(model, self.num_epoch, samples)
+        epochs = self._validator.stopped_epoch or self.num_epoch
+        samples, loss = self._trained_so_far(epochs=epochs)
+        self._validator.end(model, samples, loss)
 
     def get_validation_history(self):
         """One record per evaluation of the validation data in the last `train()`:
@@ -639,7 +670,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         except TrainingError as error:
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
-            raise
+            if monitor is None or not monitor.stopped_by_callback:
+                raise
+            # A callback (EarlyStopping) stopped the workers: the center is the result.
         finally:
             if monitor is not None:
                 monitor.stop()
@@ -843,12 +876,15 @@ class AveragingTrainer(DistributedTrainer):
                 f"distkeras AveragingTrainer epoch {epoch + 1}/{self.num_epoch}")
             model.set_weights(list(update_rules.average_weights(
                 weights_array(message["weights"]) for message in messages)))
-            for message in messages:
-                for record in workers.history_records(workers.unpack_history(message)):
-                    record["epoch"] = epoch
-                    self.history.append(record)
-            if epoch + 1 < self.num_epoch:  # the last one: the returned model, at the end
-                self._validate_epoch(model.get_weights(), epoch + 1)
+            epoch_records = [record for message in messages for record in
+                             workers.history_records(workers.unpack_history(message))]
+            for record in epoch_records:
+                record["epoch"] = epoch
+            self.history.extend(epoch_records)
+            # The last epoch: the returned model, at the end.
+            if epoch + 1 < self.num_epoch and \
+                    self._validate_epoch(model.get_weights(), epoch + 1, epoch_records):
+                break
         return model
 
 

@@ -85,28 +85,105 @@ def collect(validation, model, features_col, label_col):
     return (x[0] if single_input else x), (y[0] if single_output else y)
 
 
+# Callbacks that act on the optimizer or on `fit`'s own loop, which live on the executors
+# and in the workers here: they would change nothing, silently.
+_REFUSED_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau", "BackupAndRestore",
+                      "SwapEMAWeights")
+
+
+def check_callbacks(callbacks):
+    """The Keras callbacks as a list, or a clear error for one that cannot work here.
+
+    Raises:
+        TypeError: For something that is not a `keras.callbacks.Callback`.
+        ValueError: For a callback that changes the optimizer or `fit`'s loop.
+    """
+    import keras
+
+    callbacks = list(callbacks or [])
+    for callback in callbacks:
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError("`callbacks` must be keras.callbacks.Callback instances. "
+                            f"Received: {type(callback).__name__}")
+        if type(callback).__name__ in _REFUSED_CALLBACKS:
+            raise ValueError(
+                f"{type(callback).__name__} changes the optimizer or the training loop, "
+                "which run in the workers: it would change nothing here. Use a learning "
+                "rate schedule in `worker_optimizer` instead.")
+    return callbacks
+
+
 class Validator:
-    """Evaluates weights on the validation rows and keeps one record per evaluation.
+    """Runs at the end of each epoch on the driver: evaluates the weights reached on the
+    validation rows (one record each) and calls the Keras callbacks with the logs.
+
+    The callbacks see ``model`` holding those weights: ``EarlyStopping`` may set its
+    ``stop_training``, ``ModelCheckpoint`` saves it, ``CSVLogger`` writes the logs. Only
+    ``on_train_begin``, ``on_epoch_end`` and ``on_train_end`` are called.
 
     Args:
         model: A compiled `keras.Model` of the trained architecture (its weights are
             replaced at every evaluation).
-        x: Validation inputs.
+        x: Validation inputs, or None (callbacks then get the training loss only).
         y: Validation targets.
         batch_size: Rows per model call.
+        callbacks: `keras.callbacks.Callback` instances (see `check_callbacks`).
+        num_epoch: Epochs of the training (the callbacks' ``params``).
     """
 
-    def __init__(self, model, x, y, batch_size=1024):
+    def __init__(self, model, x=None, y=None, batch_size=1024, callbacks=(), num_epoch=1):
         self.model = model
         self.x = x
         self.y = y
         self.batch_size = batch_size
         self.records = []
+        self.callbacks = keras_callback_list(callbacks, model, num_epoch)
+        self.num_epoch = num_epoch
+        self.stopped_epoch = None
 
-    def evaluate(self, weights, epoch, samples):
-        """Evaluates ``weights``; appends and returns the record."""
+    @property
+    def stop_requested(self):
+        """Whether a callback asked to stop (``model.stop_training``)."""
+        return bool(getattr(self.model, "stop_training", False))
+
+    def begin(self):
+        """Calls the callbacks' ``on_train_begin``."""
+        self.model.stop_training = False
+        if self.callbacks is not None:
+            self.callbacks.on_train_begin()
+
+    def evaluate(self, weights, epoch, samples, loss=None):
+        """Evaluates ``weights`` reached after ``epoch`` (1-based) and calls the callbacks.
+
+        Returns:
+            The validation record, or None without validation rows.
+        """
         self.model.set_weights(list(weights))
-        return self.evaluate_model(self.model, epoch, samples)
+        record = None if self.x is None else self.evaluate_model(self.model, epoch, samples)
+        logs = {key: value for key, value in (record or {}).items() if key.startswith("val_")}
+        if loss is not None:
+            logs["loss"] = float(loss)
+        if self.callbacks is not None:
+            self.callbacks.on_epoch_end(epoch - 1, logs)  # Keras counts epochs from 0
+            if self.stop_requested and self.stopped_epoch is None:
+                self.stopped_epoch = epoch
+                logger.info("A callback stopped the training after epoch %d", epoch)
+        return record
+
+    def end(self, model, samples, loss=None):
+        """Ends the training: evaluates the trained ``model`` as the last epoch's result,
+        calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave.
+
+        After a callback stopped the training, ``model`` gets the weights of the epoch it
+        stopped after (the workers went on a little before they were stopped), or the
+        best epoch's with ``EarlyStopping(restore_best_weights=True)``: always weights
+        that a validation record describes.
+        """
+        if self.stopped_epoch is None:
+            self.evaluate(model.get_weights(), self.num_epoch, samples, loss)
+        if self.callbacks is not None:
+            self.callbacks.on_train_end()
+            model.set_weights(self.model.get_weights())
 
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""
@@ -119,3 +196,13 @@ class Validator:
                     ", ".join(f"{key} {value:.4f}" for key, value in record.items()
                               if key.startswith("val_")))
         return record
+
+
+def keras_callback_list(callbacks, model, num_epoch):
+    """A `keras.callbacks.CallbackList` over ``model``, or None without callbacks."""
+    import keras
+
+    if not callbacks:
+        return None
+    return keras.callbacks.CallbackList(list(callbacks), model=model, epochs=num_epoch,
+                                        verbose=0)

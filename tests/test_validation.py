@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import build_mlp
+from conftest import accuracy, build_mlp
 
 
 def test_a_fraction_splits_the_rows_once_and_for_all(spark):
@@ -39,13 +39,26 @@ class _Server:
 
 
 class _Validator:
-    def __init__(self):
+    def __init__(self, stop_after=None):
         self.calls = []
         self.records = []
+        self.losses = []
+        self.stop_after = stop_after
+        self.stop_requested = False
 
-    def evaluate(self, weights, epoch, samples):
+    def evaluate(self, weights, epoch, samples, loss=None):
         self.calls.append((float(weights[0][0]), epoch, samples))
+        self.losses.append(loss)
         self.records.append({"val_loss": 1.0 / epoch})
+        self.stop_requested = epoch == self.stop_after
+
+
+class _SparkContext:
+    def __init__(self):
+        self.cancelled = []
+
+    def cancelJobGroup(self, group):
+        self.cancelled.append(group)
 
 
 class _Progress:
@@ -66,7 +79,7 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     progress = _Progress()
 
     def trained(samples, center):
-        server.history.append({"batch_size": samples, "loss": 1.0})
+        server.history.append({"batch_size": samples, "loss": center})
         server.center_variable = [np.full(2, center, np.float32)]
         monitor._update(progress, 0.0)
 
@@ -77,9 +90,28 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     trained(30, 5.0)     # 300: all done, the trainer evaluates the returned model
 
     assert validator.calls == [(2.0, 1, 110), (4.0, 2, 270)]
+    # Each epoch's training loss: the mean of the steps reported since the last one.
+    assert validator.losses == [1.5, 3.5]
+    assert monitor.stopped_by_callback is None
     # The progress shows the latest validation loss once there is one.
     assert [postfix.get("val_loss") for postfix in progress.postfixes] == \
         [None, "1.0000", "1.0000", "0.5000", "0.5000"]
+
+
+def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
+    from distkeras.monitor import TrainingMonitor
+
+    server, validator, context = _Server(), _Validator(stop_after=1), _SparkContext()
+    monitor = TrainingMonitor(server, context, "the-group", total_samples=300, verbose=0,
+                              validator=validator, num_epoch=3)
+    server.history.append({"batch_size": 120, "loss": 1.0})
+    monitor._update(None, 0.0)
+    server.history.append({"batch_size": 120, "loss": 1.0})  # reported before they stopped
+    monitor._update(None, 0.0)
+
+    assert validator.calls == [(0.0, 1, 120)]  # nothing evaluated after the stop
+    assert context.cancelled == ["the-group"]
+    assert monitor.stopped_by_callback == "a callback stopped the training after epoch 1"
 
 
 def _frame(spark, images, labels):
@@ -151,3 +183,100 @@ def test_validation_rows_that_do_not_fit_the_model_fail_before_training(spark, f
     with pytest.raises(ValueError, match="In the validation data: .* 10 values per row.*784"):
         trainer.train(fashion_train, verbose=0, validation_data=wrong)
     assert trainer.get_history() == []
+
+
+def _stop_after_first_epoch():
+    import keras
+
+    class StopAfterFirstEpoch(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs, self.logs, self.ended = [], [], False
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append(epoch)
+            self.logs.append(dict(logs or {}))
+            self.model.stop_training = True
+
+        def on_train_end(self, logs=None):
+            self.ended = True
+
+    return StopAfterFirstEpoch()
+
+
+def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fashion_test):
+    from distkeras.trainers import ADAG
+
+    images, labels = fashion_test[0][:300], fashion_test[1][:300]
+    callback = _stop_after_first_epoch()
+    # Epochs of 6,000 rows take a fraction of a second and the workers report twice a
+    # second: many epochs, so that stopping after the first one noticed shows.
+    trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                   communication_window=1, num_epoch=50)
+    model = trainer.train(fashion_train, verbose=0, callbacks=[callback],
+                          validation_data=_frame(spark, images, labels))
+
+    trained = sum(record["batch_size"] for record in trainer.get_history())
+    assert trained < 0.5 * 50 * 6000  # stopped long before the 50 epochs
+    assert callback.ended and callback.epochs[0] >= 0
+    assert "val_loss" in callback.logs[0] and "loss" in callback.logs[0]
+    records = trainer.get_validation_history()
+    assert len(records) == 1 and records[0]["epoch"] == callback.epochs[0] + 1
+    # The returned model is the center of the epoch it stopped after, as evaluated.
+    expected = model.evaluate(images, np.eye(10)[labels], verbose=0, return_dict=True)
+    assert records[0]["val_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert model.compiled and accuracy(model, fashion_test) > 0.5
+
+
+def test_averaging_trainer_returns_the_weights_a_callback_restores(spark, fashion_train):
+    import keras
+
+    from distkeras.trainers import AveragingTrainer
+
+    class RestoreFirstEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.first = self.model.get_weights()
+
+        def on_train_end(self, logs=None):
+            self.model.set_weights(self.first)
+
+    callback = RestoreFirstEpoch()
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=3)
+    model = trainer.train(fashion_train, verbose=0, callbacks=[callback])
+
+    assert len(trainer.get_history()) > 0 and trainer.get_validation_history() == []
+    for returned, first in zip(model.get_weights(), callback.first):
+        np.testing.assert_array_equal(returned, first)
+
+
+def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train):
+    import keras
+
+    from distkeras.trainers import AveragingTrainer
+
+    # An improvement no epoch can make: EarlyStopping stops after the second one.
+    stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=5)
+    trainer.train(fashion_train, verbose=0, callbacks=[stopping])
+
+    assert {record["epoch"] for record in trainer.get_history()} == {0, 1}
+    assert stopping.stopped_epoch == 1
+
+
+@pytest.mark.parametrize("callback, error, message", [
+    ("not a callback", TypeError, "must be keras.callbacks.Callback"),
+    ("ReduceLROnPlateau", ValueError, "changes the optimizer or the training loop"),
+])
+def test_callbacks_that_cannot_work_are_refused(callback, error, message, fashion_train):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    if callback == "ReduceLROnPlateau":
+        callback = keras.callbacks.ReduceLROnPlateau()
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
+    with pytest.raises(error, match=message):
+        trainer.train(fashion_train, verbose=0, callbacks=[callback])
