@@ -266,17 +266,22 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
     assert stopping.stopped_epoch == 1
 
 
-@pytest.mark.parametrize("callback, error, message", [
-    ("not a callback", TypeError, "must be keras.callbacks.Callback"),
-    ("ReduceLROnPlateau", ValueError, "changes the optimizer or the training loop"),
+@pytest.mark.parametrize("callback, trainer_name, error, message", [
+    ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
+    ("ReduceLROnPlateau", "SingleTrainer", ValueError,
+     "changes the optimizer or the training loop"),
+    ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
 ])
-def test_callbacks_that_cannot_work_are_refused(callback, error, message, fashion_train):
+def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, message,
+                                                fashion_train):
     import keras
 
-    from distkeras.trainers import SingleTrainer
+    from distkeras import trainers
 
-    if callback == "ReduceLROnPlateau":
-        callback = keras.callbacks.ReduceLROnPlateau()
-    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
+    if callback != "not a callback":
+        callback = getattr(keras.callbacks, callback)()
+    trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
+                                              "categorical_crossentropy")
     with pytest.raises(error, match=message):
         trainer.train(fashion_train, verbose=0, callbacks=[callback])
+    assert trainer.get_history() == []
