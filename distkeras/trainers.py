@@ -365,7 +365,8 @@ class Trainer:
 
     def get_validation_history(self):
         """One record per evaluation of the validation data in the last `train()`:
-        ``epoch``, ``samples``, ``timestamp``, ``val_loss``, ``val_<metric>``."""
+        ``epoch``, ``samples``, ``timestamp``, ``loss`` (the epoch's mean step loss, where
+        known), ``val_loss``, ``val_<metric>``."""
         validator = getattr(self, "_validator", None)
         return list(validator.records) if validator is not None else []
 

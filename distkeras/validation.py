@@ -5,7 +5,8 @@ the validation rows on the driver as numpy arrays and evaluates the model on the
 center variable as the workers' samples complete each epoch (parameter-server trainers),
 the average after each epoch (`AveragingTrainer`), and the returned model at the end.
 Each evaluation is one record of ``trainer.get_validation_history()``: ``epoch``,
-``samples`` (trained so far), ``timestamp``, ``val_loss`` and ``val_<metric>``.
+``samples`` (trained so far), ``timestamp``, ``loss`` (the epoch's mean step loss, where
+known), ``val_loss`` and ``val_<metric>``.
 """
 
 import logging
@@ -159,7 +160,9 @@ class Validator:
             The validation record, or None without validation rows.
         """
         self.model.set_weights(list(weights))
-        record = None if self.x is None else self.evaluate_model(self.model, epoch, samples)
+        extra = {} if loss is None else {"loss": float(loss)}  # the epoch's training loss
+        record = None if self.x is None else \
+            self.evaluate_model(self.model, epoch, samples, **extra)
         logs = {key: value for key, value in (record or {}).items() if key.startswith("val_")}
         if loss is not None:
             logs["loss"] = float(loss)

@@ -114,5 +114,14 @@ def test_workflow_notebook_runs(tmp_path, monkeypatch):
     for name in TRAINERS:
         assert name in tables[-1], f"{name} missing from the summary table"
 
+    # Section 7: validation every epoch, early stopping, the test set judged at the end.
+    validated = [json.loads(line[len("VALIDATION_JSON "):]) for output in outputs
+                 for line in _text(output).splitlines() if line.startswith("VALIDATION_JSON ")]
+    assert len(validated) == 1, "the notebook must print one VALIDATION_JSON line"
+    epochs = validated[0]["epochs"]
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 2
+    assert min(validated[0]["val_accuracy"]) > MIN_ACCURACY
+    assert validated[0]["test_accuracy"] > MIN_ACCURACY
+
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 2, "the loss plot and plot_history's figure should be shown"
