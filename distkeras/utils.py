@@ -1,6 +1,5 @@
 """Model transport (`.keras` bytes) and history helpers."""
 
-import io
 import logging
 import os
 import tempfile

@@ -325,8 +325,6 @@ class Worker:
         """Rebuilds the model from its `.keras` bytes and compiles it."""
         _ensure_backend(self.backend)
         _enable_compilation_cache()
-        import keras
-
         from distkeras import custom_objects
         from distkeras.utils import compile_arguments
 

@@ -2,7 +2,6 @@
 
 import csv
 import os
-import re
 import struct
 import subprocess
 import sys

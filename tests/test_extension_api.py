@@ -1,7 +1,7 @@
 """Seed 000's tutorial: a new optimizer from three small classes, run as printed."""
 
 import numpy as np
-from conftest import accuracy, build_mlp
+from conftest import build_mlp
 
 from distkeras.networking import recv_data
 from distkeras.parameter_servers import SocketParameterServer

@@ -1,8 +1,6 @@
 """The worker feed: multi-input multi-output models, and memory that does not grow."""
 
 import numpy as np
-import pytest
-from conftest import accuracy
 
 
 def _two_tower_model():
