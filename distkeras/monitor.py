@@ -138,6 +138,7 @@ class TrainingMonitor(threading.Thread):
         self._validated_epochs = 0
         self._epoch_losses = []
         self.stopped_by_callback = None
+        self.end_of_epoch_error = None  # (epoch, exception) when validation or a callback failed
 
     def stop(self):
         self._done.set()
@@ -198,7 +199,7 @@ class TrainingMonitor(threading.Thread):
 
     def _validate_finished_epochs(self):
         """Evaluates the center once the samples of another epoch have all been trained."""
-        if self.validator is None or self.stopped_by_callback:
+        if self.validator is None or self.stopped_by_callback or self.end_of_epoch_error:
             return
         finished = min(int(self._samples * self.num_epoch // self.total_samples),
                        self.num_epoch - 1)  # the last epoch: the returned model, at the end
@@ -214,14 +215,20 @@ class TrainingMonitor(threading.Thread):
         self._epoch_losses = []
         try:
             self.validator.evaluate(weights, finished, self._samples, loss)
-        except Exception as error:  # validation must not kill the training it watches
-            logger.warning("Could not evaluate the validation data: %s", error)
+        except Exception as error:  # any: the user's callbacks run here; re-raised by train()
+            self.end_of_epoch_error = (finished, error)
+            logger.error("The end of epoch %d failed (validation or a callback): %s; "
+                         "stopping the workers", finished, error)
+            self._stop_workers()
             return
         if self.validator.stop_requested:
             self.stopped_by_callback = f"a callback stopped the training after epoch {finished}"
             logger.info("Stopping the workers: %s", self.stopped_by_callback)
-            self.spark_context.cancelJobGroup(self.job_group)
-            self._done.set()
+            self._stop_workers()
+
+    def _stop_workers(self):
+        self.spark_context.cancelJobGroup(self.job_group)
+        self._done.set()
 
     def _checkpoint(self):
         from distkeras.checkpoints import save_checkpoint

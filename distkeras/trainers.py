@@ -671,13 +671,18 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         except TrainingError as error:
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
-            if monitor is None or not monitor.stopped_by_callback:
+            if monitor is None or not (monitor.stopped_by_callback or
+                                       monitor.end_of_epoch_error):
                 raise
             # A callback (EarlyStopping) stopped the workers: the center is the result.
         finally:
             if monitor is not None:
                 monitor.stop()
             server.stop()
+        if monitor is not None and monitor.end_of_epoch_error:
+            epoch, cause = monitor.end_of_epoch_error
+            raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
+                                f"{type(cause).__name__}: {cause}") from cause
         if getattr(server, "errors", None):
             raise TrainingError(f"The parameter server failed: {server.errors[0]}")
         if self.checkpoint_dir is not None:

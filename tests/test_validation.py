@@ -114,6 +114,40 @@ def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
     assert monitor.stopped_by_callback == "a callback stopped the training after epoch 1"
 
 
+def test_monitor_stops_the_workers_when_validation_or_a_callback_fails():
+    from distkeras.monitor import TrainingMonitor
+
+    class Failing(_Validator):
+        def evaluate(self, weights, epoch, samples, loss=None):
+            raise OSError("disk full")
+
+    server, context = _Server(), _SparkContext()
+    monitor = TrainingMonitor(server, context, "the-group", total_samples=300, verbose=0,
+                              validator=Failing(), num_epoch=3)
+    server.history.append({"batch_size": 120, "loss": 1.0})
+    monitor._update(None, 0.0)
+
+    epoch, error = monitor.end_of_epoch_error
+    assert epoch == 1 and str(error) == "disk full"
+    assert context.cancelled == ["the-group"]
+
+
+def test_a_failing_callback_fails_the_training_with_its_error(fashion_train):
+    import keras
+
+    from distkeras.trainers import ADAG, TrainingError
+
+    class Broken(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise ZeroDivisionError("the callback's own bug")
+
+    trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                   communication_window=1, num_epoch=50)
+    with pytest.raises(TrainingError, match=r"The end of epoch \d+ failed .*ZeroDivisionError: "
+                                            "the callback's own bug"):
+        trainer.train(fashion_train, verbose=0, callbacks=[Broken()])
+
+
 def _frame(spark, images, labels):
     rows = [(image.tolist(), np.eye(10)[label].tolist()) for image, label in
             zip(images, labels)]
