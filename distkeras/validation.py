@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 
 SPLIT_COLUMN = "__distkeras_validation_draw"
 
+# The validation rows are held on the driver; more than this many is refused rather than
+# running the driver out of memory (250,000 Fashion-MNIST images are 784 MB as float32).
+MAX_ROWS = 250_000
+
 
 def split(dataframe, validation_data, seed=1234):
     """The training and validation DataFrames for ``validation_data``.
@@ -70,9 +74,15 @@ def collect(validation, model, features_col, label_col):
         raise type(error)(f"In the validation data: {error}") from error
     features = dataframes.as_column_list(features_col)
     labels = dataframes.as_column_list(label_col)
-    table = dataframes.training_frame(validation, features_col, label_col).toArrow()
+    table = dataframes.training_frame(validation, features_col, label_col) \
+        .limit(MAX_ROWS + 1).toArrow()
     if table.num_rows == 0:
         raise ValueError("The validation data has no rows.")
+    if table.num_rows > MAX_ROWS:
+        raise ValueError(
+            f"The validation data has more than {MAX_ROWS:,} rows; they are held on the "
+            "driver. Pass a sample of them (`validation_df.sample(fraction=...)`) or a "
+            "smaller fraction.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
     output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
     x = [column_to_numpy(table.column(name).combine_chunks(), shape, name)

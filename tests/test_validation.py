@@ -319,3 +319,16 @@ def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, m
     with pytest.raises(error, match=message):
         trainer.train(fashion_train, verbose=0, callbacks=[callback])
     assert trainer.get_history() == []
+
+
+def test_too_many_validation_rows_are_refused_before_training(spark, fashion_train,
+                                                              monkeypatch):
+    from distkeras import validation
+    from distkeras.trainers import SingleTrainer
+
+    monkeypatch.setattr(validation, "MAX_ROWS", 100)
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
+
+    with pytest.raises(ValueError, match="more than 100 rows; they are held on the driver"):
+        trainer.train(fashion_train, verbose=0, validation_data=fashion_train.limit(101))
+    assert trainer.get_history() == []
