@@ -11,6 +11,7 @@ known), ``val_loss`` and ``val_<metric>``.
 
 import logging
 import numbers
+import threading
 import time
 
 import numpy as np
@@ -151,6 +152,8 @@ class Validator:
         self.callbacks = keras_callback_list(callbacks, model, num_epoch)
         self.num_epoch = num_epoch
         self.stopped_epoch = None
+        # The monitor's thread evaluates epoch ends while the trainer's may end the run.
+        self._lock = threading.RLock()
 
     @property
     def stop_requested(self):
@@ -169,19 +172,21 @@ class Validator:
         Returns:
             The validation record, or None without validation rows.
         """
-        self.model.set_weights(list(weights))
-        extra = {} if loss is None else {"loss": float(loss)}  # the epoch's training loss
-        record = None if self.x is None else \
-            self.evaluate_model(self.model, epoch, samples, **extra)
-        logs = {key: value for key, value in (record or {}).items() if key.startswith("val_")}
-        if loss is not None:
-            logs["loss"] = float(loss)
-        if self.callbacks is not None:
-            self.callbacks.on_epoch_end(epoch - 1, logs)  # Keras counts epochs from 0
-            if self.stop_requested and self.stopped_epoch is None:
-                self.stopped_epoch = epoch
-                logger.info("A callback stopped the training after epoch %d", epoch)
-        return record
+        with self._lock:
+            self.model.set_weights(list(weights))
+            extra = {} if loss is None else {"loss": float(loss)}  # the epoch's training loss
+            record = None if self.x is None else \
+                self.evaluate_model(self.model, epoch, samples, **extra)
+            logs = {key: value for key, value in (record or {}).items()
+                    if key.startswith("val_")}
+            if loss is not None:
+                logs["loss"] = float(loss)
+            if self.callbacks is not None:
+                self.callbacks.on_epoch_end(epoch - 1, logs)  # Keras counts epochs from 0
+                if self.stop_requested and self.stopped_epoch is None:
+                    self.stopped_epoch = epoch
+                    logger.info("A callback stopped the training after epoch %d", epoch)
+            return record
 
     def end(self, model, samples, loss=None):
         """Ends the training: evaluates the trained ``model`` as the last epoch's result,
@@ -192,11 +197,12 @@ class Validator:
         best epoch's with ``EarlyStopping(restore_best_weights=True)``: always weights
         that a validation record describes.
         """
-        if self.stopped_epoch is None:
-            self.evaluate(model.get_weights(), self.num_epoch, samples, loss)
-        if self.callbacks is not None:
-            self.callbacks.on_train_end()
-            model.set_weights(self.model.get_weights())
+        with self._lock:
+            if self.stopped_epoch is None:
+                self.evaluate(model.get_weights(), self.num_epoch, samples, loss)
+            if self.callbacks is not None:
+                self.callbacks.on_train_end()
+                model.set_weights(self.model.get_weights())
 
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""
