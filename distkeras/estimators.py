@@ -171,14 +171,23 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         batch_size: Rows per model call when the fitted model predicts.
         weight_col: A numeric column weighing each row's loss (Param ``weightCol``; the
             trainer's ``sample_weight_col``), or None.
+        validation: A fraction of the rows to hold out and evaluate after each epoch
+            (Param ``validation``; ``trainer.get_validation_history()``), or None.
+        callbacks: Keras callbacks for `train()` (kept with the estimator, not saved with
+            the Pipeline: pass them again after loading).
     """
 
+    validation = Param(Params._dummy(), "validation",
+                       "fraction of the rows to hold out for validation (0 < v < 1)",
+                       typeConverter=TypeConverters.toFloat)
+
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
-                 weight_col=None):
+                 weight_col=None, validation=None, callbacks=None):
         super().__init__()
         self.trainer = trainer
+        self.callbacks = list(callbacks or [])
         self._init_params(output_col, batch_size)
-        _set_given(self, weightCol=weight_col)
+        _set_given(self, weightCol=weight_col, validation=validation)
 
     def _fit(self, dataset):
         import keras
@@ -189,7 +198,11 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         _check_batch_size(self.getOrDefault(self.batchSize))
         weight_col = self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) \
             else None
-        model = self.trainer.train(dataset, sample_weight_col=weight_col or None)
+        validation = self.getOrDefault(self.validation) if self.isDefined(self.validation) \
+            else None
+        model = self.trainer.train(dataset, sample_weight_col=weight_col or None,
+                                   validation_data=validation,
+                                   callbacks=self.callbacks or None)
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "

@@ -126,3 +126,25 @@ def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train
     Pipeline(stages=[stage]).save(str(tmp_path / "weighted"))
     loaded = Pipeline.load(str(tmp_path / "weighted")).getStages()[0]
     assert loaded.getOrDefault("weightCol") == "weight"
+
+
+def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
+    import keras
+    from pyspark.ml import Pipeline
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import AveragingTrainer
+
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               label_col="label", num_epoch=3)
+    logger = keras.callbacks.CSVLogger(str(tmp_path / "epochs.csv"))
+    stage = KerasEstimator(trainer, validation=0.2, callbacks=[logger])
+    Pipeline(stages=[stage]).fit(fashion_train.limit(2000))
+
+    records = trainer.get_validation_history()
+    assert [record["epoch"] for record in records] == [1, 2, 3]
+    assert 3 * 1400 < records[-1]["samples"] < 3 * 1800  # about a fifth held out
+    assert len((tmp_path / "epochs.csv").read_text().splitlines()) == 4  # header + 3 epochs
+    Pipeline(stages=[stage]).save(str(tmp_path / "validated"))
+    loaded = Pipeline.load(str(tmp_path / "validated")).getStages()[0]
+    assert loaded.getOrDefault("validation") == pytest.approx(0.2)
