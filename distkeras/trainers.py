@@ -30,6 +30,11 @@ from distkeras.utils import average_history, check_compile_arguments
 logger = logging.getLogger(__name__)
 
 
+# With validation or callbacks, workers report (and the monitor looks) this often, so that
+# the end of an epoch is seen within about this long.
+VALIDATING_REPORT_SECONDS = 0.1
+
+
 class TrainingError(RuntimeError):
     """A worker or the parameter server failed during training."""
 
@@ -629,6 +634,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker.communication_window = self.communication_window
         if getattr(worker, "learning_rate", None) is None:
             worker.learning_rate = self.learning_rate
+        if self._validator is not None:
+            # Epoch ends are seen in the history the workers send: send it more often.
+            worker.HISTORY_EVERY_SECONDS = VALIDATING_REPORT_SECONDS
         if self.overlap_communication:
             worker.overlap_communication = True
             checker = getattr(worker, "_check_overlap", None)
@@ -659,7 +667,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                                           self.worker_timeout, type(self).__name__,
                                           self.checkpoint_dir, self.checkpoint_every,
                                           validator=self._validator,
-                                          num_epoch=self.num_epoch)
+                                          num_epoch=self.num_epoch,
+                                          interval=VALIDATING_REPORT_SECONDS
+                                          if self._validator is not None else 0.5)
                 monitor.start()
             self._run_workers(layout, self.num_partitions(), worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
