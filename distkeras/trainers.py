@@ -107,6 +107,12 @@ def _check_number(name, value):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
+def _mean_loss(records):
+    """The mean ``loss`` of history records, or None when none has one."""
+    losses = [record["loss"] for record in records if "loss" in record]
+    return float(np.mean(losses)) if losses else None
+
+
 def _worker_error_message(error):
     """The most telling line of a failed Spark job: the worker's own exception."""
     text = str(error)
@@ -285,15 +291,7 @@ class Trainer:
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
             dataframe, self.master_model, self.features_col, self.label_col)
-        self._custom_objects = self._find_custom_objects()
-        output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
-        check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
-                                output_shapes)
-        self._sample_weight_col = sample_weight_col
-        self._class_table = sample_weights.validate(
-            dataframe, sample_weight_col, class_weight,
-            dataframes.as_column_list(self.features_col)
-            + dataframes.as_column_list(self.label_col), label_shapes, output_shapes)
+        self._check_settings(dataframe, label_shapes, sample_weight_col, class_weight)
         frame = dataframes.training_frame(dataframe, self.features_col, self.label_col,
                                           sample_weight_col)
         with custom_objects.scope(self._custom_objects):
@@ -313,6 +311,19 @@ class Trainer:
             model = self._compile(model)
             self._validate_returned(model)
             return model
+
+    def _check_settings(self, dataframe, label_shapes, sample_weight_col, class_weight):
+        """Checks here what would fail on every executor; keeps what the workers need (the
+        custom objects, the weight column, the class weights)."""
+        self._custom_objects = self._find_custom_objects()
+        output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
+        check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
+                                output_shapes)
+        self._sample_weight_col = sample_weight_col
+        self._class_table = sample_weights.validate(
+            dataframe, sample_weight_col, class_weight,
+            dataframes.as_column_list(self.features_col)
+            + dataframes.as_column_list(self.label_col), label_shapes, output_shapes)
 
     def _make_validator(self, validation_frame, callbacks):
         """A `validation.Validator` for the validation rows and the callbacks, or None
@@ -340,19 +351,16 @@ class Trainer:
         counts = np.cumsum([record.get("batch_size", 0) for record in records])
         total = int(counts[-1]) if len(counts) else 0
         start = total * (epochs - 1) / epochs
-        losses = [record["loss"] for record, count in zip(records, counts)
-                  if count > start and "loss" in record]
-        return total, (float(np.mean(losses)) if losses else None)
+        return total, _mean_loss(record for record, count in zip(records, counts)
+                                 if count > start)
 
-    def _validate_epoch(self, weights, epoch, epoch_records=None):
+    def _validate_epoch(self, weights, epoch, epoch_records=()):
         """Runs the end of ``epoch`` (1-based) on the weights reached, when validating or
         calling back; returns whether a callback asked to stop."""
         if self._validator is None:
             return False
         samples, _ = self._trained_so_far()
-        losses = [record["loss"] for record in epoch_records or [] if "loss" in record]
-        self._validator.evaluate(weights, epoch, samples,
-                                 float(np.mean(losses)) if losses else None)
+        self._validator.evaluate(weights, epoch, samples, _mean_loss(epoch_records))
         return self._validator.stop_requested
 
     def _validate_returned(self, model):
@@ -684,7 +692,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             if monitor is None or not (monitor.stopped_by_callback or
                                        monitor.end_of_epoch_error):
                 raise
-            # A callback (EarlyStopping) stopped the workers: the center is the result.
+            # The monitor stopped the workers at an epoch's end: a callback asked to
+            # (EarlyStopping; the center is the result) or one failed (raised below).
         finally:
             if monitor is not None:
                 monitor.stop()
