@@ -162,7 +162,8 @@ class TrainingMonitor(threading.Thread):
             self._samples += record.get("batch_size", 0)
             if "loss" in record:
                 self._recent_losses.append(record["loss"])
-                self._epoch_losses.append(record["loss"])
+                if self.validator is not None:  # emptied at each epoch's end
+                    self._epoch_losses.append(record["loss"])
         del self._recent_losses[:-50]
         return len(new)
 

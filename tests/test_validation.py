@@ -332,3 +332,15 @@ def test_too_many_validation_rows_are_refused_before_training(spark, fashion_tra
     with pytest.raises(ValueError, match="more than 100 rows; they are held on the driver"):
         trainer.train(fashion_train, verbose=0, validation_data=fashion_train.limit(101))
     assert trainer.get_history() == []
+
+
+def test_monitor_keeps_no_per_step_losses_without_validation():
+    from distkeras.monitor import TrainingMonitor
+
+    server = _Server()
+    monitor = TrainingMonitor(server, None, "group", total_samples=10**6, verbose=0)
+    for _ in range(500):
+        server.history.append({"batch_size": 32, "loss": 1.0})
+    monitor._update(None, 0.0)
+
+    assert monitor._epoch_losses == [] and len(monitor._recent_losses) <= 50
