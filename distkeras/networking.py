@@ -111,7 +111,9 @@ def _as_wire_array(array):
         raise TypeError("Cannot send an object array; send a list of numeric arrays instead.")
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:
+        # Not np.ascontiguousarray: it turns a 0-d array (a scalar weight) into shape (1,).
+        array = array.copy(order="C")
     if array.dtype.str not in _ALLOWED_DTYPES:
         raise TypeError(f"Unsupported array dtype {array.dtype}; use a numeric or bool dtype.")
     return array

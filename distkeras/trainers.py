@@ -360,7 +360,11 @@ class Trainer:
         if self._validator is None:
             return False
         samples, _ = self._trained_so_far()
-        self._validator.evaluate(weights, epoch, samples, _mean_loss(epoch_records))
+        try:
+            self._validator.evaluate(weights, epoch, samples, _mean_loss(epoch_records))
+        except Exception as cause:  # the user's callback: say where it failed, keep its error
+            raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
+                                f"{type(cause).__name__}: {cause}") from cause
         return self._validator.stop_requested
 
     def _validate_returned(self, model):
@@ -474,22 +478,64 @@ class Trainer:
 
 
 class SingleTrainer(Trainer):
-    """One replica trained on all the data in one Spark task: the baseline."""
+    """One replica trained on all the data in one Spark task: the baseline.
+
+    With validation data or callbacks and several epochs, each epoch is a Spark task of its
+    own that goes on from the last one's weights and optimizer state (the same training as
+    in one task, as Keras's ``fit`` does it): the driver evaluates and calls back at every
+    epoch's exact end, and ``EarlyStopping`` stops before the next epoch starts.
+    """
 
     def allocate_worker(self):
         return workers.SequentialWorker(self.master_model)
 
     def _train(self, frame, label_shapes, shuffle):
-        layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
-        worker = self.allocate_worker()
-        self._configure_worker(worker)
-        (message,) = self._run_workers(layout, 1, worker, label_shapes,
-                                       f"distkeras {type(self).__name__}")
-        self.history = workers.history_records(workers.unpack_history(message))
         from distkeras.utils import deserialize_model, serialize_model
 
         model = deserialize_model(serialize_model(self.master_model))
-        model.set_weights(list(message["weights"]))
+        if self._validator is None or self.num_epoch == 1:
+            layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
+            message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
+                                           f"distkeras {type(self).__name__}")
+            model.set_weights(list(message["weights"]))
+            return model
+        return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
+
+    def _run_sequential(self, layout, worker, label_shapes, description):
+        """Runs one configured `SequentialWorker` task; adds its steps to the history."""
+        self._configure_worker(worker)
+        (message,) = self._run_workers(layout, 1, worker, label_shapes, description)
+        self.history.extend(workers.history_records(workers.unpack_history(message)))
+        return message
+
+    def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
+        """One Spark task per epoch, each starting from the last one's weights and
+        optimizer state; the epoch's end is validated and called back before the next."""
+        from distkeras.utils import serialize_model
+
+        optimizer_state = None
+        for epoch in range(1, self.num_epoch + 1):
+            worker = self.allocate_worker()
+            if not isinstance(worker, workers.SequentialWorker):
+                raise TypeError(f"{type(self).__name__}.allocate_worker() must return a "
+                                f"SequentialWorker. Received: {type(worker).__name__}")
+            worker.master_model = serialize_model(model)  # this epoch's starting weights
+            worker.optimizer_state = optimizer_state
+            worker.return_optimizer_state = True
+            worker.iteration = len(self.history) + 1
+            steps_before = len(self.history)
+            message = self._run_sequential(
+                dataframes.lay_out(frame, 1, 1, shuffle), worker, label_shapes,
+                f"distkeras {type(self).__name__} epoch {epoch}/{self.num_epoch}")
+            model.set_weights(list(message["weights"]))
+            optimizer_state = list(message["optimizer_state"])
+            epoch_records = self.history[steps_before:]
+            for record in epoch_records:
+                record["epoch"] = epoch - 1  # counted from 0, as AveragingTrainer's
+            # The last epoch: the returned model, at the end.
+            if epoch < self.num_epoch and \
+                    self._validate_epoch(model.get_weights(), epoch, epoch_records):
+                break
         return model
 
 

@@ -452,10 +452,49 @@ class Worker:
         raise NotImplementedError(f"{type(self).__name__} must implement optimize().")
 
 
+def get_optimizer_state(model):
+    """The values of a compiled model's optimizer variables (its step count, moments)."""
+    return [np.array(variable.value) for variable in model.optimizer.variables]
+
+
+def set_optimizer_state(model, values):
+    """Gives a compiled model's optimizer the values `get_optimizer_state` returned for the
+    same model and optimizer, so training goes on as if it had never stopped.
+
+    Raises:
+        ValueError: When the values do not fit the optimizer's variables.
+    """
+    optimizer = model.optimizer
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    variables = optimizer.variables
+    if len(variables) != len(values):
+        raise ValueError(f"The optimizer has {len(variables)} variables; the state given "
+                         f"has {len(values)}.")
+    for variable, value in zip(variables, values):
+        if tuple(variable.shape) != tuple(np.shape(value)):
+            raise ValueError(f"Optimizer variable {variable.path} has shape "
+                             f"{tuple(variable.shape)}; the state given has "
+                             f"{tuple(np.shape(value))}.")
+        variable.assign(value)
+
+
 class SequentialWorker(Worker):
-    """Trains alone on all its data; returns the weights and history (SingleTrainer)."""
+    """Trains alone on all its data; returns the weights and history (SingleTrainer).
+
+    SingleTrainer runs one of these per epoch when the driver acts at epoch ends: it then
+    sets ``optimizer_state`` (to start from) and ``return_optimizer_state``.
+    """
 
     STEPS_PER_CALL = 16
+    optimizer_state = None
+    return_optimizer_state = False
+
+    def prepare_model(self):
+        super().prepare_model()
+        if self.optimizer_state is not None:
+            # On the Keras model itself, before the first step reads its variables.
+            set_optimizer_state(self.model._model, self.optimizer_state)
 
     def optimize(self):
         while True:
@@ -467,6 +506,8 @@ class SequentialWorker(Worker):
     def result(self):
         message = super().result()
         message["weights"] = self.model.get_weights()
+        if self.return_optimizer_state:
+            message["optimizer_state"] = get_optimizer_state(self.model)
         message.update(pack_history(self.history.drain()))
         return message
 

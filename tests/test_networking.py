@@ -177,6 +177,15 @@ def test_list_of_arrays_comes_back_as_object_array(pair):
         assert_same_array(got_array, want)
 
 
+def test_scalar_weights_keep_their_shape_in_a_list_of_arrays(pair):
+    # A model's scalar variable (an optimizer's step count, a learned temperature) is 0-d.
+    arrays = [np.array(7, np.int64), np.array(0.5, np.float32), np.ones((2,), np.float32)]
+    got = roundtrip(pair, {"w": arrays})["w"]
+    assert [array.shape for array in got] == [(), (), (2,)]
+    for got_array, want in zip(got, arrays):
+        assert_same_array(got_array, want)
+
+
 def test_weights_array_object_array_roundtrip(pair):
     arrays = [np.ones((2, 3), np.float32), np.full(3, 0.5, np.float32)]
     got = roundtrip(pair, {"w": weights_array(arrays)})["w"]

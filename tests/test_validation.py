@@ -262,6 +262,61 @@ def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fash
     assert model.compiled and accuracy(model, fashion_test) > 0.5
 
 
+def test_single_trainer_validates_each_epoch_and_trains_as_in_one_task(spark, fashion_test):
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test
+    # 1,600 rows: 50 whole batches, so one task over 3 epochs steps on the same batches.
+    train_frame = _frame(spark, images[:1600], labels[:1600])
+    held_out = images[1600:1900], labels[1600:1900]
+    model = build_mlp(32)
+    in_one_task = SingleTrainer(model, "adam", "categorical_crossentropy", num_epoch=3)
+    expected = in_one_task.train(train_frame, verbose=0)
+    trainer = SingleTrainer(model, "adam", "categorical_crossentropy", num_epoch=3)
+    validated = trainer.train(train_frame, verbose=0,
+                              validation_data=_frame(spark, *held_out))
+
+    # The optimizer's state went on from epoch to epoch: the very same training.
+    for got, want in zip(validated.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    records = trainer.get_validation_history()
+    assert [record["epoch"] for record in records] == [1, 2, 3]
+    assert [record["samples"] for record in records] == [1600, 3200, 4800]
+    assert records[0]["val_loss"] > records[2]["val_loss"]
+    assert all("loss" in record for record in records)
+    final = validated.evaluate(held_out[0], np.eye(10)[held_out[1]], verbose=0,
+                               return_dict=True)
+    assert records[2]["val_loss"] == pytest.approx(final["loss"], rel=1e-5)
+    history = trainer.get_history()
+    assert [record["iteration"] for record in history] == list(range(1, 151))
+    assert [record["epoch"] for record in history] == [0] * 50 + [1] * 50 + [2] * 50
+
+
+def test_a_callback_stops_single_trainer_before_the_next_epoch(spark, fashion_test):
+    from distkeras.trainers import SingleTrainer, TrainingError
+
+    images, labels = fashion_test
+    train_frame = _frame(spark, images[:640], labels[:640])
+    callback = _stop_after_first_epoch()
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=5)
+    model = trainer.train(train_frame, verbose=0, callbacks=[callback])
+
+    assert callback.epochs == [0] and callback.ended
+    assert len(trainer.get_history()) == 20  # the first epoch's 20 steps, no more
+    assert callback.logs[0]["loss"] == pytest.approx(
+        np.mean([record["loss"] for record in trainer.get_history()]))
+    assert model.compiled
+
+    import keras
+
+    class Broken(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise ZeroDivisionError("the callback's own bug")
+
+    with pytest.raises(TrainingError, match="The end of epoch 1 failed .*ZeroDivisionError"):
+        trainer.train(train_frame, verbose=0, callbacks=[Broken()])
+
+
 def test_averaging_trainer_returns_the_weights_a_callback_restores(spark, fashion_train):
     import keras
 
