@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: Java and the Fashion-MNIST files (Debian packages),
 # a virtual environment in .venv with distkeras and its test tools. Safe to run again.
+#
+#   --backends   also install the torch (CPU) and tensorflow Keras backends, which the
+#                tests exercise (the README's test command passes it; 2.4 GB, ~40 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+WITH_BACKENDS=0
+for arg in "$@"; do
+    case "$arg" in
+        --backends) WITH_BACKENDS=1 ;;
+        *) echo "setup.sh: unknown option '$arg' (the only option is --backends)" >&2; exit 2 ;;
+    esac
+done
 
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
@@ -23,4 +34,11 @@ if ! .venv/bin/python -c "import distkeras, pytest, hypothesis, keras, jax, pysp
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".[test]"
     touch .venv/.distkeras-installed
+fi
+if [ "$WITH_BACKENDS" = 1 ]; then
+    if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('torch') and u.find_spec('tensorflow')))" \
+            || [ pyproject.toml -nt .venv/.distkeras-backends ]; then
+        .venv/bin/python -m pip install -q -e ".[test,backends]"
+        touch .venv/.distkeras-backends
+    fi
 fi
