@@ -422,6 +422,9 @@ class Trainer:
         model.compile(**compile_arguments(
             serialize_keras_object(self.worker_optimizer), serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights))
+        # Built now, as after `fit`: a saved model then holds the optimizer's variables,
+        # and loading it does not warn that their number differs.
+        model.optimizer.build(model.trainable_variables)
         return model
 
     def _configure_worker(self, worker):
@@ -493,6 +496,7 @@ class SingleTrainer(Trainer):
         from distkeras.utils import deserialize_model, serialize_model
 
         model = deserialize_model(serialize_model(self.master_model))
+        self._optimizer_state = None
         if self._validator is None or self.num_epoch == 1:
             layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
             message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
@@ -502,33 +506,45 @@ class SingleTrainer(Trainer):
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
     def _run_sequential(self, layout, worker, label_shapes, description):
-        """Runs one configured `SequentialWorker` task; adds its steps to the history."""
+        """Runs one configured `SequentialWorker` task; adds its steps to the history and
+        keeps its optimizer's state."""
         self._configure_worker(worker)
+        worker.return_optimizer_state = True
         (message,) = self._run_workers(layout, 1, worker, label_shapes, description)
         self.history.extend(workers.history_records(workers.unpack_history(message)))
+        if message.get("optimizer_state") is not None:
+            self._optimizer_state = list(message["optimizer_state"])
         return message
+
+    def _compile(self, model):
+        """The returned model's optimizer holds the trained one's state (its step count,
+        its moments), as after `fit`: training it further goes on where this ended."""
+        model = super()._compile(model)
+        if getattr(self, "_optimizer_state", None) is not None:
+            try:
+                workers.set_optimizer_state(model, self._optimizer_state)
+            except ValueError as error:  # a custom worker compiled another optimizer
+                logger.warning("The returned model's optimizer starts afresh: %s", error)
+        return model
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
         """One Spark task per epoch, each starting from the last one's weights and
         optimizer state; the epoch's end is validated and called back before the next."""
         from distkeras.utils import serialize_model
 
-        optimizer_state = None
         for epoch in range(1, self.num_epoch + 1):
             worker = self.allocate_worker()
             if not isinstance(worker, workers.SequentialWorker):
                 raise TypeError(f"{type(self).__name__}.allocate_worker() must return a "
                                 f"SequentialWorker. Received: {type(worker).__name__}")
             worker.master_model = serialize_model(model)  # this epoch's starting weights
-            worker.optimizer_state = optimizer_state
-            worker.return_optimizer_state = True
+            worker.optimizer_state = self._optimizer_state
             worker.iteration = len(self.history) + 1
             steps_before = len(self.history)
             message = self._run_sequential(
                 dataframes.lay_out(frame, 1, 1, shuffle), worker, label_shapes,
                 f"distkeras {type(self).__name__} epoch {epoch}/{self.num_epoch}")
             model.set_weights(list(message["weights"]))
-            optimizer_state = list(message["optimizer_state"])
             epoch_records = self.history[steps_before:]
             for record in epoch_records:
                 record["epoch"] = epoch - 1  # counted from 0, as AveragingTrainer's

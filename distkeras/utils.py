@@ -2,11 +2,54 @@
 
 import logging
 import os
+import sys
 import tempfile
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+
+class _TensorflowOnceImported:
+    """Keras's lazy ``tensorflow`` module, "available" only once TensorFlow is imported.
+
+    Keras's serializer asks whether TensorFlow is available before each of its checks for
+    TensorFlow types, and asking imports TensorFlow whenever it is installed, on any
+    backend: 2 seconds and about 600 MB in the driver and in every executor's Python worker
+    that rebuilds a model. No object can be a TensorFlow type before TensorFlow is
+    imported, so answering from ``sys.modules`` changes no result.
+    """
+
+    def __init__(self, lazy_module):
+        self._lazy_module = lazy_module
+
+    @property
+    def available(self):
+        return "tensorflow" in sys.modules and self._lazy_module.available
+
+    def __getattr__(self, name):
+        return getattr(self._lazy_module, name)
+
+
+def tensorflow_only_once_imported(module_name):
+    """Gives the Keras module ``module_name`` a `_TensorflowOnceImported` for its lazy
+    ``tf`` (once; a Keras without it is left as it is)."""
+    import importlib
+
+    try:
+        from keras.src.utils.module_utils import LazyModule
+
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return
+    lazy_module = getattr(module, "tf", None)
+    # Not `hasattr(lazy_module, "available")`: reading it imports TensorFlow.
+    if isinstance(lazy_module, LazyModule):
+        module.tf = _TensorflowOnceImported(lazy_module)
+
+
+def _serialize_without_importing_tensorflow():
+    tensorflow_only_once_imported("keras.src.saving.serialization_lib")
 
 
 def serialize_model(model):
@@ -20,6 +63,7 @@ def serialize_model(model):
     """
     import keras
 
+    _serialize_without_importing_tensorflow()
     with tempfile.TemporaryDirectory(prefix="distkeras-") as folder:
         path = os.path.join(folder, "model.keras")
         keras.saving.save_model(model, path)
@@ -40,6 +84,7 @@ def deserialize_model(data, compile=False, custom_objects=None):
     """
     import keras
 
+    _serialize_without_importing_tensorflow()
     with tempfile.TemporaryDirectory(prefix="distkeras-") as folder:
         path = os.path.join(folder, "model.keras")
         with open(path, "wb") as handle:
@@ -55,6 +100,7 @@ def serialize_keras_object(obj):
 
     if obj is None or isinstance(obj, str):
         return obj
+    _serialize_without_importing_tensorflow()
     if isinstance(obj, (list, tuple)):
         return [serialize_keras_object(item) for item in obj]
     if isinstance(obj, dict) and "class_name" in obj:

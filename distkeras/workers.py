@@ -819,6 +819,10 @@ class EnsembleWorker(SequentialWorker):
     def build_model(self):
         import keras
 
+        from distkeras.utils import tensorflow_only_once_imported
+
         model = super().build_model()
+        # On the executor: seeding an installed but unused TensorFlow would import it.
+        tensorflow_only_once_imported("keras.src.utils.rng_utils")
         keras.utils.set_random_seed((self.seed or 0) + self.worker_id)
         return keras.models.clone_model(model)  # new layers, new initial weights

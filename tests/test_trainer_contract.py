@@ -158,3 +158,60 @@ def test_anything_but_a_classic_spark_dataframe_is_refused_with_a_hint(spark):
     connect_frame = type("DataFrame", (), {"__module__": "pyspark.sql.connect.dataframe"})()
     with pytest.raises(TypeError, match="Spark Connect DataFrame.*classic SparkSession"):
         trainer.train(connect_frame)
+
+
+def test_single_trainer_returns_fits_model_optimizer_state_included(spark, tmp_path):
+    import warnings
+
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(640, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+
+    def model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+
+    reference = model()
+    reference.compile("adam", "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    trained = SingleTrainer(model(), "adam", "sparse_categorical_crossentropy", metrics=[],
+                            num_epoch=2).train(frame, verbose=0)
+
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    # Adam's step count and moments too: further training goes on as after `fit`.
+    mine = [np.asarray(variable.value) for variable in trained.optimizer.variables]
+    theirs = [np.asarray(variable.value) for variable in reference.optimizer.variables]
+    assert int(mine[0]) == 40
+    for got, want in zip(mine, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+    path = str(tmp_path / "trained.keras")
+    trained.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "Skipping variable loading for optimizer"
+        loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(loaded.predict(x[:5], verbose=0),
+                                  trained.predict(x[:5], verbose=0))
+
+
+@pytest.mark.parametrize("name", ["ADAG", "AveragingTrainer"])
+def test_returned_models_save_and_load_without_warnings(name, fashion_train, tmp_path):
+    import warnings
+
+    import keras
+
+    model = _build(name).train(fashion_train.limit(640), verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = keras.saving.load_model(path)
+    assert loaded.compiled and loaded.optimizer.iterations.numpy() == 0

@@ -1,0 +1,59 @@
+"""Models to and from `.keras` bytes (`distkeras.utils`), without importing TensorFlow."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import build_mlp
+
+# In a fresh interpreter: the test session may have imported TensorFlow already.
+_SCRIPT = """
+import json, sys
+import distkeras
+import keras
+import numpy as np
+from distkeras.utils import deserialize_model, serialize_keras_object, serialize_model
+from distkeras.workers import EnsembleWorker
+
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+model.compile(keras.optimizers.Adam(0.01), "categorical_crossentropy")
+rebuilt = deserialize_model(serialize_model(model))
+serialize_keras_object([keras.optimizers.SGD(0.1), keras.losses.Huber()])
+worker = EnsembleWorker(model, seed=3)
+worker.build_model()
+model.save(sys.argv[1])
+keras.saving.load_model(sys.argv[1])
+after_distkeras = "tensorflow" in sys.modules
+import tensorflow as tf
+shape = keras.saving.serialize_keras_object(tf.TensorShape([2, 3]))
+print(json.dumps({"imported": after_distkeras, "shape": shape,
+                  "same": all(np.array_equal(a, b) for a, b in
+                              zip(model.get_weights(), rebuilt.get_weights()))}))
+"""
+
+
+def test_moving_models_does_not_import_an_installed_tensorflow(tmp_path):
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.fail("tensorflow is not installed: run `bash scripts/setup.sh --backends`.")
+    run = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "m.keras")],
+                         capture_output=True, text=True, timeout=300,
+                         env={"KERAS_BACKEND": "jax", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    # Keras's serializer alone would import it (2 s, 600 MB in every executor process).
+    assert result["imported"] is False
+    # Once imported, TensorFlow's own types still serialize as Keras does it.
+    assert result["shape"] == [2, 3] and result["same"] is True
+
+
+def test_a_model_round_trips_with_its_weights():
+    from distkeras.utils import deserialize_model, serialize_model
+
+    model = build_mlp(16)
+    rebuilt = deserialize_model(serialize_model(model))
+    assert [type(layer) for layer in rebuilt.layers] == [type(layer) for layer in model.layers]
+    for got, want in zip(rebuilt.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
