@@ -101,7 +101,7 @@ def find(model, compile_objects=()):
     from distkeras.utils import serialize_keras_object
 
     names = set()
-    _referenced_names(keras.saving.serialize_keras_object(model), names)
+    _referenced_names(serialize_keras_object(model), names)
     for obj in compile_objects:
         _referenced_names(serialize_keras_object(obj), names)
     live = _live_objects(model, compile_objects)
