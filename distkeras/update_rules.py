@@ -2,7 +2,15 @@
 
 Weights are numpy object arrays of per-layer arrays (see `networking.weights_array`), so
 arithmetic applies layer by layer. No function here modifies its arguments.
+
+A model's non-trainable weights (``trainable`` False: BatchNormalization's moving mean
+and variance) are state that the workers measure, not parameters that gradients move.
+Rules that scale an update down (ADAG's division by the window, and Experimental's) leave
+them whole, so the center holds the statistics the workers measured rather than a fraction
+of their change.
 """
+
+import numpy as np
 
 
 def downpour_delta(weights, pulled):
@@ -10,9 +18,25 @@ def downpour_delta(weights, pulled):
     return weights - pulled
 
 
-def adag_residual(weights, pulled, communication_window):
-    """ADAG worker: the change since the last pull averaged per step, ``(W - W_pull) / window``."""
-    return (weights - pulled) / communication_window
+def adag_residual(weights, pulled, communication_window, trainable=None):
+    """ADAG worker: the change since the last pull averaged per step, ``(W - W_pull) / window``.
+
+    Args:
+        weights: The worker's weights now.
+        pulled: The weights it pulled.
+        communication_window: Steps since that pull.
+        trainable: Optional flags, one per weight: where False (a non-trainable weight),
+            the change is sent whole, ``W - W_pull``.
+    """
+    delta = weights - pulled
+    if trainable is not None and len(trainable) != len(delta):
+        raise ValueError(f"{len(trainable)} trainable flags for {len(delta)} weights.")
+    if trainable is None or all(trainable):
+        return delta / communication_window
+    residual = np.empty(len(delta), dtype=object)
+    for index, (part, is_trainable) in enumerate(zip(delta, trainable)):
+        residual[index] = part / communication_window if is_trainable else part
+    return residual
 
 
 def add_update(center, update):
@@ -24,7 +48,9 @@ def elastic_difference(weights, center, rho, learning_rate):
     """AEASGD / EAMSGD worker: the elastic force ``E = rho * lr * (W - C)``.
 
     The worker subtracts ``E`` from its weights and commits it; the server adds it to the
-    center, so both move towards each other.
+    center, so both move towards each other. Non-trainable weights too: the center's
+    statistics are then the elastic average of the workers' (measured better, for the
+    center's weights, than the latest worker's alone).
     """
     return (rho * learning_rate) * (weights - center)
 

@@ -315,6 +315,7 @@ class Worker:
         self.worker_id = 0
         self.iteration = 1
         self.model = None
+        self.trainable = None  # set with the model: see `prepare_model`
         self.history = HistoryLog()
         self.workers_per_machine = None  # set by the trainer; see `affinity.claimed_cores`
         self._feed = None
@@ -333,6 +334,10 @@ class Worker:
             model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
                                               self.loss_weights))
         self.model = ModelReplica(model, self._record_step, self._record_window)
+        # One flag per entry of get_weights(): False for state such as BatchNormalization's
+        # moving statistics (see `update_rules`).
+        trainable = {id(variable) for variable in model.trainable_weights}
+        self.trainable = [id(variable) in trainable for variable in model.weights]
 
     def build_model(self):
         """The uncompiled Keras model this worker trains."""
@@ -740,7 +745,8 @@ class ADAGWorker(WindowedWorker):
     """Commits ``(W - W_pull) / communication_window``, then pulls and continues."""
 
     def window_update(self, weights, start):
-        return update_rules.adag_residual(weights, start, self.communication_window)
+        return update_rules.adag_residual(weights, start, self.communication_window,
+                                          self.trainable)
 
 
 class DynSGDWorker(DOWNPOURWorker):
@@ -803,7 +809,8 @@ class ExperimentalWorker(WindowedWorker):
 
     def communicate(self):
         residual = update_rules.adag_residual(
-            self.model.get_weights(), self.center_variable, self.communication_window)
+            self.model.get_weights(), self.center_variable, self.communication_window,
+            self.trainable)
         self.commit(residual, center=self.center_variable)
         self.pull()
         self.model.set_weights(self.center_variable)

@@ -62,6 +62,21 @@ def test_adag_residual_golden():
     assert_weights_equal(pulled, before[1])
 
 
+def test_adag_residual_leaves_non_trainable_weights_whole():
+    weights, pulled = golden_weights()
+    before = copy_weights(weights), copy_weights(pulled)
+    # The second weight is state (a moving statistic): its change is sent as it is.
+    residual = update_rules.adag_residual(weights, pulled, 4, trainable=[True, False])
+    assert_weights_equal(residual, [np.array([[0.25, 0.25], [0.5, 0.75]]),
+                                    np.array([0.25, -1.0])])
+    assert_weights_equal(weights, before[0])
+    assert_weights_equal(pulled, before[1])
+    all_trainable = update_rules.adag_residual(weights, pulled, 4, trainable=[True, True])
+    assert_weights_equal(all_trainable, update_rules.adag_residual(weights, pulled, 4))
+    with pytest.raises(ValueError, match="1 trainable flags for 2 weights"):
+        update_rules.adag_residual(weights, pulled, 4, trainable=[True])
+
+
 def test_add_update_golden():
     center, update = golden_weights()
     before = copy_weights(center), copy_weights(update)

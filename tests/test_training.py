@@ -149,3 +149,26 @@ def test_short_optimizer_config_trains_and_stays_unchanged(fashion_train, fashio
     assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
     assert optimizer == {"class_name": "SGD", "config": {"learning_rate": 0.05}}
     assert accuracy(model, fashion_test) > 0.4
+
+
+def test_adag_center_keeps_the_batch_norm_statistics_its_workers_measure(fashion_train):
+    import keras
+
+    from distkeras.datasets import load_fashion_mnist_numpy
+    from distkeras.trainers import ADAG
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((784,)), keras.layers.Dense(32), keras.layers.BatchNormalization(),
+        keras.layers.Activation("relu"), keras.layers.Dense(10, activation="softmax")])
+    trained = ADAG(model, "adam", "categorical_crossentropy", num_workers=2,
+                   communication_window=12, num_epoch=2).train(fashion_train, verbose=0)
+
+    images, _ = load_fashion_mnist_numpy("train")
+    x = images[:TRAIN_LIMIT].reshape(TRAIN_LIMIT, -1).astype("float32") / 255.0
+    dense, norm = trained.layers[0], trained.layers[1]
+    before_norm = x @ dense.kernel.numpy() + dense.bias.numpy()
+    # The moving variance describes the trained weights' activations. Divided by the
+    # window like the parameters, it would stay near its initial 1.0 (errors of 100%+).
+    error = np.abs(norm.moving_variance.numpy() - before_norm.var(axis=0))
+    assert np.mean(error) / np.mean(before_norm.var(axis=0)) < 0.3
