@@ -286,7 +286,9 @@ class Trainer:
         self.validate_arguments()
         self._validate_checkpointing()
         dataframes.check_spark_dataframe(dataframe)
-        callbacks = validation.check_callbacks(callbacks)
+        callbacks = validation.check_callbacks(
+            callbacks, type(self).__name__,
+            learning_rate_callbacks=isinstance(self, SingleTrainer))
         dataframe, validation_frame = (dataframe, None) if validation_data is None \
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
@@ -483,10 +485,11 @@ class Trainer:
 class SingleTrainer(Trainer):
     """One replica trained on all the data in one Spark task: the baseline.
 
-    With validation data or callbacks and several epochs, each epoch is a Spark task of its
-    own that goes on from the last one's weights and optimizer state (the same training as
-    in one task, as Keras's ``fit`` does it): the driver evaluates and calls back at every
-    epoch's exact end, and ``EarlyStopping`` stops before the next epoch starts.
+    With validation data or callbacks, each epoch is a Spark task of its own that goes on
+    from the last one's weights and optimizer state (the same training as in one task, as
+    Keras's ``fit`` does it): the driver evaluates and calls back at every epoch's exact
+    end, ``EarlyStopping`` stops before the next epoch starts, and a learning rate that
+    ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
     """
 
     def allocate_worker(self):
@@ -497,7 +500,7 @@ class SingleTrainer(Trainer):
 
         model = deserialize_model(serialize_model(self.master_model))
         self._optimizer_state = None
-        if self._validator is None or self.num_epoch == 1:
+        if self._validator is None:
             layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
             message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
                                            f"distkeras {type(self).__name__}")
@@ -529,10 +532,21 @@ class SingleTrainer(Trainer):
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
         """One Spark task per epoch, each starting from the last one's weights and
-        optimizer state; the epoch's end is validated and called back before the next."""
+        optimizer state; the epoch's end is validated and called back before the next.
+
+        The validator's model holds the optimizer's state between epochs, so the callbacks
+        see it (``ModelCheckpoint`` saves it) and may change its learning rate.
+        """
         from distkeras.utils import serialize_model
 
+        driver_model = self._validator.model
         for epoch in range(1, self.num_epoch + 1):
+            try:
+                self._validator.epoch_begin(epoch)
+            except Exception as cause:  # the user's callback, as at an epoch's end
+                raise TrainingError(f"The start of epoch {epoch} failed (a callback): "
+                                    f"{type(cause).__name__}: {cause}") from cause
+            self._optimizer_state = workers.get_optimizer_state(driver_model)
             worker = self.allocate_worker()
             if not isinstance(worker, workers.SequentialWorker):
                 raise TypeError(f"{type(self).__name__}.allocate_worker() must return a "
@@ -545,6 +559,7 @@ class SingleTrainer(Trainer):
                 dataframes.lay_out(frame, 1, 1, shuffle), worker, label_shapes,
                 f"distkeras {type(self).__name__} epoch {epoch}/{self.num_epoch}")
             model.set_weights(list(message["weights"]))
+            workers.set_optimizer_state(driver_model, self._optimizer_state)
             epoch_records = self.history[steps_before:]
             for record in epoch_records:
                 record["epoch"] = epoch - 1  # counted from 0, as AveragingTrainer's

@@ -97,18 +97,25 @@ def collect(validation, model, features_col, label_col):
     return (x[0] if single_input else x), (y[0] if single_output else y)
 
 
-# Callbacks that act on the optimizer or on `fit`'s own loop, which live on the executors
-# and in the workers here: they would change nothing, silently.
-_REFUSED_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau", "BackupAndRestore",
-                      "SwapEMAWeights")
+# Callbacks that change the optimizer's learning rate between epochs: only where the
+# driver holds the optimizer's state between epochs (SingleTrainer).
+_LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
+# Callbacks that act on `fit`'s own loop or on the optimizer's internals.
+_REFUSED_CALLBACKS = ("BackupAndRestore", "SwapEMAWeights")
 
 
-def check_callbacks(callbacks):
+def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callbacks=False):
     """The Keras callbacks as a list, or a clear error for one that cannot work here.
+
+    Args:
+        callbacks: What `train()` was given.
+        trainer_name: Named in the errors.
+        learning_rate_callbacks: Whether the trainer applies a learning rate set by a
+            callback (``LearningRateScheduler``, ``ReduceLROnPlateau``) to the next epoch.
 
     Raises:
         TypeError: For something that is not a `keras.callbacks.Callback`.
-        ValueError: For a callback that changes the optimizer or `fit`'s loop.
+        ValueError: For a callback that would change nothing, silently.
     """
     import keras
 
@@ -117,11 +124,16 @@ def check_callbacks(callbacks):
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError("`callbacks` must be keras.callbacks.Callback instances. "
                             f"Received: {type(callback).__name__}")
-        if type(callback).__name__ in _REFUSED_CALLBACKS:
+        name = type(callback).__name__
+        if name in _REFUSED_CALLBACKS:
+            raise ValueError(f"{name} acts on Keras's own training loop, which does not run "
+                             "here: it would change nothing.")
+        if name in _LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(
-                f"{type(callback).__name__} changes the optimizer or the training loop, "
-                "which run in the workers: it would change nothing here. Use a learning "
-                "rate schedule in `worker_optimizer` instead.")
+                f"{name} changes the learning rate, but {trainer_name}'s optimizers live in "
+                "its workers: it would change nothing here. Use a learning rate schedule in "
+                "`worker_optimizer` (keras.optimizers.schedules), or SingleTrainer, which "
+                "applies it.")
     return callbacks
 
 
@@ -131,7 +143,8 @@ class Validator:
 
     The callbacks see ``model`` holding those weights: ``EarlyStopping`` may set its
     ``stop_training``, ``ModelCheckpoint`` saves it, ``CSVLogger`` writes the logs. Only
-    ``on_train_begin``, ``on_epoch_end`` and ``on_train_end`` are called.
+    ``on_train_begin``, ``on_epoch_end`` and ``on_train_end`` are called, and
+    ``on_epoch_begin`` where a trainer starts its epochs from the driver (`epoch_begin`).
 
     Args:
         model: A compiled `keras.Model` of the trained architecture (its weights are
@@ -165,6 +178,12 @@ class Validator:
         self.model.stop_training = False
         if self.callbacks is not None:
             self.callbacks.on_train_begin()
+
+    def epoch_begin(self, epoch):
+        """Calls the callbacks' ``on_epoch_begin`` before ``epoch`` (1-based) starts."""
+        with self._lock:
+            if self.callbacks is not None:
+                self.callbacks.on_epoch_begin(epoch - 1)
 
     def evaluate(self, weights, epoch, samples, loss=None):
         """Evaluates ``weights`` reached after ``epoch`` (1-based) and calls the callbacks.

@@ -317,6 +317,50 @@ def test_a_callback_stops_single_trainer_before_the_next_epoch(spark, fashion_te
         trainer.train(train_frame, verbose=0, callbacks=[Broken()])
 
 
+def test_single_trainer_applies_learning_rates_that_callbacks_set(spark, fashion_test):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test
+    train_frame = _frame(spark, images[:640], labels[:640])
+
+    class WeightsAtEpochEnds(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.weights, self.rates = [], []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.weights.append(self.model.get_weights())
+            self.rates.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    seen = WeightsAtEpochEnds()
+    # Epoch 2 at learning rate 0: plain SGD leaves the weights as epoch 1 left them.
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: [0.1, 0.0, 0.05][epoch])
+    trainer = SingleTrainer(build_mlp(32), keras.optimizers.SGD(0.5),
+                            "categorical_crossentropy", num_epoch=3)
+    model = trainer.train(train_frame, verbose=0, callbacks=[schedule, seen])
+
+    assert seen.rates == pytest.approx([0.1, 0.0, 0.05])
+    for after_first, after_second in zip(seen.weights[0], seen.weights[1]):
+        np.testing.assert_array_equal(after_first, after_second)
+    assert not np.array_equal(seen.weights[1][0], seen.weights[2][0])
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.05)
+
+    # No epoch improves on the first one's loss by 10: the rate halves after each later one
+    # (`seen`, listed first, records the rate before the halving).
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
+                                                min_delta=10.0)
+    seen = WeightsAtEpochEnds()
+    trainer = SingleTrainer(build_mlp(32), keras.optimizers.SGD(0.1),
+                            "categorical_crossentropy", num_epoch=3)
+    model = trainer.train(train_frame, verbose=0, callbacks=[seen, plateau])
+    assert seen.rates == pytest.approx([0.1, 0.1, 0.05])
+    # The last epoch ran at 0.05; the returned optimizer holds its state.
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.05)
+    assert int(np.asarray(model.optimizer.iterations)) == 60
+
+
 def test_averaging_trainer_returns_the_weights_a_callback_restores(spark, fashion_train):
     import keras
 
@@ -357,8 +401,10 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
 
 @pytest.mark.parametrize("callback, trainer_name, error, message", [
     ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
-    ("ReduceLROnPlateau", "SingleTrainer", ValueError,
-     "changes the optimizer or the training loop"),
+    ("ReduceLROnPlateau", "ADAG", ValueError,
+     "ADAG's optimizers live in its workers: .*or SingleTrainer, which applies it"),
+    ("ReduceLROnPlateau", "AveragingTrainer", ValueError, "learning rate schedule"),
+    ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
 ])
 def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, message,
