@@ -46,6 +46,19 @@ def _to_features_col(value):
                     f"Received: {value!r}")
 
 
+def _to_class_weight(value):
+    """TypeConverter: a dict from class index to weight. Keys saved as JSON come back as
+    strings ("0"); they are indices again here."""
+    if not isinstance(value, dict):
+        raise TypeError(f"`class_weight` must be a dict from class index to weight, for "
+                        f"example {{0: 1.0, 1: 5.0}}. Received: {value!r}")
+    try:
+        return {int(key): float(weight) for key, weight in value.items()}
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"`class_weight` must map class indices (integers) to numbers. "
+                        f"Received: {value!r}") from error
+
+
 def _write_bytes(spark, path, data):
     """Writes ``data`` to a new file at ``path`` on any Hadoop file system Spark can reach."""
     jvm = spark.sparkContext._jvm
@@ -171,6 +184,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         batch_size: Rows per model call when the fitted model predicts.
         weight_col: A numeric column weighing each row's loss (Param ``weightCol``; the
             trainer's ``sample_weight_col``), or None.
+        class_weight: A dict from class index to the weight of that class's rows (Param
+            ``classWeight``; the trainer's ``class_weight``), or None.
         validation: A fraction of the rows to hold out and evaluate after each epoch
             (Param ``validation``; ``trainer.get_validation_history()``), or None.
         callbacks: Keras callbacks for `train()` (kept with the estimator, not saved with
@@ -181,13 +196,21 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
                        "fraction of the rows to hold out for validation (0 < v < 1)",
                        typeConverter=TypeConverters.toFloat)
 
+    classWeight = Param(Params._dummy(), "classWeight",
+                        "weight of each class's rows, by class index",
+                        typeConverter=_to_class_weight)
+
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
-                 weight_col=None, validation=None, callbacks=None):
+                 weight_col=None, validation=None, callbacks=None, class_weight=None):
         super().__init__()
         self.trainer = trainer
         self.callbacks = list(callbacks or [])
         self._init_params(output_col, batch_size)
-        _set_given(self, weightCol=weight_col, validation=validation)
+        _set_given(self, weightCol=weight_col, validation=validation,
+                   classWeight=class_weight)
+
+    def _given(self, param):
+        return self.getOrDefault(param) if self.isDefined(param) else None
 
     def _fit(self, dataset):
         import keras
@@ -196,12 +219,10 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             raise TypeError("KerasEstimator needs a distkeras trainer, for example "
                             f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
         _check_batch_size(self.getOrDefault(self.batchSize))
-        weight_col = self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) \
-            else None
-        validation = self.getOrDefault(self.validation) if self.isDefined(self.validation) \
-            else None
-        model = self.trainer.train(dataset, sample_weight_col=weight_col or None,
-                                   validation_data=validation,
+        model = self.trainer.train(dataset,
+                                   sample_weight_col=self._given(self.weightCol) or None,
+                                   class_weight=self._given(self.classWeight),
+                                   validation_data=self._given(self.validation),
                                    callbacks=self.callbacks or None)
         if not isinstance(model, keras.Model):
             raise TypeError(

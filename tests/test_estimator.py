@@ -128,6 +128,27 @@ def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train
     assert loaded.getOrDefault("weightCol") == "weight"
 
 
+def test_class_weight_reaches_the_trainer_and_survives_save_and_load(fashion_train, tmp_path):
+    from pyspark.ml import Pipeline
+
+    from distkeras.estimators import KerasEstimator
+
+    trainer = _single_trainer()
+    initial = trainer.master_model.get_weights()
+    # Every class weighs 0: the trained model must be the initial one.
+    stage = KerasEstimator(trainer, class_weight={index: 0.0 for index in range(10)})
+    fitted = Pipeline(stages=[stage]).fit(
+        fashion_train.limit(256).withColumnRenamed("label", "one_hot"))
+
+    for trained, start in zip(fitted.stages[0].keras_model.get_weights(), initial):
+        np.testing.assert_allclose(trained, start, atol=1e-7)
+    Pipeline(stages=[stage]).save(str(tmp_path / "class_weighted"))
+    loaded = Pipeline.load(str(tmp_path / "class_weighted")).getStages()[0]
+    assert loaded.getOrDefault("classWeight") == {index: 0.0 for index in range(10)}
+    with pytest.raises(TypeError, match="must map class indices"):
+        KerasEstimator(trainer, class_weight={"cat": 2.0})
+
+
 def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
     import keras
     from pyspark.ml import Pipeline
