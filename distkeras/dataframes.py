@@ -45,10 +45,14 @@ def _to_training_column(dataframe, name):
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return F.col(name)
+    hint = (" For labels such as class names, index them first: "
+            "pyspark.ml.feature.StringIndexer gives class indices 0, 1, ... (with "
+            "sparse_categorical_crossentropy), then distkeras.transformers.OneHotTransformer "
+            "one-hot vectors.") if isinstance(data_type, T.StringType) else ""
     raise TypeError(
         f"Column {name!r} has type {data_type.simpleString()}; expected a number, an array "
         "of numbers, a Spark ML vector or packed float32 tensors (binary, see "
-        "`distkeras.transformers.PackedTensorTransformer`)."
+        f"`distkeras.transformers.PackedTensorTransformer`).{hint}"
     )
 
 

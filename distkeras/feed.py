@@ -55,6 +55,32 @@ def column_to_numpy(column, sample_shape, name):
     return flat.astype(np.float32, copy=False)
 
 
+def check_class_indices(labels, num_classes, name):
+    """Checks that class-index labels are whole numbers in ``[0, num_classes)``.
+
+    JAX does not check indices: a label of 10 for a 10-class output would train on
+    garbage, silently.
+
+    Raises:
+        ValueError: Naming the column and the first label that does not fit.
+    """
+    if labels.size == 0:
+        return
+    low, high = labels.min(), labels.max()
+    bad = None
+    if low < 0 or high >= num_classes:
+        bad = low if low < 0 else high
+    elif np.issubdtype(labels.dtype, np.floating) and not np.array_equal(labels,
+                                                                         np.floor(labels)):
+        bad = labels[labels != np.floor(labels)][0]
+    if bad is not None:
+        raise ValueError(
+            f"Column {name!r} holds the class index {bad.item()!r}, but the model's output "
+            f"has {num_classes} classes: labels must be whole numbers from 0 to "
+            f"{num_classes - 1} (for string or 1-based labels, index them first, for "
+            "example with pyspark.ml.feature.StringIndexer).")
+
+
 def _pick(arrays, single):
     return arrays[0] if single else arrays
 
@@ -76,11 +102,13 @@ class MinibatchFeed:
         single_output: Whether ``y`` is one array rather than a list.
         weight_col: A column of per-row sample weights, or None.
         class_table: Per class index, its weight (`sample_weights.validate`), or None.
+        num_classes: Per output, the number of classes where the labels are class indices
+            (checked, see `check_class_indices`), else None.
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
                  feature_shapes, label_shapes, single_input=True, single_output=True,
-                 weight_col=None, class_table=None):
+                 weight_col=None, class_table=None, num_classes=None):
         self.record_batches = record_batches
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
@@ -92,6 +120,7 @@ class MinibatchFeed:
         self.weight_col = weight_col
         self.class_table = None if class_table is None else np.asarray(class_table, np.float32)
         self.weighted = weight_col is not None or class_table is not None
+        self.num_classes = list(num_classes or [None] * len(self.label_cols))
         self.samples = 0
         self._iterator = self._minibatches()
 
@@ -106,6 +135,9 @@ class MinibatchFeed:
              for name, shape in zip(self.features_cols, self.feature_shapes)]
         y = [column_to_numpy(record_batch.column(name), shape, name)
              for name, shape in zip(self.label_cols, self.label_shapes)]
+        for labels, num_classes, name in zip(y, self.num_classes, self.label_cols):
+            if num_classes is not None:
+                check_class_indices(labels, num_classes, name)
         if not self.weighted:
             return x + y
         weights = None if self.weight_col is None else \

@@ -400,13 +400,17 @@ class Worker:
         """Prepares `get_next_minibatch` over this partition's Arrow record batches."""
         features_cols = _as_list(self.features_col)
         label_cols = _as_list(self.label_col)
+        # Scalar labels for an output of several units are class indices: checked.
+        num_classes = [output[0] if given == () and len(output) == 1 and output[0] > 1
+                       else None for given, output in
+                       zip(label_shapes, self._sample_shapes(self.model.outputs))]
         self._feed = MinibatchFeed(
             record_batches, features_cols, label_cols, self.batch_size,
             self._sample_shapes(self.model.inputs), self._label_shapes(label_shapes),
             single_input=not isinstance(self.features_col, (list, tuple)),
             single_output=not isinstance(self.label_col, (list, tuple)),
             weight_col=getattr(self, "sample_weight_col", None),
-            class_table=getattr(self, "class_table", None),
+            class_table=getattr(self, "class_table", None), num_classes=num_classes,
         )
 
     def get_next_minibatch(self):

@@ -108,3 +108,37 @@ def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(
         assert spark.conf.get(ARROW_BATCH_KEY) == "3000"
     finally:
         spark.conf.unset(ARROW_BATCH_KEY)
+
+
+def test_class_indices_are_checked_against_the_number_of_classes():
+    import pytest
+
+    from distkeras.feed import check_class_indices
+
+    check_class_indices(np.array([0, 2, 1, 2], np.int32), 3, "label")
+    check_class_indices(np.array([0.0, 2.0], np.float32), 3, "label")
+    check_class_indices(np.array([], np.int32), 3, "label")
+    for labels, bad in (([0, 3, 1], "3"), ([-1, 0], "-1"), ([1.0, 1.5], "1.5")):
+        dtype = np.float32 if isinstance(labels[0], float) else np.int32
+        with pytest.raises(ValueError, match=f"Column 'y' holds the class index {bad}, but "
+                                             "the model's output has 3 classes: .* 0 to 2"):
+            check_class_indices(np.array(labels, dtype), 3, "y")
+
+
+def test_class_indices_out_of_range_stop_training_with_the_column_named(spark):
+    import keras
+    import pytest
+
+    from distkeras.trainers import SingleTrainer, TrainingError
+
+    # 1-based labels for 3 classes: JAX alone would train on garbage without a word.
+    rows = [([float(index % 5)] * 4, index % 3 + 1) for index in range(60)]
+    frame = spark.createDataFrame(rows, "features array<float>, label int")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", metrics=[])
+    with pytest.raises(TrainingError, match="Column 'label' holds the class index 3, but "
+                                            "the model's output has 3 classes"):
+        trainer.train(frame, verbose=0)
+    named = spark.createDataFrame([([1.0] * 4, "cat")], "features array<float>, label string")
+    with pytest.raises(TypeError, match="index them first: pyspark.ml.feature.StringIndexer"):
+        trainer.train(named, verbose=0)
