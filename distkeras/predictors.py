@@ -96,9 +96,13 @@ def _settle():
 
 def _predict_in_chunks(model, inputs, batch_size):
     """Predicts ``batch_size`` rows per call; the last chunk is padded to ``batch_size`` rows,
-    so a compiling backend (JAX) compiles one input shape only."""
+    so a compiling backend (JAX) compiles one input shape only.
+
+    Returns:
+        One ``(rows, values)`` float32 matrix per model output.
+    """
     rows = len(inputs[0])
-    outputs = []
+    chunks = []  # per call, the list of its outputs
     for start in range(0, rows, batch_size):
         chunk = [array[start:start + batch_size] for array in inputs]
         count = len(chunk[0])
@@ -106,22 +110,32 @@ def _predict_in_chunks(model, inputs, batch_size):
             chunk = [np.concatenate([array, np.zeros((batch_size - count, *array.shape[1:]),
                                                      array.dtype)]) for array in chunk]
         prediction = model.predict_on_batch(chunk[0] if len(chunk) == 1 else chunk)
-        outputs.append(np.asarray(prediction)[:count])
-    return np.concatenate(outputs).reshape(rows, -1).astype(np.float32, copy=False)
+        outputs = prediction if isinstance(prediction, (list, tuple)) else [prediction]
+        chunks.append([np.asarray(output)[:count] for output in outputs])
+    return [np.concatenate(parts).reshape(rows, -1).astype(np.float32, copy=False)
+            for parts in zip(*chunks)]
 
 
-def _predict_arrays(model, columns, names, input_shapes, batch_size):
-    """Predictions for one Arrow batch of feature columns, as ``list<float>``."""
+def _predict_arrays(model, columns, names, input_shapes, batch_size, output_fields=None):
+    """Predictions for one Arrow batch of feature columns: a ``list<float>`` array, or for
+    several outputs a struct of them named ``output_fields``."""
+    import pyarrow as pa
+
     from distkeras.datasets import float_lists
     from distkeras.feed import column_to_numpy
 
     arrays = [column_to_numpy(column, shape, name).astype(np.float32, copy=False)
               for column, name, shape in zip(columns, names, input_shapes)]
-    return float_lists(_predict_in_chunks(model, arrays, batch_size))
+    outputs = [float_lists(matrix) for matrix in _predict_in_chunks(model, arrays, batch_size)]
+    if output_fields is None:
+        return outputs[0]
+    return pa.StructArray.from_arrays(outputs, names=list(output_fields))
 
 
-def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objects=None):
-    """The Arrow UDF (iterator form) that predicts on the executors."""
+def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objects=None,
+                    output_fields=None):
+    """The Arrow UDF (iterator form) that predicts on the executors: one ``array<float>``
+    per row, or for several outputs a struct of them named ``output_fields``."""
     import typing
 
     import pyarrow as pa
@@ -130,6 +144,9 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
 
     key = _model_key(model_bytes)
     single = len(names) == 1
+    prediction_type = T.ArrayType(T.FloatType())
+    return_type = prediction_type if output_fields is None else T.StructType(
+        [T.StructField(field, prediction_type) for field in output_fields])
 
     def predict(batches):
         # Imported here, not captured: cloudpickle would copy the module's _CACHE.
@@ -141,18 +158,21 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
         for columns in batches:
             columns = (columns,) if single else tuple(columns)
             if not len(columns[0]):
-                yield pa.array([], pa.list_(pa.float32()))
+                empty = pa.array([], pa.list_(pa.float32()))
+                yield empty if output_fields is None else pa.StructArray.from_arrays(
+                    [empty] * len(output_fields), names=list(output_fields))
                 continue
             if model is None:  # not for an empty partition
                 model = _cached_model(key, model_bytes, objects)
-            yield _predict_arrays(model, columns, names, input_shapes, batch_size)
+            yield _predict_arrays(model, columns, names, input_shapes, batch_size,
+                                  output_fields)
             _settle()
 
     # Spark picks the UDF's form from these type hints.
     argument = pa.Array if single else typing.Tuple[pa.Array, ...]
     predict.__annotations__ = {"batches": typing.Iterator[argument],
                                "return": typing.Iterator[pa.Array]}
-    return F.arrow_udf(predict, T.ArrayType(T.FloatType()))
+    return F.arrow_udf(predict, return_type)
 
 
 class ModelPredictor:
@@ -162,7 +182,9 @@ class ModelPredictor:
     float32 tensors (`PackedTensorTransformer`, the fastest to read); each row's values are
     reshaped to the model's input shape. The prediction of each row is
     flattened into an ``array<float>`` (a model with output shape ``(10,)`` gives 10 values).
-    Every column of the input is kept.
+    Every column of the input is kept. A model with several outputs adds one such column
+    per output, from one model call per batch: ``output_col`` names them as a list, or as a
+    prefix (``prediction`` gives ``prediction_<output name>``).
 
     Only the feature columns are sent to Python (in Arrow record batches of
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) and only the prediction comes
@@ -170,9 +192,10 @@ class ModelPredictor:
     ``predict`` calls with the same architecture and weights.
 
     Args:
-        keras_model: The `keras.Model` (one output; one input per ``features_col``).
+        keras_model: The `keras.Model` (one input per ``features_col``).
         features_col: The input column, or a list of columns for a multi-input model.
-        output_col: Name of the prediction column to add.
+        output_col: Name of the prediction column to add; for a multi-output model, a list
+            of names (one per output, in order) or a prefix.
         batch_size: Rows per model call.
     """
 
@@ -198,19 +221,33 @@ class ModelPredictor:
             raise ValueError(
                 f"The model has {len(self.model.inputs)} inputs but features_col names "
                 f"{len(features)} columns: {features}.")
-        if len(self.model.outputs) != 1:
-            raise ValueError(
-                f"ModelPredictor predicts with single-output models; this one has "
-                f"{len(self.model.outputs)} outputs.")
-        if not isinstance(self.output_col, str) or not self.output_col:
-            raise ValueError(f"`output_col` must be a column name. Received: {self.output_col!r}")
-        if self.output_col in dataframe.columns:
-            raise ValueError(
-                f"Column {self.output_col!r} is already in the DataFrame; pick another "
-                "output_col or drop that column first.")
+        outputs = self._output_columns()
+        for name in outputs:
+            if name in dataframe.columns:
+                raise ValueError(
+                    f"Column {name!r} is already in the DataFrame; pick another "
+                    "output_col or drop that column first.")
         kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
-        return features, kinds
+        return features, kinds, outputs
+
+    def _output_columns(self):
+        """The prediction columns, one per model output."""
+        count = len(self.model.outputs)
+        names = self.output_col
+        if isinstance(names, (list, tuple)):
+            names = list(names)
+            if len(names) != count or len(set(names)) != count:
+                raise ValueError(f"The model has {count} outputs: `output_col` must name "
+                                 f"{count} different columns. Received: {names!r}")
+        elif count == 1:
+            names = [names]
+        else:
+            names = [f"{names}_{output}" for output in self.model.output_names]
+        if not all(isinstance(name, str) and name for name in names):
+            raise ValueError("`output_col` must be a column name (or, for a multi-output "
+                             f"model, a list of names). Received: {self.output_col!r}")
+        return names
 
     def predict(self, dataframe):
         """Returns ``dataframe`` with the prediction column (``array<float>``) added.
@@ -222,8 +259,8 @@ class ModelPredictor:
             A new DataFrame (lazy, like any Spark transformation).
 
         Raises:
-            ValueError: For a missing column, an existing ``output_col`` or a model with
-                several outputs (and, on the executors, rows of the wrong size).
+            ValueError: For a missing column or an existing output column (and, on the
+                executors, rows of the wrong size).
             TypeError: For a feature column that is not numeric.
         """
         import keras
@@ -233,7 +270,7 @@ class ModelPredictor:
         from distkeras import custom_objects
         from distkeras.utils import serialize_model
 
-        features, kinds = self._validate(dataframe)
+        features, kinds, outputs = self._validate(dataframe)
         columns = [vector_to_array(F.col(name), "float32") if kind == "vector" else F.col(name)
                    for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
@@ -242,8 +279,16 @@ class ModelPredictor:
         objects, unresolved = custom_objects.find(self.model)
         if objects or unresolved:
             custom_objects.check_rebuildable(model_bytes, None, objects, unresolved)
+        # Several outputs: one struct column from one UDF call, then a column per field.
+        fields = None if len(outputs) == 1 else [f"output_{index}"
+                                                 for index in range(len(outputs))]
         udf = _prediction_udf(model_bytes, keras.backend.backend(), features,
-                              input_shapes, int(self.batch_size), objects)
-        logger.debug("Predicting %r from %s with batch_size=%d", self.output_col, features,
+                              input_shapes, int(self.batch_size), objects, fields)
+        logger.debug("Predicting %s from %s with batch_size=%d", outputs, features,
                      self.batch_size)
-        return dataframe.withColumn(self.output_col, udf(*columns))
+        if fields is None:
+            return dataframe.withColumn(outputs[0], udf(*columns))
+        struct = "__distkeras_predictions"
+        predicted = dataframe.withColumn(struct, udf(*columns))
+        return predicted.withColumns(
+            {name: F.col(struct)[field] for name, field in zip(outputs, fields)}).drop(struct)

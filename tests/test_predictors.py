@@ -111,6 +111,40 @@ def test_predicts_two_inputs_and_skips_empty_partitions(spark):
     np.testing.assert_allclose(predicted, model.predict([a[:9], b[:9]], verbose=0), atol=1e-5)
 
 
+def test_predicts_every_output_of_a_multi_output_model_in_one_call(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4)(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(2, name="classes")(hidden),
+                                 keras.layers.Dense(1, name="score")(hidden)])
+    a = _features(3, 3)
+    frame = spark.createDataFrame([(i, a[i].tolist()) for i in range(ROWS)],
+                                  ["id", "features"]).repartition(3, "id")
+    expected = model.predict(a, verbose=0)
+
+    out = ModelPredictor(model, batch_size=8).predict(frame)
+    assert out.columns == ["id", "features", "prediction_classes", "prediction_score"]
+    rows = sorted(out.collect(), key=lambda row: row.id)
+    np.testing.assert_allclose([row.prediction_classes for row in rows], expected[0],
+                               atol=1e-5)
+    np.testing.assert_allclose([row.prediction_score for row in rows], expected[1], atol=1e-5)
+    # The model runs once per batch, not once per output column.
+    assert out.select("prediction_classes", "prediction_score")._jdf.queryExecution() \
+        .executedPlan().toString().count("ArrowEvalPython") == 1
+
+    named = ModelPredictor(model, output_col=["kind", "how_much"]).predict(frame)
+    assert named.columns[-2:] == ["kind", "how_much"]
+    with pytest.raises(ValueError, match="The model has 2 outputs: `output_col` must name 2 "
+                                         "different columns"):
+        ModelPredictor(model, output_col=["only_one"]).predict(frame)
+    with pytest.raises(ValueError, match="'prediction_score' is already in the DataFrame"):
+        ModelPredictor(model).predict(frame.withColumn("prediction_score", frame.id))
+
+
 def test_executors_follow_new_weights_of_the_same_model(spark):
     """The executors keep the model between calls; changed weights must still reach them."""
     from distkeras.predictors import ModelPredictor
