@@ -55,14 +55,19 @@ def column_to_numpy(column, sample_shape, name):
     return flat.astype(np.float32, copy=False)
 
 
-def check_class_indices(labels, num_classes, name):
+def check_class_indices(labels, num_classes, where):
     """Checks that class-index labels are whole numbers in ``[0, num_classes)``.
 
     JAX does not check indices: a label of 10 for a 10-class output would train on
     garbage, silently.
 
+    Args:
+        labels: The labels, a numpy array.
+        num_classes: Units of the model's output.
+        where: What holds them, for the error ("Column 'label'").
+
     Raises:
-        ValueError: Naming the column and the first label that does not fit.
+        ValueError: Naming where and the first label that does not fit.
     """
     if labels.size == 0:
         return
@@ -75,7 +80,7 @@ def check_class_indices(labels, num_classes, name):
         bad = labels[labels != np.floor(labels)][0]
     if bad is not None:
         raise ValueError(
-            f"Column {name!r} holds the class index {bad.item()!r}, but the model's output "
+            f"{where} holds the class index {bad.item()!r}, but the model's output "
             f"has {num_classes} classes: labels must be whole numbers from 0 to "
             f"{num_classes - 1} (for string or 1-based labels, index them first, for "
             "example with pyspark.ml.feature.StringIndexer).")
@@ -137,7 +142,7 @@ class MinibatchFeed:
              for name, shape in zip(self.label_cols, self.label_shapes)]
         for labels, num_classes, name in zip(y, self.num_classes, self.label_cols):
             if num_classes is not None:
-                check_class_indices(labels, num_classes, name)
+                check_class_indices(labels, num_classes, f"Column {name!r}")
         if not self.weighted:
             return x + y
         weights = None if self.weight_col is None else \

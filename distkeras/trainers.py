@@ -268,9 +268,10 @@ class Trainer:
             class_weight: A dict from class index to the weight of that class's rows (as
                 Keras's ``class_weight``; classes not named weigh 1). Multiplies with
                 ``sample_weight_col``. Single-output models.
-            validation_data: A DataFrame with the same columns, or a fraction of
-                ``dataframe``'s rows to hold out at random; its rows are evaluated on the
-                driver after each epoch and at the end (`get_validation_history()`).
+            validation_data: A DataFrame with the same columns, numpy arrays ``(x, y)``
+                as for Keras's ``fit``, or a fraction of ``dataframe``'s rows to hold out at
+                random; its rows are evaluated on the driver after each epoch and at the
+                end (`get_validation_history()`).
             callbacks: Keras callbacks run on the driver at the end of each epoch (see
                 `validation.Validator`), with ``val_*`` logs when ``validation_data`` is
                 given and the training ``loss``: ``EarlyStopping`` stops the workers and
@@ -338,7 +339,18 @@ class Trainer:
             raise ValueError("EnsembleTrainer trains independent models: callbacks, which "
                              "watch one model, do not apply. Use validation_data alone.")
         x = y = None
-        if validation_frame is not None:
+        if isinstance(validation_frame, tuple):
+            x, y = validation.from_arrays(validation_frame, self.master_model)
+            labels = y if isinstance(y, list) else [y]
+            output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
+            try:  # class indices with a one-hot loss would fail at the first epoch's end
+                check_compile_arguments(
+                    self.worker_optimizer, self.loss, self.metrics,
+                    [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
+                     for label, shape in zip(labels, output_shapes)], output_shapes)
+            except ValueError as error:
+                raise ValueError(f"In validation_data: {error}") from error
+        elif validation_frame is not None:
             x, y = validation.collect(validation_frame, self.master_model, self.features_col,
                                       self.label_col)
         # Trainer's own: EnsembleTrainer's compiles a list.

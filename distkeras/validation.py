@@ -1,7 +1,8 @@
 """Validation during training, as Keras's ``fit(validation_data=...)`` reports it.
 
-``train(df, validation_data=val_df)`` (or a fraction of ``df``, split off at random) holds
-the validation rows on the driver as numpy arrays and evaluates the model on them: the
+``train(df, validation_data=val_df)`` (or a fraction of ``df``, split off at random, or
+numpy arrays ``(x, y)`` as for ``fit``) holds the validation rows on the driver as numpy
+arrays and evaluates the model on them: the
 center variable as the workers' samples complete each epoch (parameter-server trainers),
 the average after each epoch (`AveragingTrainer`), and the returned model at the end.
 Each evaluation is one record of ``trainer.get_validation_history()``: ``epoch``,
@@ -51,15 +52,96 @@ def split(dataframe, validation_data, seed=1234):
             (type(validation_data).__module__ or "").startswith("pyspark.sql.connect"):
         dataframes.check_spark_dataframe(validation_data, "validation data")
         return dataframe, validation_data
+    if isinstance(validation_data, tuple):
+        return dataframe, validation_data  # numpy arrays, as for fit: see `from_arrays`
     if isinstance(validation_data, bool) or not isinstance(validation_data, numbers.Real) \
             or not 0.0 < validation_data < 1.0:
         raise ValueError(
-            "`validation_data` must be a Spark DataFrame with the training columns or a "
-            f"fraction between 0 and 1 of the rows to hold out. Received: {validation_data!r}")
+            "`validation_data` must be a Spark DataFrame with the training columns, a tuple "
+            "(x, y) of numpy arrays as for Keras's fit, or a fraction between 0 and 1 of "
+            f"the rows to hold out. Received: {_short(validation_data)}")
     drawn = dataframe.withColumn(SPLIT_COLUMN, F.rand(seed))
     training = drawn.where(F.col(SPLIT_COLUMN) >= validation_data).drop(SPLIT_COLUMN)
     validation = drawn.where(F.col(SPLIT_COLUMN) < validation_data).drop(SPLIT_COLUMN)
     return training, validation
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _fit_arrays(arrays, shapes, what):
+    """Each array as float32 rows of its shape (flat rows are reshaped, as the DataFrame's
+    are); ``()`` labels stay class indices."""
+    fitted = []
+    for index, (array, shape) in enumerate(zip(arrays, shapes)):
+        array = np.asarray(array)
+        name = what if len(arrays) == 1 else f"{what}[{index}]"
+        if array.dtype == object or not (np.issubdtype(array.dtype, np.number)
+                                         or array.dtype == bool):
+            raise TypeError(f"validation_data's {name} must be a numeric numpy array. "
+                            f"Received dtype {array.dtype}.")
+        if array.ndim == 0:
+            raise ValueError(f"validation_data's {name} must have one row per sample. "
+                             f"Received a scalar.")
+        size = int(np.prod(shape)) if shape else 1
+        if shape == () or array.shape[1:] == tuple(shape):
+            fitted.append(array)
+        elif int(np.prod(array.shape[1:])) == size:
+            fitted.append(array.reshape((len(array), *shape)))
+        else:
+            raise ValueError(
+                f"validation_data's {name} has rows of shape {array.shape[1:]}; the model "
+                f"expects {tuple(shape)}.")
+    return fitted
+
+
+def from_arrays(data, model):
+    """Keras-style validation arrays ``(x, y)`` checked against ``model``, as ``(x, y)``.
+
+    ``x`` (and ``y``) are a numpy array, or a list of them for a model with several inputs
+    (outputs). Flat rows are reshaped to the model's shapes; labels may be class indices
+    for an output of several classes.
+
+    Raises:
+        ValueError: Naming what does not fit the model.
+    """
+    from distkeras.feed import check_class_indices
+
+    if len(data) != 2:
+        raise ValueError(
+            "`validation_data` as arrays must be a tuple (x, y); validation sample weights "
+            f"are not supported. Received a tuple of {len(data)}.")
+    x, y = data
+    xs = list(x) if isinstance(x, (list, tuple)) else [x]
+    ys = list(y) if isinstance(y, (list, tuple)) else [y]
+    input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
+    output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
+    if len(xs) != len(input_shapes) or len(ys) != len(output_shapes):
+        raise ValueError(
+            f"The model has {len(input_shapes)} inputs and {len(output_shapes)} outputs; "
+            f"validation_data holds {len(xs)} input and {len(ys)} label arrays.")
+    xs = [array.astype(np.float32, copy=False)
+          for array in _fit_arrays(xs, input_shapes, "x")]
+    labels = []
+    for index, (array, shape) in enumerate(zip(ys, output_shapes)):
+        array = np.asarray(array)
+        name = "y" if len(ys) == 1 else f"y[{index}]"
+        if array.ndim == 1 and len(shape) == 1 and shape[0] > 1:  # class indices
+            (array,) = _fit_arrays([array], [()], name)
+            check_class_indices(array, shape[0], f"validation_data's {name}")
+            labels.append(array.astype(np.int32))
+        else:
+            (array,) = _fit_arrays([array], [shape], name)
+            labels.append(array.astype(np.float32, copy=False))
+    rows = {len(array) for array in xs + labels}
+    if len(rows) != 1:
+        raise ValueError(f"validation_data's arrays have different numbers of rows: "
+                         f"{sorted(rows)}.")
+    if rows == {0}:
+        raise ValueError("The validation data has no rows.")
+    return (xs[0] if len(xs) == 1 else xs), (labels[0] if len(labels) == 1 else labels)
 
 
 def collect(validation, model, features_col, label_col):

@@ -445,3 +445,42 @@ def test_monitor_keeps_no_per_step_losses_without_validation():
     monitor._update(None, 0.0)
 
     assert monitor._epoch_losses == [] and len(monitor._recent_losses) <= 50
+
+
+def test_numpy_arrays_validate_as_in_keras_fit(spark, fashion_train, fashion_test):
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test[0][:300], fashion_test[1][:300]
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=2)
+    model = trainer.train(fashion_train.limit(1000), verbose=0,
+                          validation_data=(images.reshape(300, 28, 28), np.eye(10)[labels]))
+
+    records = trainer.get_validation_history()
+    assert [record["epoch"] for record in records] == [1, 2]
+    expected = model.evaluate(images, np.eye(10)[labels], verbose=0, return_dict=True)
+    assert records[-1]["val_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("data, error, message", [
+    ((np.zeros((4, 784)),), ValueError, r"must be a tuple \(x, y\); validation sample weights"),
+    ((np.zeros((4, 784)), np.zeros((4, 10)), np.ones(4)), ValueError,
+     "a tuple of 3"),
+    ((np.zeros((4, 783)), np.zeros((4, 10))), ValueError,
+     r"x has rows of shape \(783,\); the model expects \(784,\)"),
+    ((np.zeros((4, 784)), np.zeros((3, 10))), ValueError, r"different numbers of rows: \[3, 4\]"),
+    ((np.zeros((4, 784)), np.array([0, 1, 2, 10])), ValueError,
+     "validation_data's y holds the class index 10, but the model's output has 10 classes"),
+    ((np.zeros((4, 784)), np.array([0, 1, 2, 3])), ValueError,
+     "In validation_data: .*sparse_categorical_crossentropy"),
+    ((np.array([["a"] * 784] * 4), np.zeros((4, 10))), TypeError,
+     "x must be a numeric numpy array"),
+    ([np.zeros((4, 784)), np.zeros((4, 10))], ValueError, "a tuple \\(x, y\\) of numpy arrays"),
+])
+def test_validation_arrays_that_do_not_fit_are_refused_before_training(data, error, message,
+                                                                       fashion_train):
+    from distkeras.trainers import SingleTrainer
+
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
+    with pytest.raises(error, match=message):
+        trainer.train(fashion_train, verbose=0, validation_data=data)
+    assert trainer.get_history() == []
