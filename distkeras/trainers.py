@@ -368,6 +368,17 @@ class Trainer:
         return total, _mean_loss(record for record, count in zip(records, counts)
                                  if count > start)
 
+    def _begin_epoch(self, epoch):
+        """Calls the callbacks' ``on_epoch_begin`` before ``epoch`` (1-based), where the
+        driver starts each epoch."""
+        if self._validator is None:
+            return
+        try:
+            self._validator.epoch_begin(epoch)
+        except Exception as cause:  # the user's callback, as at an epoch's end
+            raise TrainingError(f"The start of epoch {epoch} failed (a callback): "
+                                f"{type(cause).__name__}: {cause}") from cause
+
     def _validate_epoch(self, weights, epoch, epoch_records=()):
         """Runs the end of ``epoch`` (1-based) on the weights reached, when validating or
         calling back; returns whether a callback asked to stop."""
@@ -553,11 +564,7 @@ class SingleTrainer(Trainer):
 
         driver_model = self._validator.model
         for epoch in range(1, self.num_epoch + 1):
-            try:
-                self._validator.epoch_begin(epoch)
-            except Exception as cause:  # the user's callback, as at an epoch's end
-                raise TrainingError(f"The start of epoch {epoch} failed (a callback): "
-                                    f"{type(cause).__name__}: {cause}") from cause
+            self._begin_epoch(epoch)
             self._optimizer_state = workers.get_optimizer_state(driver_model)
             worker = self.allocate_worker()
             if not isinstance(worker, workers.SequentialWorker):
@@ -981,6 +988,7 @@ class AveragingTrainer(DistributedTrainer):
 
         model = deserialize_model(serialize_model(self.master_model))
         for epoch in range(self.num_epoch):
+            self._begin_epoch(epoch + 1)
             layout = dataframes.lay_out(frame, self.num_partitions(), 1, shuffle,
                                         seed=None if not shuffle else epoch)
             worker = self.allocate_worker(model)

@@ -484,3 +484,28 @@ def test_validation_arrays_that_do_not_fit_are_refused_before_training(data, err
     with pytest.raises(error, match=message):
         trainer.train(fashion_train, verbose=0, validation_data=data)
     assert trainer.get_history() == []
+
+
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "AveragingTrainer"])
+def test_trainers_that_start_epochs_on_the_driver_call_on_epoch_begin(trainer_name,
+                                                                      fashion_train):
+    import keras
+
+    from distkeras import trainers
+
+    class Order(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.calls.append(f"begin {epoch}")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.calls.append(f"end {epoch}")
+
+    order = Order()
+    trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
+                                              "categorical_crossentropy", num_epoch=2)
+    trainer.train(fashion_train.limit(500), verbose=0, callbacks=[order])
+    assert order.calls == ["begin 0", "end 0", "begin 1", "end 1"]
