@@ -340,22 +340,28 @@ class Trainer:
                              "watch one model, do not apply. Use validation_data alone.")
         x = y = None
         if isinstance(validation_frame, tuple):
-            x, y = validation.from_arrays(validation_frame, self.master_model)
-            labels = y if isinstance(y, list) else [y]
-            output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
-            try:  # class indices with a one-hot loss would fail at the first epoch's end
-                check_compile_arguments(
-                    self.worker_optimizer, self.loss, self.metrics,
-                    [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
-                     for label, shape in zip(labels, output_shapes)], output_shapes)
-            except ValueError as error:
-                raise ValueError(f"In validation_data: {error}") from error
+            x, y = self._validation_arrays(validation_frame)
         elif validation_frame is not None:
             x, y = validation.collect(validation_frame, self.master_model, self.features_col,
                                       self.label_col)
         # Trainer's own: EnsembleTrainer's compiles a list.
         model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
         return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch)
+
+    def _validation_arrays(self, arrays):
+        """Keras-style ``(x, y)`` validation arrays, checked against the model and the
+        loss (class indices with a one-hot loss would fail at the first epoch's end)."""
+        x, y = validation.from_arrays(arrays, self.master_model)
+        labels = y if isinstance(y, list) else [y]
+        output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
+        label_shapes = [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
+                        for label, shape in zip(labels, output_shapes)]
+        try:
+            check_compile_arguments(self.worker_optimizer, self.loss, self.metrics,
+                                    label_shapes, output_shapes)
+        except ValueError as error:
+            raise ValueError(f"In validation_data: {error}") from error
+        return x, y
 
     def _trained_so_far(self, worker_id=None, epochs=1):
         """Samples in the history (of one worker, if given) and the mean step loss of its

@@ -2,9 +2,10 @@
 
 ``train(df, validation_data=val_df)`` (or a fraction of ``df``, split off at random, or
 numpy arrays ``(x, y)`` as for ``fit``) holds the validation rows on the driver as numpy
-arrays and evaluates the model on them: the
-center variable as the workers' samples complete each epoch (parameter-server trainers),
-the average after each epoch (`AveragingTrainer`), and the returned model at the end.
+arrays and evaluates the model on them: the center variable as the workers' samples
+complete each epoch (parameter-server trainers), the average after each epoch
+(`AveragingTrainer`), the exact end of each epoch (`SingleTrainer`), and the returned
+model at the end.
 Each evaluation is one record of ``trainer.get_validation_history()``: ``epoch``,
 ``samples`` (trained so far), ``timestamp``, ``loss`` (the epoch's mean step loss, where
 known), ``val_loss`` and ``val_<metric>``.
@@ -72,8 +73,8 @@ def _short(value):
 
 
 def _fit_arrays(arrays, shapes, what):
-    """Each array as float32 rows of its shape (flat rows are reshaped, as the DataFrame's
-    are); ``()`` labels stay class indices."""
+    """Each numeric array with rows of its shape (flat rows are reshaped, as the
+    DataFrame's are; a ``()`` shape takes the array as it is)."""
     fitted = []
     for index, (array, shape) in enumerate(zip(arrays, shapes)):
         array = np.asarray(array)
