@@ -163,8 +163,10 @@ class Trainer:
 
     Args:
         keras_model: The `keras.Model` to train (left untouched; training uses a copy).
-        worker_optimizer: The Keras optimizer of every replica (name, instance or config).
-        loss: The Keras loss (name, instance or config).
+        worker_optimizer: The Keras optimizer of every replica (name, instance or config);
+            None: the one ``keras_model`` was compiled with.
+        loss: The Keras loss (name, instance or config); None: the one ``keras_model`` was
+            compiled with.
         metrics: Metrics recorded at every step.
         loss_weights: Optional loss weights for multi-output models.
         features_col: Input column, or a list of columns for a multi-input model.
@@ -173,7 +175,7 @@ class Trainer:
         num_epoch: Passes over the data.
     """
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  loss_weights=None, features_col="features", label_col="label",
                  batch_size=32, num_epoch=1):
         self.master_model = keras_model
@@ -221,10 +223,25 @@ class Trainer:
             raise TypeError(
                 "`keras_model` must be a keras.Model. "
                 f"Received: keras_model={type(self.master_model).__name__}")
-        if self.loss is None:
-            raise ValueError("`loss` is required, for example loss='categorical_crossentropy'.")
+        self._use_compiled_settings()
+        for name in ("worker_optimizer", "loss"):
+            if getattr(self, name) is None:
+                example = "'adam'" if name == "worker_optimizer" else \
+                    "'categorical_crossentropy'"
+                raise ValueError(f"`{name}` is required, for example {name}={example}, unless "
+                                 "keras_model is compiled (its own is then used).")
         _check_int("batch_size", self.batch_size)
         _check_int("num_epoch", self.num_epoch)
+
+    def _use_compiled_settings(self):
+        """Takes the optimizer and loss that were not given from the model, when it was
+        compiled (what its `fit` would train with)."""
+        if not getattr(self.master_model, "compiled", False):
+            return
+        if self.worker_optimizer is None:
+            self.worker_optimizer = self.master_model.optimizer
+        if self.loss is None:
+            self.loss = self.master_model.loss
 
     # -- results ------------------------------------------------------------------------
 
@@ -621,7 +638,7 @@ class DistributedTrainer(Trainer):
         (the rest): See `Trainer`.
     """
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, loss_weights=None, parallelism_factor=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, loss_weights,
@@ -664,7 +681,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
     default_window = 5
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
@@ -874,7 +891,7 @@ class AEASGD(AsynchronousDistributedTrainer):
 
     default_window = 32
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
@@ -916,7 +933,7 @@ class EAMSGD(AEASGD):
         (the rest): See `AEASGD`.
     """
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
@@ -955,7 +972,7 @@ class Experimental(AsynchronousDistributedTrainer):
 
     default_window = 5
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
                  loss_weights=None, parallelism_factor=1, worker_timeout=None,
@@ -1028,7 +1045,7 @@ class EnsembleTrainer(DistributedTrainer):
         (the rest): See `Trainer`.
     """
 
-    def __init__(self, keras_model, worker_optimizer, loss, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
                  num_ensembles=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, loss_weights=None, seed=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_ensembles,

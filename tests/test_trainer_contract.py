@@ -215,3 +215,24 @@ def test_returned_models_save_and_load_without_warnings(name, fashion_train, tmp
         warnings.simplefilter("error")
         loaded = keras.saving.load_model(path)
     assert loaded.compiled and loaded.optimizer.iterations.numpy() == 0
+
+
+def test_a_compiled_model_lends_its_optimizer_and_loss(fashion_train):
+    import keras
+
+    from distkeras.trainers import ADAG, SingleTrainer
+
+    model = build_mlp(32)
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "categorical_crossentropy")
+    trainer = ADAG(model, num_workers=2, communication_window=4)
+    trained = trainer.train(fashion_train.limit(600), verbose=0)
+
+    assert isinstance(trained.optimizer, keras.optimizers.SGD)
+    assert trained.optimizer.get_config()["momentum"] == 0.5
+    assert trainer.get_config()["loss"] == "categorical_crossentropy"
+    with pytest.raises(ValueError, match="`loss` is required, for example "
+                                         "loss='categorical_crossentropy', unless keras_model "
+                                         "is compiled"):
+        SingleTrainer(build_mlp(32), "adam").train(fashion_train, verbose=0)
+    with pytest.raises(ValueError, match="`worker_optimizer` is required"):
+        SingleTrainer(build_mlp(32), loss="mse").train(fashion_train, verbose=0)
