@@ -256,6 +256,9 @@ class _KerasEstimatorWriter(MLWriter):
         if trainer is None:
             raise ValueError("Cannot save a KerasEstimator without a trainer.")
         trainer_class = f"{type(trainer).__module__}.{type(trainer).__qualname__}"
+        # The model is read back uncompiled: the settings a compiled model lends are saved
+        # as the trainer's own.
+        trainer._use_compiled_settings()
         extra = {"trainer": {"class": trainer_class, "config": trainer.get_config()}}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
                                          extraMetadata=extra)

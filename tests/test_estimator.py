@@ -98,6 +98,21 @@ def test_unfitted_pipeline_with_the_estimator_saves_and_loads(spark, tmp_path):
     assert estimator.getOrDefault("batchSize") == 256
 
 
+def test_settings_a_compiled_model_lends_are_saved_with_the_estimator(spark, tmp_path):
+    import keras
+    from pyspark.ml import Pipeline
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    model = build_mlp(32)
+    model.compile(keras.optimizers.SGD(0.05), "categorical_crossentropy")
+    Pipeline(stages=[KerasEstimator(SingleTrainer(model))]).save(str(tmp_path / "lent"))
+    trainer = Pipeline.load(str(tmp_path / "lent")).getStages()[0].trainer
+    assert trainer.get_config()["worker_optimizer"]["class_name"] == "SGD"
+    assert trainer.get_config()["loss"] == "categorical_crossentropy"
+
+
 def test_estimator_errors(spark):
     from distkeras.estimators import KerasEstimator, KerasModel
 
