@@ -191,7 +191,9 @@ class TrainingMonitor(threading.Thread):
         if progress is None:
             return
         elapsed = max(time.monotonic() - started, 1e-9)
-        postfix = {"commits/s": f"{self.server.num_updates / elapsed:.1f}"}
+        postfix = {}
+        if self.server.num_updates:  # none where workers only report progress
+            postfix["commits/s"] = f"{self.server.num_updates / elapsed:.1f}"
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
         if self.validator is not None and self.validator.records:

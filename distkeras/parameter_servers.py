@@ -166,10 +166,10 @@ class SocketParameterServer(ParameterServer):
             conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec)
             thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                                       name=f"distkeras-ps-conn-{addr[1]}")
-            with self._history_lock:
+            with self._history_lock:  # started under the lock: a listed thread can be joined
                 self._connections.add(conn)
                 self._threads.add(thread)
-            thread.start()
+                thread.start()
 
     # -- one connection ------------------------------------------------------------------
 
@@ -320,6 +320,17 @@ class SocketParameterServer(ParameterServer):
         records = history_records(columns)
         with self._history_lock:
             self.history.extend(records)
+
+
+class HistoryServer(SocketParameterServer):
+    """Takes the step records of workers that exchange no weights (SingleTrainer's), so the
+    driver shows their progress as it does for the parameter-server trainers. Refuses
+    pulls and commits."""
+
+    def _refuse(self, conn, addr):
+        raise networking.ProtocolError("This server takes progress reports only.")
+
+    handle_pull = handle_pull_unless_own = handle_commit = _refuse
 
 
 class DeltaParameterServer(SocketParameterServer):

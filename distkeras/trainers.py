@@ -549,21 +549,53 @@ class SingleTrainer(Trainer):
         if self._validator is None:
             layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
             message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
-                                           f"distkeras {type(self).__name__}")
+                                           type(self).__name__, self._progress_total)
             model.set_weights(list(message["weights"]))
             return model
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
-    def _run_sequential(self, layout, worker, label_shapes, description):
-        """Runs one configured `SequentialWorker` task; adds its steps to the history and
-        keeps its optimizer's state."""
+    def _samples_for_progress(self, frame):
+        return frame.count() * self.num_epoch
+
+    def _run_sequential(self, layout, worker, label_shapes, description, samples=None):
+        """Runs one configured `SequentialWorker` task over ``samples`` samples; adds its
+        steps to the history and keeps its optimizer's state."""
         self._configure_worker(worker)
         worker.return_optimizer_state = True
-        (message,) = self._run_workers(layout, 1, worker, label_shapes, description)
+        job_group = f"distkeras-{id(self)}-{time.time_ns()}"
+        with self._progress(layout.sparkSession, worker, samples, description,
+                            job_group) as reported:
+            (message,) = self._run_workers(layout, 1, worker, label_shapes,
+                                           f"distkeras {description}", job_group)
+        self.history.extend(reported)
         self.history.extend(workers.history_records(workers.unpack_history(message)))
         if message.get("optimizer_state") is not None:
             self._optimizer_state = list(message["optimizer_state"])
         return message
+
+    @contextlib.contextmanager
+    def _progress(self, spark, worker, samples, description, job_group):
+        """With ``verbose``, a `HistoryServer` the worker reports its steps to and a
+        `TrainingMonitor` drawing them; yields the list the reported steps end up in."""
+        reported = []
+        if not self.verbose or not samples:
+            yield reported
+            return
+        server = parameter_servers.HistoryServer(self.master_model)
+        server.host = bind_address(spark)
+        server.start()
+        worker.progress_address = (driver_address(spark), server.port)
+        worker.token = server.token
+        monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
+                                  self.verbose, name=description)
+        monitor.start()
+        try:
+            yield reported
+            server.wait_for_goodbyes(timeout=10.0)  # the last records, sent at the end
+        finally:
+            monitor.stop()
+            server.stop()
+            reported.extend(server.history)
 
     def _compile(self, model):
         """The returned model's optimizer holds the trained one's state (its step count,
@@ -599,7 +631,8 @@ class SingleTrainer(Trainer):
             steps_before = len(self.history)
             message = self._run_sequential(
                 dataframes.lay_out(frame, 1, 1, shuffle), worker, label_shapes,
-                f"distkeras {type(self).__name__} epoch {epoch}/{self.num_epoch}")
+                f"{type(self).__name__} epoch {epoch}/{self.num_epoch}",
+                self._progress_total // self.num_epoch if self._progress_total else None)
             model.set_weights(list(message["weights"]))
             workers.set_optimizer_state(driver_model, self._optimizer_state)
             epoch_records = self.history[steps_before:]

@@ -262,13 +262,18 @@ class ModelReplica:
         On the JAX fast path, same-sized batches run in one compiled call (no Python
         between the steps, as `fit` with ``steps_per_execution``); otherwise step by step.
         """
-        sizes = {_batch_size(batch[0]) for batch in batches}
-        if self._fast_step is None or len(batches) < 2 or len(sizes) != 1:
+        if not self.runs_window(batches):
             for batch in batches:
                 self.train_on_batch(*batch)
             return
         logs = self._fast_step.run_window(batches)
-        self._on_window(logs, sizes.pop(), len(batches))
+        self._on_window(logs, _batch_size(batches[0][0]), len(batches))
+
+    def runs_window(self, batches):
+        """Whether `train_on_window` runs ``batches`` in one compiled call (the JAX fast
+        path, several batches of one size), rather than step by step."""
+        sizes = {_batch_size(batch[0]) for batch in batches}
+        return self._fast_step is not None and len(batches) >= 2 and len(sizes) == 1
 
     def __getattr__(self, name):
         self._sync()
@@ -375,10 +380,11 @@ class Worker:
 
         Runs the steps in one compiled call unless a subclass defines its own `train_step`.
         """
-        if type(self).train_step is not Worker.train_step:
+        if type(self).train_step is not Worker.train_step or \
+                not self.model.runs_window(batches):
             for batch in batches:
                 self.train_step(*batch)
-                self.iteration += 1
+                self.iteration += 1  # each step recorded with its own iteration
             return
         self.model.train_on_window(batches)
         self.iteration += len(batches)
@@ -488,16 +494,67 @@ def set_optimizer_state(model, values):
         variable.assign(value)
 
 
+class ProgressReporter:
+    """Sends a worker's step records to the driver's `HistoryServer` every
+    ``every_seconds`` and at the end, for the progress bar of a trainer whose workers
+    exchange no weights.
+
+    Args:
+        host, port: The server's address.
+        token: The run's token.
+        every_seconds: Seconds between two reports.
+    """
+
+    def __init__(self, host, port, token, every_seconds=0.5):
+        self.host, self.port, self.token = host, port, token
+        self.every_seconds = every_seconds
+        self.socket = None
+        self._last = float("-inf")
+
+    def open(self, worker_id, timeout=60.0):
+        self.socket = networking.connect(self.host, self.port, timeout=timeout)
+        networking.authenticate(self.socket, self.token, worker_id)
+
+    def report(self, history, force=False):
+        """Sends (and forgets) the records of ``history``, a `HistoryLog`, when due."""
+        if not force and time.monotonic() - self._last < self.every_seconds:
+            return
+        self._last = time.monotonic()
+        columns = history.drain()
+        if columns:
+            networking.send_action(self.socket, networking.ACTION_HISTORY)
+            networking.send_data(self.socket, {"history": columns})
+
+    def close(self, history, timeout=10.0):
+        """Sends the last records, says goodbye and waits until the server has closed the
+        connection: it has then read every record before this worker's task ends. A
+        failure only logs (the training's result does not depend on it)."""
+        try:
+            self.report(history, force=True)
+            networking.send_action(self.socket, networking.ACTION_QUIT)
+            self.socket.settimeout(timeout)
+            self.socket.recv(1)  # b"" once the server has closed its side
+        except OSError as error:
+            logger.warning("Could not send the last progress report: %s", error)
+        networking.close_socket(self.socket)
+        self.socket = None
+
+
 class SequentialWorker(Worker):
     """Trains alone on all its data; returns the weights and history (SingleTrainer).
 
     SingleTrainer runs one of these per epoch when the driver acts at epoch ends: it then
-    sets ``optimizer_state`` (to start from) and ``return_optimizer_state``.
+    sets ``optimizer_state`` (to start from) and ``return_optimizer_state``. With
+    ``progress_address`` (and ``token``) set, the steps' records go to the driver as they
+    happen (see `ProgressReporter`) rather than with the result.
     """
 
     STEPS_PER_CALL = 16
     optimizer_state = None
     return_optimizer_state = False
+    progress_address = None
+    token = None
+    _reporter = None
 
     def prepare_model(self):
         super().prepare_model()
@@ -505,12 +562,24 @@ class SequentialWorker(Worker):
             # On the Keras model itself, before the first step reads its variables.
             set_optimizer_state(self.model._model, self.optimizer_state)
 
+    def setup(self):
+        if self.progress_address is not None:
+            self._reporter = ProgressReporter(*self.progress_address, self.token)
+            self._reporter.open(self.worker_id)
+
+    def teardown(self):
+        if self._reporter is not None:
+            self._reporter.close(self.history)
+            self._reporter = None
+
     def optimize(self):
         while True:
             batches = self.take_minibatches(self.STEPS_PER_CALL)
             if not batches:
                 return
             self.train_steps(batches)
+            if self._reporter is not None:
+                self._reporter.report(self.history)
 
     def result(self):
         message = super().result()

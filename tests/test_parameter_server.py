@@ -686,3 +686,39 @@ def test_pull_unless_own_always_sends_weights_for_rules_that_rescale(servers):
         reply = client.pull_unless_own()
         client.quit()
         assert "center" in reply and reply["num_updates"] == 1, server_cls
+
+
+def test_history_server_takes_progress_reports_and_refuses_weights(model):
+    from distkeras.parameter_servers import HistoryServer
+
+    server = HistoryServer(model)
+    server.start()
+    try:
+        before = center_copy(server)
+        from distkeras.workers import HistoryLog, ProgressReporter
+
+        reporter = ProgressReporter("127.0.0.1", server.port, server.token)
+        reporter.open(worker_id=0)
+        history = HistoryLog()
+        history.append({"batch_size": 32, "loss": 0.5})
+        reporter.report(history)
+        history.append({"batch_size": 32, "loss": 0.25})
+        reporter.report(history)  # not due yet: kept for the last report
+        assert history.size == 1
+        reporter.close(history)
+        # close() returns once the server has read everything.
+        assert [record["loss"] for record in server.history] == [0.5, 0.25]
+        for exchange in ("commit", "pull", "pull_unless_own"):
+            client = Client(server, worker_id=1)
+            if exchange == "commit":
+                client.commit(layers(1.0, 1.0))
+            else:
+                networking.send_action(client.sock, getattr(
+                    networking, "ACTION_" + exchange.upper()))
+            with pytest.raises(ConnectionError):
+                recv_data(client.sock)  # the server closed this connection
+            client.close()
+        assert server.num_updates == 0
+        assert_weights_equal(server.center_variable, before)
+    finally:
+        server.stop()

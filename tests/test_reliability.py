@@ -104,6 +104,26 @@ def test_progress_bar_shows_samples(fashion_train, capsys):
     assert not any("\r" in line for line in lines)
 
 
+def test_single_trainer_shows_its_progress_too(fashion_train, capsys):
+    from distkeras.trainers import SingleTrainer
+
+    trainer = SingleTrainer(build_mlp(), "adam", "categorical_crossentropy", num_epoch=2)
+    trainer.train(fashion_train.limit(1000), verbose=2)
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if line.startswith("SingleTrainer: ")]
+    assert progress and progress[-1].startswith("SingleTrainer: 2000/2000 samples, ")
+    assert "loss=" in progress[-1] and "commits/s" not in progress[-1]
+    # Every step reached the history, through the progress reports.
+    history = trainer.get_history()
+    assert sum(record["batch_size"] for record in history) == 2000
+    assert sorted(record["iteration"] for record in history) == list(range(1, 64))
+    # Epoch by epoch (validating), a line per epoch.
+    trainer.train(fashion_train.limit(1000), verbose=2, validation_data=0.2)
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("SingleTrainer epoch 1/2: ") for line in lines)
+    assert any(line.startswith("SingleTrainer epoch 2/2: ") for line in lines)
+
+
 def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch):
     import io
 
