@@ -453,7 +453,32 @@ class Trainer:
 
     def _samples_for_progress(self, frame):
         """Samples the progress bar counts to; None where a trainer shows no bar."""
-        return None
+        return frame.count() * self.num_epoch
+
+    @contextlib.contextmanager
+    def _progress(self, spark, worker, samples, description, job_group):
+        """With ``verbose``, a `HistoryServer` the sequential workers (no parameter server)
+        report their steps to and a `TrainingMonitor` drawing them; yields the list the
+        reported steps end up in."""
+        reported = []
+        if not self.verbose or not samples:
+            yield reported
+            return
+        server = parameter_servers.HistoryServer(self.master_model)
+        server.host = bind_address(spark)
+        server.start()
+        worker.progress_address = (driver_address(spark), server.port)
+        worker.token = server.token
+        monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
+                                  self.verbose, name=description)
+        monitor.start()
+        try:
+            yield reported
+            server.wait_for_goodbyes(timeout=10.0)  # the last records, sent at the end
+        finally:
+            monitor.stop()
+            server.stop()
+            reported.extend(server.history)
 
     def _validate_checkpointing(self):
         if self.checkpoint_dir is not None or self.resume:
@@ -554,9 +579,6 @@ class SingleTrainer(Trainer):
             return model
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
-    def _samples_for_progress(self, frame):
-        return frame.count() * self.num_epoch
-
     def _run_sequential(self, layout, worker, label_shapes, description, samples=None):
         """Runs one configured `SequentialWorker` task over ``samples`` samples; adds its
         steps to the history and keeps its optimizer's state."""
@@ -573,29 +595,6 @@ class SingleTrainer(Trainer):
             self._optimizer_state = list(message["optimizer_state"])
         return message
 
-    @contextlib.contextmanager
-    def _progress(self, spark, worker, samples, description, job_group):
-        """With ``verbose``, a `HistoryServer` the worker reports its steps to and a
-        `TrainingMonitor` drawing them; yields the list the reported steps end up in."""
-        reported = []
-        if not self.verbose or not samples:
-            yield reported
-            return
-        server = parameter_servers.HistoryServer(self.master_model)
-        server.host = bind_address(spark)
-        server.start()
-        worker.progress_address = (driver_address(spark), server.port)
-        worker.token = server.token
-        monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
-                                  self.verbose, name=description)
-        monitor.start()
-        try:
-            yield reported
-            server.wait_for_goodbyes(timeout=10.0)  # the last records, sent at the end
-        finally:
-            monitor.stop()
-            server.stop()
-            reported.extend(server.history)
 
     def _compile(self, model):
         """The returned model's optimizer holds the trained one's state (its step count,
@@ -757,9 +756,6 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
     def allocate_parameter_server(self):
         """Returns the parameter server; `DeltaParameterServer` unless overridden."""
         return parameter_servers.DeltaParameterServer(self.master_model, self.master_port)
-
-    def _samples_for_progress(self, frame):
-        return frame.count() * self.num_epoch
 
     def _validate_checkpointing(self):
         if self.resume and self.checkpoint_dir is None:
@@ -1049,13 +1045,18 @@ class AveragingTrainer(DistributedTrainer):
                                         seed=None if not shuffle else epoch)
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
-            messages = self._run_workers(
-                layout, self.num_partitions(), worker, label_shapes,
-                f"distkeras AveragingTrainer epoch {epoch + 1}/{self.num_epoch}")
+            description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
+            job_group = f"distkeras-{id(self)}-{time.time_ns()}"
+            samples = self._progress_total // self.num_epoch if self._progress_total else None
+            with self._progress(frame.sparkSession, worker, samples, description,
+                                job_group) as epoch_records:
+                messages = self._run_workers(layout, self.num_partitions(), worker,
+                                             label_shapes, f"distkeras {description}",
+                                             job_group)
             model.set_weights(list(update_rules.average_weights(
                 weights_array(message["weights"]) for message in messages)))
-            epoch_records = [record for message in messages for record in
-                             workers.history_records(workers.unpack_history(message))]
+            epoch_records.extend(record for message in messages for record in
+                                 workers.history_records(workers.unpack_history(message)))
             for record in epoch_records:
                 record["epoch"] = epoch
             self.history.extend(epoch_records)
@@ -1096,6 +1097,9 @@ class EnsembleTrainer(DistributedTrainer):
     def validate_arguments(self):
         self.num_workers = self.num_ensembles
         super().validate_arguments()
+
+    def _samples_for_progress(self, frame):
+        return None  # independent members: no bar
 
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)

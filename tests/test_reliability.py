@@ -124,6 +124,24 @@ def test_single_trainer_shows_its_progress_too(fashion_train, capsys):
     assert any(line.startswith("SingleTrainer epoch 2/2: ") for line in lines)
 
 
+def test_averaging_trainer_shows_each_epochs_progress(fashion_train, capsys):
+    from distkeras.trainers import AveragingTrainer
+
+    trainer = AveragingTrainer(build_mlp(), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=2)
+    trainer.train(fashion_train.limit(1000), verbose=2)
+    lines = capsys.readouterr().err.splitlines()
+    for epoch in (1, 2):
+        progress = [line for line in lines
+                    if line.startswith(f"AveragingTrainer epoch {epoch}/2: ")]
+        assert progress and progress[-1].startswith(
+            f"AveragingTrainer epoch {epoch}/2: 1000/1000 samples, ")
+    history = trainer.get_history()
+    assert sum(record["batch_size"] for record in history) == 2000
+    assert {record["epoch"] for record in history} == {0, 1}
+    assert {record["worker_id"] for record in history} == {0, 1}
+
+
 def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch):
     import io
 
