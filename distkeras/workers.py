@@ -550,6 +550,8 @@ class SequentialWorker(Worker):
     """
 
     STEPS_PER_CALL = 16
+    # The progress server is up before the task starts: a refusal means unreachable.
+    PROGRESS_CONNECT_SECONDS = 3.0
     optimizer_state = None
     return_optimizer_state = False
     progress_address = None
@@ -563,9 +565,17 @@ class SequentialWorker(Worker):
             set_optimizer_state(self.model._model, self.optimizer_state)
 
     def setup(self):
-        if self.progress_address is not None:
-            self._reporter = ProgressReporter(*self.progress_address, self.token)
-            self._reporter.open(self.worker_id)
+        if self.progress_address is None:
+            return
+        reporter = ProgressReporter(*self.progress_address, self.token)
+        try:
+            reporter.open(self.worker_id, timeout=self.PROGRESS_CONNECT_SECONDS)
+        except OSError as error:  # progress is optional: train without it
+            logger.warning("Worker %s cannot reach the driver's progress server %s (%s); "
+                           "training without progress reports.", self.worker_id,
+                           self.progress_address, error)
+            return
+        self._reporter = reporter
 
     def teardown(self):
         if self._reporter is not None:

@@ -722,3 +722,29 @@ def test_history_server_takes_progress_reports_and_refuses_weights(model):
         assert_weights_equal(server.center_variable, before)
     finally:
         server.stop()
+
+
+def test_a_sequential_worker_trains_without_progress_when_the_driver_is_unreachable(caplog):
+    import socket as socket_module
+
+    from distkeras.utils import serialize_model
+    from distkeras.workers import SequentialWorker
+    from worker_support import record_batches, small_model
+
+    probe = socket_module.socket()
+    probe.bind(("127.0.0.1", 0))
+    closed_port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    worker = SequentialWorker(serialize_model(small_model()), optimizer="adam",
+                              loss="categorical_crossentropy", metrics=[],
+                              features_col="features", label_col="label", batch_size=16,
+                              num_epoch=1)
+    worker.backend = keras.backend.backend()
+    worker.PROGRESS_CONNECT_SECONDS = 0.5
+    worker.progress_address = ("127.0.0.1", closed_port)
+    worker.token = "0" * 64
+    message = worker.run(0, record_batches(rows=100), [(3,)])
+
+    assert message["samples"] == 100 and len(message["weights"]) == 4
+    assert len(message["history_columns"][0]) == 7  # every step, kept for the result
+    assert "training without progress reports" in caplog.text
