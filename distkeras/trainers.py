@@ -451,6 +451,10 @@ class Trainer:
     def _train(self, frame, label_shapes, shuffle):
         raise NotImplementedError
 
+    def _new_job_group(self):
+        """A Spark job group of its own for one run of workers (to cancel them as one)."""
+        return f"distkeras-{id(self)}-{time.time_ns()}"
+
     def _samples_for_progress(self, frame):
         """Samples the progress bar counts to; None where a trainer shows no bar."""
         return frame.count() * self.num_epoch
@@ -584,7 +588,7 @@ class SingleTrainer(Trainer):
         steps to the history and keeps its optimizer's state."""
         self._configure_worker(worker)
         worker.return_optimizer_state = True
-        job_group = f"distkeras-{id(self)}-{time.time_ns()}"
+        job_group = self._new_job_group()
         with self._progress(layout.sparkSession, worker, samples, description,
                             job_group) as reported:
             (message,) = self._run_workers(layout, 1, worker, label_shapes,
@@ -811,7 +815,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         self.parameter_server = server
         if self.resume:
             self._restore(server)
-        job_group = f"distkeras-{id(self)}-{time.time_ns()}"
+        job_group = self._new_job_group()
         server.start()
         monitor = None
         try:
@@ -1046,7 +1050,7 @@ class AveragingTrainer(DistributedTrainer):
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
             description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
-            job_group = f"distkeras-{id(self)}-{time.time_ns()}"
+            job_group = self._new_job_group()
             samples = self._progress_total // self.num_epoch if self._progress_total else None
             with self._progress(frame.sparkSession, worker, samples, description,
                                 job_group) as epoch_records:

@@ -494,6 +494,13 @@ def set_optimizer_state(model, values):
         variable.assign(value)
 
 
+def send_history_columns(sock, columns):
+    """Sends drained history columns to the driver's server (nothing when there are none)."""
+    if columns:
+        networking.send_action(sock, networking.ACTION_HISTORY)
+        networking.send_data(sock, {"history": columns})
+
+
 class ProgressReporter:
     """Sends a worker's step records to the driver's `HistoryServer` every
     ``every_seconds`` and at the end, for the progress bar of a trainer whose workers
@@ -520,10 +527,7 @@ class ProgressReporter:
         if not force and time.monotonic() - self._last < self.every_seconds:
             return
         self._last = time.monotonic()
-        columns = history.drain()
-        if columns:
-            networking.send_action(self.socket, networking.ACTION_HISTORY)
-            networking.send_data(self.socket, {"history": columns})
+        send_history_columns(self.socket, history.drain())
 
     def close(self, history, timeout=10.0):
         """Sends the last records, says goodbye and waits until the server has closed the
@@ -704,9 +708,7 @@ class NetworkWorker(Worker):
     def send_history(self, columns):
         """Sends drained history columns (nothing when there are none)."""
         self._last_flush = time.monotonic()
-        if columns:
-            networking.send_action(self.socket, networking.ACTION_HISTORY)
-            networking.send_data(self.socket, {"history": columns})
+        send_history_columns(self.socket, columns)
 
 
 class WindowedWorker(NetworkWorker):
