@@ -1102,9 +1102,6 @@ class EnsembleTrainer(DistributedTrainer):
         self.num_workers = self.num_ensembles
         super().validate_arguments()
 
-    def _samples_for_progress(self, frame):
-        return None  # independent members: no bar
-
     def allocate_worker(self):
         return workers.EnsembleWorker(self.master_model, seed=self.seed)
 
@@ -1119,8 +1116,14 @@ class EnsembleTrainer(DistributedTrainer):
                                     seed=self.seed)
         worker = self.allocate_worker()
         self._configure_worker(worker)
-        messages = self._run_workers(layout, self.num_ensembles, worker, label_shapes,
-                                     f"distkeras EnsembleTrainer ({self.num_ensembles} models)")
+        description = f"EnsembleTrainer ({self.num_ensembles} models)"
+        job_group = self._new_job_group()
+        # One bar for all members: together they step through every row num_epoch times.
+        with self._progress(frame.sparkSession, worker, self._progress_total, description,
+                            job_group) as reported:
+            messages = self._run_workers(layout, self.num_ensembles, worker, label_shapes,
+                                         f"distkeras {description}", job_group)
+        self.history.extend(reported)
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
             self.history.extend(workers.history_records(workers.unpack_history(message)))

@@ -142,6 +142,23 @@ def test_averaging_trainer_shows_each_epochs_progress(fashion_train, capsys):
     assert {record["worker_id"] for record in history} == {0, 1}
 
 
+def test_ensemble_trainer_shows_its_members_progress_in_one_bar(fashion_train, capsys):
+    from distkeras.trainers import EnsembleTrainer
+
+    trainer = EnsembleTrainer(build_mlp(), "adam", "categorical_crossentropy",
+                              num_ensembles=2, num_epoch=2, seed=3)
+    models = trainer.train(fashion_train.limit(1000), verbose=2)
+    assert len(models) == 2
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if line.startswith("EnsembleTrainer (2 models): ")]
+    assert progress and progress[-1].startswith("EnsembleTrainer (2 models): 2000/2000 samples, ")
+    history = trainer.get_history()
+    assert sum(record["batch_size"] for record in history) == 2000
+    assert {record["worker_id"] for record in history} == {0, 1}
+    trainer.train(fashion_train.limit(1000), verbose=0)
+    assert "EnsembleTrainer (2 models): " not in capsys.readouterr().err
+
+
 def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch):
     import io
 
