@@ -1,6 +1,5 @@
 """Checks a training DataFrame against the model and lays it out for the workers."""
 
-import functools
 
 import numpy as np
 from pyspark.ml.functions import vector_to_array
@@ -176,44 +175,31 @@ def training_frame(dataframe, features_col, label_col, sample_weight_col=None):
     return dataframe.select(*selected)
 
 
-def lay_out(dataframe, num_partitions, num_epoch, shuffle=False, seed=None):
-    """Splits the data into ``num_partitions`` partitions, repeated per epoch.
+def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
+    """Splits the data into ``num_partitions`` partitions, one per worker task.
 
     A DataFrame that already has ``num_partitions`` partitions is used as it is (so balance
     your partitions, or pass ``shuffle=True``); otherwise rows are spread round-robin.
-
-    Each epoch's copy is appended to the same partitions, so one task per partition reads
-    its share of every epoch in turn.
+    Later epochs are the workers' own (`epochs.Replay`), so this lays out one pass.
 
     Args:
         dataframe: The training columns.
         num_partitions: Number of worker tasks.
-        num_epoch: Passes over the data.
-        shuffle: Whether to randomize the order of rows (a fresh order each epoch).
+        shuffle: Whether to randomize the order of rows (and which worker gets which).
         seed: Seed for the shuffle.
 
     Returns:
         A DataFrame with ``num_partitions`` partitions.
     """
-    current = dataframe.rdd.getNumPartitions()
-
-    def one_epoch(epoch):
-        if not shuffle:
-            # Keep the DataFrame's own partitioning when it already fits: a shuffle of the
-            # whole data set costs seconds before the first step.
-            if current == num_partitions:
-                return dataframe
-            if num_partitions == 1:
-                return dataframe.coalesce(1)
-            return dataframe.repartition(num_partitions)
-        order = F.rand(None if seed is None else seed + epoch)
-        return (dataframe.withColumn("__distkeras_order", order)
-                .repartition(num_partitions)
-                .sortWithinPartitions("__distkeras_order")
-                .drop("__distkeras_order"))
-
-    if num_epoch == 1:
-        return one_epoch(0)
-    epochs = [one_epoch(epoch) for epoch in range(num_epoch)]
-    return functools.reduce(lambda left, right: left.union(right), epochs) \
-        .coalesce(num_partitions)
+    if not shuffle:
+        # Keep the DataFrame's own partitioning when it already fits: a shuffle of the
+        # whole data set costs seconds before the first step.
+        if dataframe.rdd.getNumPartitions() == num_partitions:
+            return dataframe
+        if num_partitions == 1:
+            return dataframe.coalesce(1)
+        return dataframe.repartition(num_partitions)
+    return (dataframe.withColumn("__distkeras_order", F.rand(seed))
+            .repartition(num_partitions)
+            .sortWithinPartitions("__distkeras_order")
+            .drop("__distkeras_order"))

@@ -6,6 +6,7 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 """
 
 import numpy as np
+import pyarrow as pa
 
 from distkeras.sample_weights import row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
@@ -30,17 +31,17 @@ def column_to_numpy(column, sample_shape, name):
     if is_packed_type(column.type):
         return unpack_column(column, sample_shape, name)
     if is_list_type(column.type):
-        values = column.flatten()
-        while is_list_type(values.type):
-            values = values.flatten()
-        flat = values.to_numpy(zero_copy_only=False)
         size = int(np.prod(sample_shape)) if sample_shape else 1
-        if flat.size != rows * size:
+        values, counts = _flatten_rows(column, name, sample_shape)
+        if len(values) != rows * size or (counts != size).any():
+            row = int(np.flatnonzero(counts != size)[0])
             raise ValueError(
                 f"Column {name!r} holds arrays of different lengths or of the wrong length: "
-                f"{flat.size} values in {rows} rows, but the model expects {size} per row "
-                f"(shape {tuple(sample_shape)})."
+                f"a row of {int(counts[row])} values (row {row} of a batch of {rows}), but "
+                f"the model expects {size} per row (shape {tuple(sample_shape)}). Drop or "
+                "fix those rows, for example `df.where(F.size(column) == expected)`."
             )
+        flat = values.to_numpy(zero_copy_only=False)
         return flat.astype(np.float32, copy=False).reshape((rows, *sample_shape))
     size = int(np.prod(sample_shape)) if sample_shape else 1
     if size != 1:
@@ -53,6 +54,45 @@ def column_to_numpy(column, sample_shape, name):
     if np.issubdtype(flat.dtype, np.integer):
         return flat.astype(np.int32, copy=False)
     return flat.astype(np.float32, copy=False)
+
+
+def _flatten_rows(column, name, sample_shape):
+    """The leaf values of a (nested) list column and the number of them in each row.
+
+    Every row is checked, not only the total: rows of 4 and 6 values next to each other
+    must not pass as two rows of 5. Where the lists nest as deep as ``sample_shape``, each
+    level's lengths must be its dimension too.
+
+    Raises:
+        ValueError: For null values inside the arrays (Arrow would make them NaN), or
+            nested lengths that do not match ``sample_shape``.
+    """
+    levels = []
+    values = column
+    while is_list_type(values.type):
+        if pa.types.is_fixed_size_list(values.type):
+            offsets = np.arange(len(values) + 1) * values.type.list_size
+        else:
+            offsets = values.offsets.to_numpy()
+            offsets = offsets - offsets[0]  # a sliced array's offsets start past zero
+        levels.append(offsets)
+        values = values.flatten()
+        if values.null_count:
+            raise ValueError(
+                f"Column {name!r} has {values.null_count} null values inside its arrays "
+                "(in one Arrow batch of this partition); fill or drop those rows first "
+                "(nulls would train as NaN).")
+    if len(levels) == len(sample_shape) > 1:
+        for depth, (offsets, expected) in enumerate(zip(levels, sample_shape)):
+            if (np.diff(offsets) != expected).any():
+                raise ValueError(
+                    f"Column {name!r} holds nested arrays whose level {depth + 1} has lengths "
+                    f"other than {expected}; the model expects rows of shape "
+                    f"{tuple(sample_shape)}.")
+    bounds = levels[0]
+    for offsets in levels[1:]:
+        bounds = offsets[bounds]  # each row's bounds, one level further down
+    return values, np.diff(bounds)
 
 
 def check_class_indices(labels, num_classes, where):

@@ -19,6 +19,7 @@ import numpy as np
 from distkeras import affinity
 from distkeras import custom_objects
 from distkeras import dataframes
+from distkeras.epochs import Replay
 from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import sample_weights
@@ -135,8 +136,9 @@ def _register_user_module(obj):
         cloudpickle.register_pickle_by_value(module)
 
 
-def _arrow_training_job(worker, label_shapes):
-    """The function each Spark task runs: train on the partition, return one frame."""
+def _arrow_training_job(worker, label_shapes, replay):
+    """The function each Spark task runs: train on the partition (``replay.num_epoch``
+    times, see `epochs.Replay`), return one frame."""
     def run_partition(record_batches):
         import pyarrow as pa
         from pyspark import TaskContext
@@ -144,7 +146,8 @@ def _arrow_training_job(worker, label_shapes):
         context = TaskContext.get()
         partition = context.partitionId()
         try:
-            message = worker.run(partition, record_batches, label_shapes)
+            message = worker.run(partition, replay.batches(record_batches, partition),
+                                 label_shapes)
         except Exception as error:
             raise workers.WorkerFailure(
                 f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
@@ -526,9 +529,10 @@ class Trainer:
         _register_user_module(worker)
 
     def _run_workers(self, frame, num_tasks, worker, label_shapes, description,
-                     job_group=None):
+                     job_group=None, replay=None):
         """Runs one Spark task per partition of ``frame`` (``num_tasks`` of them, as laid
-        out by `dataframes.lay_out`); returns the workers' messages."""
+        out by `dataframes.lay_out`), each over its partition as ``replay`` (an
+        `epochs.Replay`; default: once); returns the workers' messages."""
         import pyarrow as pa  # noqa: F401  (fail early on the driver if Arrow is missing)
 
         context = frame.sparkSession.sparkContext
@@ -537,7 +541,8 @@ class Trainer:
         else:
             context.setJobDescription(description)
         worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
-        job = frame.mapInArrow(_arrow_training_job(worker, label_shapes),
+        job = frame.mapInArrow(_arrow_training_job(worker, label_shapes,
+                                                   replay or Replay()),
                                "worker_id long, payload binary")
         try:
             with _feed_batch_rows(frame.sparkSession):
@@ -576,14 +581,16 @@ class SingleTrainer(Trainer):
         model = deserialize_model(serialize_model(self.master_model))
         self._optimizer_state = None
         if self._validator is None:
-            layout = dataframes.lay_out(frame, 1, self.num_epoch, shuffle)
+            layout = dataframes.lay_out(frame, 1, shuffle)
             message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
-                                           type(self).__name__, self._progress_total)
+                                           type(self).__name__, self._progress_total,
+                                           Replay(self.num_epoch, shuffle))
             model.set_weights(list(message["weights"]))
             return model
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
-    def _run_sequential(self, layout, worker, label_shapes, description, samples=None):
+    def _run_sequential(self, layout, worker, label_shapes, description, samples=None,
+                        replay=None):
         """Runs one configured `SequentialWorker` task over ``samples`` samples; adds its
         steps to the history and keeps its optimizer's state."""
         self._configure_worker(worker)
@@ -592,7 +599,7 @@ class SingleTrainer(Trainer):
         with self._progress(layout.sparkSession, worker, samples, description,
                             job_group) as reported:
             (message,) = self._run_workers(layout, 1, worker, label_shapes,
-                                           f"distkeras {description}", job_group)
+                                           f"distkeras {description}", job_group, replay)
         self.history.extend(reported)
         self.history.extend(workers.history_records(workers.unpack_history(message)))
         if message.get("optimizer_state") is not None:
@@ -633,7 +640,7 @@ class SingleTrainer(Trainer):
             worker.iteration = len(self.history) + 1
             steps_before = len(self.history)
             message = self._run_sequential(
-                dataframes.lay_out(frame, 1, 1, shuffle), worker, label_shapes,
+                dataframes.lay_out(frame, 1, shuffle), worker, label_shapes,
                 f"{type(self).__name__} epoch {epoch}/{self.num_epoch}",
                 self._progress_total // self.num_epoch if self._progress_total else None)
             model.set_weights(list(message["weights"]))
@@ -807,7 +814,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
     def _train(self, frame, label_shapes, shuffle):
         spark = frame.sparkSession
-        layout = dataframes.lay_out(frame, self.num_partitions(), self.num_epoch, shuffle)
+        layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
         server = self.allocate_parameter_server()
         if isinstance(server, parameter_servers.SocketParameterServer):
             server.host = bind_address(spark)
@@ -833,7 +840,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 monitor.start()
             self._run_workers(layout, self.num_partitions(), worker, label_shapes,
                               f"distkeras {type(self).__name__} ({self.num_workers} workers)",
-                              job_group)
+                              job_group, Replay(self.num_epoch, shuffle))
             # Every task has ended; let the server read what the workers sent last (their
             # final history and goodbye) before it closes the connections.
             if isinstance(server, parameter_servers.SocketParameterServer):
@@ -1045,7 +1052,7 @@ class AveragingTrainer(DistributedTrainer):
         model = deserialize_model(serialize_model(self.master_model))
         for epoch in range(self.num_epoch):
             self._begin_epoch(epoch + 1)
-            layout = dataframes.lay_out(frame, self.num_partitions(), 1, shuffle,
+            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle,
                                         seed=None if not shuffle else epoch)
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
@@ -1112,8 +1119,7 @@ class EnsembleTrainer(DistributedTrainer):
     def _train(self, frame, label_shapes, shuffle):
         from distkeras.utils import deserialize_model, serialize_model
 
-        layout = dataframes.lay_out(frame, self.num_ensembles, self.num_epoch, shuffle,
-                                    seed=self.seed)
+        layout = dataframes.lay_out(frame, self.num_ensembles, shuffle, seed=self.seed)
         worker = self.allocate_worker()
         self._configure_worker(worker)
         description = f"EnsembleTrainer ({self.num_ensembles} models)"
@@ -1121,8 +1127,9 @@ class EnsembleTrainer(DistributedTrainer):
         # One bar for all members: together they step through every row num_epoch times.
         with self._progress(frame.sparkSession, worker, self._progress_total, description,
                             job_group) as reported:
-            messages = self._run_workers(layout, self.num_ensembles, worker, label_shapes,
-                                         f"distkeras {description}", job_group)
+            messages = self._run_workers(
+                layout, self.num_ensembles, worker, label_shapes, f"distkeras {description}",
+                job_group, Replay(self.num_epoch, shuffle, self.seed))
         self.history.extend(reported)
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):

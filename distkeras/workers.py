@@ -165,23 +165,33 @@ def pack_history(columns):
     """History columns as message fields whose numbers travel as arrays, not JSON.
 
     A run of many steps would otherwise outgrow the frame's JSON header. Missing values
-    become NaN.
+    travel as NaN with a mask, so a loss that became NaN stays NaN.
     """
     keys = sorted(columns)
-    arrays = [np.asarray([np.nan if value is None else value for value in columns[key]],
-                         dtype=np.float64) for key in keys]
-    return {"history_keys": keys, "history_columns": arrays} if keys else \
-        {"history_keys": []}
+    if not keys:
+        return {"history_keys": []}
+    arrays, missing = [], []
+    for key in keys:
+        values = columns[key]
+        missing.append(np.fromiter((value is None for value in values), dtype=np.uint8,
+                                   count=len(values)))
+        arrays.append(np.asarray([np.nan if value is None else value for value in values],
+                                 dtype=np.float64))
+    return {"history_keys": keys, "history_columns": arrays, "history_missing": missing}
 
 
 def unpack_history(message):
-    """Inverse of `pack_history` (NaN back to missing; counters back to ints)."""
+    """Inverse of `pack_history` (counters back to ints)."""
     keys = message.get("history_keys") or []
+    arrays = message.get("history_columns", [])
+    masks = message.get("history_missing")
+    if masks is None:  # no masks: NaN means missing
+        masks = [np.isnan(array) for array in arrays]
     columns = {}
-    for key, array in zip(keys, message.get("history_columns", [])):
+    for key, array, mask in zip(keys, arrays, masks):
         integral = key in ("worker_id", "iteration", "batch_size")
-        columns[key] = [None if np.isnan(value) else (int(value) if integral else float(value))
-                        for value in array.tolist()]
+        columns[key] = [None if absent else (int(value) if integral else float(value))
+                        for value, absent in zip(array.tolist(), mask.tolist())]
     return columns
 
 

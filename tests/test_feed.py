@@ -142,3 +142,61 @@ def test_class_indices_out_of_range_stop_training_with_the_column_named(spark):
     named = spark.createDataFrame([([1.0] * 4, "cat")], "features array<float>, label string")
     with pytest.raises(TypeError, match="index them first: pyspark.ml.feature.StringIndexer"):
         trainer.train(named, verbose=0)
+
+
+def test_every_row_must_hold_the_models_number_of_values():
+    import pyarrow as pa
+    import pytest
+
+    from distkeras.feed import column_to_numpy
+
+    # 4 + 6 values are 2 x 5 in total: checking the total alone let them through.
+    with pytest.raises(ValueError, match=r"Column 'f' .* a row of 4 values \(row 0 of a "
+                                         r"batch of 2\), but the model expects 5"):
+        column_to_numpy(pa.array([[1.0] * 4, [1.0] * 6]), (5,), "f")
+    # A slice (a minibatch of a larger Arrow batch) is read from its own rows.
+    rows = pa.array([[0.0] * 3, [1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [9.0] * 4])
+    assert column_to_numpy(rows.slice(1, 2), (3,), "f").tolist() == [[1, 2, 3], [4, 5, 6]]
+    # Nested arrays: each level has the shape's length where the nesting matches it.
+    nested = pa.array([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+    assert column_to_numpy(nested.slice(1, 1), (2, 2), "n").tolist() == [[[5, 6], [7, 8]]]
+    with pytest.raises(ValueError, match="level 2 has lengths other than 2"):
+        column_to_numpy(pa.array([[[1.0, 2.0, 3.0], [4.0]]]), (2, 2), "n")
+    with pytest.raises(ValueError, match="a row of 3 values"):
+        column_to_numpy(pa.array([[[1.0], [2.0, 3.0]], [[1.0, 2.0], [3.0, 4.0, 5.0]]]),
+                        (4,), "n")
+
+
+def test_null_values_inside_arrays_are_refused_not_trained_as_nan():
+    import pyarrow as pa
+    import pytest
+
+    from distkeras.feed import column_to_numpy
+
+    with pytest.raises(ValueError, match="Column 'f' has 1 null values inside its arrays"):
+        column_to_numpy(pa.array([[1.0, None, 3.0], [1.0, 2.0, 3.0]]), (3,), "f")
+    with pytest.raises(ValueError, match="has 1 null values inside its arrays"):
+        column_to_numpy(pa.array([[[1.0, 2.0], None]]), (4,), "f")
+
+
+def test_ragged_rows_and_nulls_in_arrays_stop_training_and_prediction(spark):
+    import keras
+    import pytest
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer, TrainingError
+
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
+    good = [([0.5] * 5, index % 3) for index in range(40)]
+    ragged = spark.createDataFrame(good + [([1.0] * 4, 0), ([1.0] * 6, 1)],
+                                   "features array<float>, label int").coalesce(1)
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", metrics=[])
+    with pytest.raises(TrainingError, match="Column 'features' holds arrays of different "
+                                            "lengths or of the wrong length: a row of 4"):
+        trainer.train(ragged, verbose=0)
+    with pytest.raises(Exception, match="a row of 4 values"):
+        ModelPredictor(model).predict(ragged).collect()
+    holed = spark.createDataFrame(good + [([1.0, None, 1.0, 1.0, 1.0], 2)],
+                                  "features array<float>, label int").coalesce(1)
+    with pytest.raises(TrainingError, match="null values inside its arrays"):
+        trainer.train(holed, verbose=0)

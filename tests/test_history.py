@@ -28,3 +28,16 @@ def test_empty_history_round_trips():
     decoded = networking.decode_message(networking.encode_message(
         {"worker_id": 0, **workers.pack_history({})}))
     assert workers.history_records(workers.unpack_history(decoded)) == []
+
+
+def test_a_loss_that_became_nan_stays_nan_and_a_missing_metric_stays_missing():
+    """A diverged step's loss is NaN in the history, not a record without a loss."""
+    log = workers.HistoryLog()
+    log.append({"worker_id": 0, "iteration": 1, "batch_size": 32, "loss": 2.5,
+                "accuracy": 0.25})
+    log.append({"worker_id": 0, "iteration": 2, "batch_size": 32, "loss": float("nan")})
+    decoded = networking.decode_message(networking.encode_message(
+        {"worker_id": 0, **workers.pack_history(log.drain())}))
+    first, second = workers.history_records(workers.unpack_history(decoded))
+    assert first["loss"] == 2.5 and first["accuracy"] == 0.25
+    assert math.isnan(second["loss"]) and "accuracy" not in second

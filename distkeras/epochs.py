@@ -1,0 +1,85 @@
+"""Later epochs of a worker's partition, replayed from the executor's local disk.
+
+A worker reads its partition from Spark once. For ``num_epoch > 1`` it writes each Arrow
+record batch to a file in the executor's local directory as it trains on it, and reads
+the file back for the later epochs: every worker sees its own rows in every epoch, and
+the JVM converts the data to Arrow once instead of once per epoch.
+
+(Repeating the data in Spark instead, as a union of the epochs coalesced to one partition
+per worker, let Spark group the union's partitions by locality: two workers could get two
+copies of the same rows in the same order, and train on the same minibatches at once.)
+
+Memory stays bounded by one record batch: the file is read batch by batch, not mapped.
+"""
+
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """How a worker repeats its partition.
+
+    Attributes:
+        num_epoch: Passes over the partition.
+        shuffle: Whether each later pass takes the record batches in a fresh random
+            order and the rows within each in a fresh random order (the worker keeps its
+            own rows: the first pass's layout decides which rows each worker has).
+        seed: Seed of those orders (with the partition's index); None: a fresh one.
+    """
+
+    num_epoch: int = 1
+    shuffle: bool = False
+    seed: int | None = None
+
+    def batches(self, record_batches, partition=0):
+        """Yields ``record_batches`` and then, ``num_epoch - 1`` times, the same batches
+        read back from a local file (reordered with ``shuffle``)."""
+        if self.num_epoch <= 1:
+            yield from record_batches
+            return
+        import pyarrow as pa
+
+        with tempfile.TemporaryDirectory(prefix="distkeras-epochs-",
+                                         dir=_local_directory()) as directory:
+            path = os.path.join(directory, "partition.arrow")
+            with pa.OSFile(path, "wb") as sink:
+                writer = None
+                for batch in record_batches:
+                    if writer is None:
+                        writer = pa.ipc.new_file(sink, batch.schema)
+                    writer.write_batch(batch)
+                    yield batch
+                if writer is None:
+                    return  # an empty partition: nothing to repeat
+                writer.close()
+            yield from self._read_back(path, partition)
+
+    def _read_back(self, path, partition):
+        import pyarrow as pa
+
+        seed = None if self.seed is None else [self.seed, partition]
+        generator = np.random.default_rng(seed)
+        with pa.OSFile(path, "rb") as source:
+            reader = pa.ipc.open_file(source)
+            count = reader.num_record_batches
+            for _ in range(1, self.num_epoch):
+                order = generator.permutation(count) if self.shuffle else range(count)
+                for index in order:
+                    batch = reader.get_batch(int(index))
+                    if self.shuffle:
+                        batch = batch.take(generator.permutation(batch.num_rows))
+                    yield batch
+
+
+def _local_directory():
+    """The executor's scratch directory (Spark gives its Python workers
+    ``SPARK_LOCAL_DIRS``; YARN's containers ``LOCAL_DIRS``); None: the system's."""
+    for variable in ("SPARK_LOCAL_DIRS", "LOCAL_DIRS"):
+        for directory in os.environ.get(variable, "").split(","):
+            if directory and os.path.isdir(directory):
+                return directory
+    return None

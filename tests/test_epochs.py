@@ -1,0 +1,114 @@
+"""Several epochs: each worker replays its own partition (`distkeras.epochs.Replay`)."""
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from distkeras.epochs import Replay
+
+
+def _batches(ids, rows_per_batch=4):
+    for start in range(0, len(ids), rows_per_batch):
+        yield pa.RecordBatch.from_pydict({"id": ids[start:start + rows_per_batch]})
+
+
+def _ids(batches):
+    return [value for batch in batches for value in batch.column("id").to_pylist()]
+
+
+def test_one_epoch_passes_the_stream_through_untouched():
+    stream = _batches(list(range(10)))
+    assert _ids(Replay(1).batches(stream)) == list(range(10))
+
+
+def test_later_epochs_repeat_the_partition_in_its_order():
+    ids = list(range(10))
+    assert _ids(Replay(3).batches(_batches(ids))) == ids * 3
+
+
+def test_shuffled_epochs_hold_the_same_rows_in_fresh_orders_seeded_by_partition():
+    ids = list(range(40))
+    seen = _ids(Replay(3, shuffle=True, seed=5).batches(_batches(ids), partition=1))
+    first, second, third = seen[:40], seen[40:80], seen[80:]
+    assert first == ids  # the first pass is the layout Spark gave
+    assert sorted(second) == ids and sorted(third) == ids
+    assert second != ids and third != ids and second != third
+    again = _ids(Replay(3, shuffle=True, seed=5).batches(_batches(ids), partition=1))
+    other = _ids(Replay(3, shuffle=True, seed=5).batches(_batches(ids), partition=0))
+    assert again == seen and other != seen
+
+
+def test_an_empty_partition_stays_empty():
+    assert _ids(Replay(3).batches(iter([]))) == []
+
+
+def test_the_replay_file_is_removed_even_when_training_stops_early(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    replayed = Replay(2).batches(_batches(list(range(12))))
+    next(replayed)
+    assert len(os.listdir(tmp_path)) == 1  # the epoch file, in Spark's local directory
+    replayed.close()  # the worker failed: the generator is closed
+    assert os.listdir(tmp_path) == []
+    assert _ids(Replay(2).batches(_batches(list(range(12))))) == list(range(12)) * 2
+    assert os.listdir(tmp_path) == []
+
+
+def _row_recording_trainer():
+    """An EnsembleTrainer whose members record the label (a row id) of every row they
+    train on; ``trainer.messages`` holds each member's message."""
+    from distkeras.trainers import EnsembleTrainer
+    from distkeras.workers import EnsembleWorker
+
+    class RowRecordingWorker(EnsembleWorker):
+        def optimize(self):
+            self.seen = []
+            while True:
+                _, labels = self.get_next_minibatch()
+                self.seen.append(np.asarray(labels, np.float32).ravel())
+
+        def result(self):
+            message = super().result()
+            message["seen"] = [np.concatenate(self.seen)]
+            return message
+
+    class RowRecordingEnsemble(EnsembleTrainer):
+        def allocate_worker(self):
+            return RowRecordingWorker(self.master_model, seed=self.seed)
+
+        def _run_workers(self, *args, **kwargs):
+            self.messages = super()._run_workers(*args, **kwargs)
+            return self.messages
+
+    return RowRecordingEnsemble
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_worker_trains_on_its_own_rows_in_every_epoch(spark, tmp_path, shuffle):
+    """Regression: repeating the data in Spark (a union of the epochs, coalesced) let a
+    Parquet-backed DataFrame's partitions be grouped by locality, and both workers trained
+    on all the rows in the same order."""
+    import keras
+
+    path = str(tmp_path / "ids.parquet")
+    spark.range(0, 2000, numPartitions=2).selectExpr(
+        "array(cast(id as float)) as features", "cast(id as float) as label") \
+        .write.parquet(path)
+    frame = spark.read.parquet(path)
+    assert frame.rdd.getNumPartitions() == 2
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    trainer = _row_recording_trainer()(model, "sgd", "mse", metrics=[], num_ensembles=2,
+                                       num_epoch=3, batch_size=50, seed=1)
+    trainer.train(frame, shuffle=shuffle, verbose=0)
+    shares = {}
+    for message in trainer.messages:
+        seen = message["seen"][0].astype(int)
+        assert len(seen) == 3 * 1000  # half of the rows, three epochs
+        epochs = seen.reshape(3, 1000)
+        for epoch in epochs[1:]:
+            assert sorted(epoch) == sorted(epochs[0])  # the same rows every epoch
+            assert (list(epoch) == list(epochs[0])) != shuffle  # reordered only if shuffled
+        shares[message["worker_id"]] = set(epochs[0])
+    assert shares[0].isdisjoint(shares[1])
+    assert shares[0] | shares[1] == set(range(2000))
