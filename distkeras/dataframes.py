@@ -7,7 +7,14 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras.feed import arrow_name
 from distkeras.tensors import packed_size
+
+
+def column(name):
+    """The top-level column called ``name``, whatever it holds: ``F.col("a.b")`` would
+    read the field ``b`` of a struct ``a``, so the name is quoted."""
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def as_column_list(value):
@@ -40,10 +47,10 @@ def _to_training_column(dataframe, name):
         )
     data_type = dataframe.schema[name].dataType
     if isinstance(data_type, VectorUDT):
-        return vector_to_array(F.col(name), "float32").alias(name)
+        return vector_to_array(column(name), "float32").alias(name)
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
-        return F.col(name)
+        return column(name)
     hint = (" For labels such as class names, index them first: "
             "pyspark.ml.feature.StringIndexer gives class indices 0, 1, ... (with "
             "sparse_categorical_crossentropy), then distkeras.transformers.OneHotTransformer "
@@ -139,7 +146,7 @@ def validate(dataframe, model, features_col, label_col):
         )
     for name in features_cols + label_cols:
         _to_training_column(dataframe, name)
-    rows = dataframe.select(*(features_cols + label_cols)).limit(1).collect()
+    rows = dataframe.select(*map(column, features_cols + label_cols)).limit(1).collect()
     if not rows:
         raise ValueError("The DataFrame is empty: there is nothing to train on.")
     row = rows[0]
@@ -167,11 +174,16 @@ def validate(dataframe, model, features_col, label_col):
 
 
 def training_frame(dataframe, features_col, label_col, sample_weight_col=None):
-    """Selects the training columns, with Spark ML vectors turned into arrays."""
-    columns = as_column_list(features_col) + as_column_list(label_col)
-    selected = [_to_training_column(dataframe, name) for name in columns]
-    if sample_weight_col is not None:
-        selected.append(F.col(sample_weight_col).cast("float"))
+    """Selects the training columns, with Spark ML vectors turned into arrays, each
+    named as the workers read it (`feed.arrow_name`)."""
+    # Each once: a column may feed two outputs, or be both input and target (an
+    # autoencoder); the workers read columns by name.
+    columns = list(dict.fromkeys(as_column_list(features_col) + as_column_list(label_col)))
+    selected = [_to_training_column(dataframe, name).alias(arrow_name(name))
+                for name in columns]
+    if sample_weight_col is not None and sample_weight_col not in columns:
+        selected.append(column(sample_weight_col).cast("float").alias(
+            arrow_name(sample_weight_col)))
     return dataframe.select(*selected)
 
 

@@ -20,6 +20,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras.dataframes import column
 from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_given
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
 def _class_index(dataset, name, role):
     """A column as a class index: numbers as they are, arrays and vectors by their argmax."""
     if _kind(dataset, name, role) == "scalar":
-        return F.col(name).cast(T.DoubleType())
+        return column(name).cast(T.DoubleType())
     return _argmax(_double_array(dataset, name, role)).cast(T.DoubleType())
 
 
@@ -132,8 +133,8 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
                     + ("" if loss == "categorical_crossentropy" else ", or both numbers")
                     + f"; they hold {prediction_kind} and {label_kind} values.")
             if scalars:
-                per_row = self._term(loss, F.col(label_col).cast(T.DoubleType()),
-                                     F.col(prediction_col).cast(T.DoubleType()))
+                per_row = self._term(loss, column(label_col).cast(T.DoubleType()),
+                                     column(prediction_col).cast(T.DoubleType()))
             else:
                 per_row = self._elementwise(dataset, loss, prediction_col, label_col)
         return _mean_of(dataset, per_row, f"the {loss} loss")
@@ -168,7 +169,7 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
                 f"column {label_col!r}; it holds {label_kind} values. Use "
                 "categorical_crossentropy for one-hot labels.")
         predictions = _double_array(dataset, prediction_col, "prediction column")
-        index = F.col(label_col).cast(T.LongType())
+        index = column(label_col).cast(T.LongType())
         picked = F.element_at(predictions, (index + 1).cast(T.IntegerType()))
         per_row = -F.log(_clip(picked / _sum(predictions)))
         valid = (index >= 0) & (index < F.size(predictions))

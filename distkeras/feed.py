@@ -12,6 +12,18 @@ from distkeras.sample_weights import row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
 
 
+def arrow_name(name):
+    """The name a training column travels under to the workers.
+
+    PySpark's ``mapInArrow`` resolves each column by its name, and reads ``a.b`` as the
+    field ``b`` of a struct ``a``: such names travel hex-encoded (one to one, so two
+    columns never collide).
+    """
+    if "." not in name and "`" not in name:
+        return name
+    return "__distkeras_" + name.encode("utf-8").hex()
+
+
 def column_to_numpy(column, sample_shape, name):
     """An Arrow column of numbers, (nested) lists or packed tensors as a numpy array of
     ``(rows, *shape)``.
@@ -176,9 +188,9 @@ class MinibatchFeed:
         return next(self._iterator)
 
     def _convert(self, record_batch):
-        x = [column_to_numpy(record_batch.column(name), shape, name)
+        x = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)
              for name, shape in zip(self.features_cols, self.feature_shapes)]
-        y = [column_to_numpy(record_batch.column(name), shape, name)
+        y = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)
              for name, shape in zip(self.label_cols, self.label_shapes)]
         for labels, num_classes, name in zip(y, self.num_classes, self.label_cols):
             if num_classes is not None:
@@ -186,7 +198,8 @@ class MinibatchFeed:
         if not self.weighted:
             return x + y
         weights = None if self.weight_col is None else \
-            column_to_numpy(record_batch.column(self.weight_col), (), self.weight_col)
+            column_to_numpy(record_batch.column(arrow_name(self.weight_col)), (),
+                            self.weight_col)
         return x + y + [row_weights(record_batch.num_rows, weights, y[0], self.class_table)]
 
     def _minibatches(self):

@@ -21,7 +21,7 @@ import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import check_known_inputs, check_spark_dataframe
+from distkeras.dataframes import check_known_inputs, check_spark_dataframe, column
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class ModelPredictor:
         from distkeras.utils import serialize_model
 
         features, kinds, outputs = self._validate(dataframe)
-        columns = [vector_to_array(F.col(name), "float32") if kind == "vector" else F.col(name)
+        columns = [vector_to_array(column(name), "float32") if kind == "vector" else column(name)
                    for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
                         for tensor in self.model.inputs]

@@ -170,21 +170,25 @@ class Trainer:
             None: the one ``keras_model`` was compiled with.
         loss: The Keras loss (name, instance or config); None: the one ``keras_model`` was
             compiled with.
-        metrics: Metrics recorded at every step.
-        loss_weights: Optional loss weights for multi-output models.
+        metrics: Metrics recorded at every step, as for ``model.compile``: a list, a list
+            per output, or a dict by output name. None: those ``keras_model`` was compiled
+            with; for a model not compiled, ``["accuracy"]`` if it has one output, none
+            if it has several.
+        loss_weights: Optional loss weights for multi-output models; None: those
+            ``keras_model`` was compiled with, if any.
         features_col: Input column, or a list of columns for a multi-input model.
         label_col: Target column, or a list of columns for a multi-output model.
         batch_size: Rows per minibatch.
         num_epoch: Passes over the data.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  loss_weights=None, features_col="features", label_col="label",
                  batch_size=32, num_epoch=1):
         self.master_model = keras_model
         self.worker_optimizer = worker_optimizer
         self.loss = loss
-        self.metrics = list(metrics) if metrics else []
+        self.metrics = list(metrics) if isinstance(metrics, tuple) else metrics
         self.loss_weights = loss_weights
         self.features_col = features_col
         self.label_col = label_col
@@ -237,14 +241,23 @@ class Trainer:
         _check_int("num_epoch", self.num_epoch)
 
     def _use_compiled_settings(self):
-        """Takes the optimizer and loss that were not given from the model, when it was
-        compiled (what its `fit` would train with)."""
-        if not getattr(self.master_model, "compiled", False):
-            return
-        if self.worker_optimizer is None:
-            self.worker_optimizer = self.master_model.optimizer
-        if self.loss is None:
-            self.loss = self.master_model.loss
+        """Takes the optimizer, loss, metrics and loss weights that were not given from
+        the model, when it was compiled (what its `fit` would train with); metrics not
+        given for a model not compiled are ``["accuracy"]`` for one output, else none."""
+        model = self.master_model
+        if getattr(model, "compiled", False):
+            compiled = model.get_compile_config() or {}
+            if self.worker_optimizer is None:
+                self.worker_optimizer = model.optimizer
+            if self.loss is None:
+                self.loss = model.loss
+            if self.metrics is None:
+                self.metrics = compiled.get("metrics") or []
+            if self.loss_weights is None:
+                self.loss_weights = compiled.get("loss_weights")
+        if self.metrics is None:
+            outputs = getattr(model, "outputs", None) or [None]
+            self.metrics = ["accuracy"] if len(outputs) == 1 else []
 
     # -- results ------------------------------------------------------------------------
 
@@ -681,7 +694,7 @@ class DistributedTrainer(Trainer):
         (the rest): See `Trainer`.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, loss_weights=None, parallelism_factor=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, loss_weights,
@@ -724,7 +737,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
     default_window = 5
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
@@ -931,7 +944,7 @@ class AEASGD(AsynchronousDistributedTrainer):
 
     default_window = 32
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
@@ -973,7 +986,7 @@ class EAMSGD(AEASGD):
         (the rest): See `AEASGD`.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
@@ -1012,7 +1025,7 @@ class Experimental(AsynchronousDistributedTrainer):
 
     default_window = 5
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
                  loss_weights=None, parallelism_factor=1, worker_timeout=None,
@@ -1090,7 +1103,7 @@ class EnsembleTrainer(DistributedTrainer):
         (the rest): See `Trainer`.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=("accuracy",),
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_ensembles=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, loss_weights=None, seed=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_ensembles,

@@ -31,6 +31,8 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras.dataframes import column
+
 logger = logging.getLogger(__name__)
 
 FLOAT_ARRAY = T.ArrayType(T.FloatType())
@@ -97,9 +99,9 @@ def _double_array(dataset, name, role="input column"):
     """
     kind = _kind(dataset, name, role)
     if kind == "vector":
-        return vector_to_array(F.col(name), "float64")
+        return vector_to_array(column(name), "float64")
     if kind == "array":
-        return F.col(name).cast(T.ArrayType(T.DoubleType()))
+        return column(name).cast(T.ArrayType(T.DoubleType()))
     raise TypeError(
         f"Column {name!r} (the {role}) holds single numbers "
         f"({dataset.schema[name].dataType.simpleString()}); expected an array of numbers "
@@ -197,7 +199,7 @@ class OneHotTransformer(_ColumnTransformer):
                 f"OneHotTransformer expects column {input_col!r} to hold class indices "
                 f"(numbers); it has type {dataset.schema[input_col].dataType.simpleString()}."
             )
-        index = F.col(input_col).cast(T.DoubleType())
+        index = column(input_col).cast(T.DoubleType())
         valid = (index >= 0) & (index < size) & (index == F.floor(index))
         one_hot = F.transform(F.sequence(F.lit(0), F.lit(size - 1)),
                               lambda i: F.when(i == index, 1.0).otherwise(0.0))
@@ -260,7 +262,7 @@ class MinMaxTransformer(_ColumnTransformer):
             raise TypeError(
                 f"Column {input_col!r} holds arrays or vectors but is_vector=False; pass "
                 "is_vector=True to rescale every element.")
-        return (F.col(input_col).cast(T.DoubleType()) - o_min) * scale + n_min
+        return (column(input_col).cast(T.DoubleType()) - o_min) * scale + n_min
 
 
 class StandardTransformer(_ColumnTransformer):
@@ -305,7 +307,7 @@ class StandardTransformer(_ColumnTransformer):
                 raise ValueError(
                     f"Column {input_col!r} holds single numbers, so `mean` and `std` must be "
                     f"single values. Received {len(mean)} means, {len(std)} stds.")
-            return (F.col(input_col).cast(T.DoubleType()) - mean[0]) / std[0]
+            return (column(input_col).cast(T.DoubleType()) - mean[0]) / std[0]
         values = _double_array(dataset, input_col)
         size = max(len(mean), len(std))
 
@@ -346,11 +348,11 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
         output_col = _require(self, self.outputCol)
         kind = _kind(dataset, input_col)
         if kind == "vector":
-            vectors = F.col(input_col)
+            vectors = column(input_col)
         elif kind == "array":
-            vectors = array_to_vector(F.col(input_col).cast(T.ArrayType(T.DoubleType())))
+            vectors = array_to_vector(column(input_col).cast(T.ArrayType(T.DoubleType())))
         else:
-            vectors = array_to_vector(F.array(F.col(input_col).cast(T.DoubleType())))
+            vectors = array_to_vector(F.array(column(input_col).cast(T.DoubleType())))
         summary = dataset.select(
             Summarizer.metrics("mean", "variance", "count").summary(vectors).alias("s")
         ).first()["s"]
@@ -451,9 +453,9 @@ class PackedTensorTransformer(_ColumnTransformer):
             raise TypeError(
                 f"Column {input_col!r} holds single numbers; PackedTensorTransformer packs "
                 "arrays of numbers or vectors.")
-        column = (vector_to_array(F.col(input_col), "float32") if kind == "vector"
-                  else F.col(input_col))
-        return pack_udf()(column)
+        values = (vector_to_array(column(input_col), "float32") if kind == "vector"
+                  else column(input_col))
+        return pack_udf()(values)
 
 
 class LabelIndexTransformer(_ColumnTransformer):
@@ -522,6 +524,6 @@ class BinaryLabelTransformer(_ColumnTransformer):
     def _expression(self, dataset, input_col):
         label = _require(self, self.label)
         _column_type(dataset, input_col)
-        matches = F.coalesce(F.col(input_col) == F.lit(label), F.lit(False))
+        matches = F.coalesce(column(input_col) == F.lit(label), F.lit(False))
         return F.when(matches, F.array(F.lit(1.0), F.lit(0.0))) \
             .otherwise(F.array(F.lit(0.0), F.lit(1.0))).cast(FLOAT_ARRAY)

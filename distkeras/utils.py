@@ -133,9 +133,16 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None):
         loss = {name: resolve(keras.losses.get, value) for name, value in loss.items()}
     elif isinstance(loss, list):
         loss = [resolve(keras.losses.get, value) for value in loss]
-    metrics = [resolve(keras.metrics.get, metric) for metric in (metrics or [])]
+
+    def resolve_metrics(structure):  # a list, a list per output, or a dict by output
+        if isinstance(structure, dict) and "class_name" not in structure:
+            return {name: resolve_metrics(value) for name, value in structure.items()}
+        if isinstance(structure, (list, tuple)):
+            return [resolve_metrics(value) for value in structure]
+        return resolve(keras.metrics.get, structure)
+
     return {"optimizer": optimizer, "loss": loss, "loss_weights": loss_weights,
-            "metrics": metrics or None}
+            "metrics": resolve_metrics(metrics) if metrics else None}
 
 
 # Metric names that `model.compile` resolves itself, from the loss and the labels' shape.
@@ -150,6 +157,28 @@ def _names(value):
     if isinstance(value, dict) and "class_name" not in value:
         return list(value.values())
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _flat_metrics(metrics):
+    """Every metric in a list, a list per output or a dict by output name."""
+    if isinstance(metrics, dict) and "class_name" not in metrics:
+        metrics = list(metrics.values())
+    if isinstance(metrics, (list, tuple)):
+        return [metric for value in metrics for metric in _flat_metrics(value)]
+    return [] if metrics is None else [metrics]
+
+
+def _check_metrics_structure(metrics, output_count):
+    """Keras takes a flat list of metrics for several outputs only one per output."""
+    if output_count <= 1 or not isinstance(metrics, (list, tuple)) or not metrics:
+        return
+    nested = any(isinstance(value, (list, tuple)) or value is None for value in metrics)
+    if len(metrics) != output_count:
+        shape = "a list of metric lists" if nested else "a flat list"
+        raise ValueError(
+            f"`metrics` is {shape} of {len(metrics)} for a model with {output_count} "
+            f"outputs. Give one list per output (for example metrics=[['accuracy'], []]), "
+            "a dict by output name (metrics={'output_name': ['accuracy']}), or none.")
 
 
 def _loss_name(loss):
@@ -180,7 +209,8 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
     checks = [("worker_optimizer", "keras.optimizers", keras.optimizers.get, [optimizer]),
               ("loss", "keras.losses", keras.losses.get, _names(loss)),
               ("metrics", "keras.metrics", keras.metrics.get,
-               [m for m in _names(metrics or []) if m not in _COMPILE_METRIC_NAMES])]
+               [m for m in _flat_metrics(metrics) if m not in _COMPILE_METRIC_NAMES])]
+    _check_metrics_structure(metrics, len(output_shapes))
     for argument, module, getter, values in checks:
         for value in values:
             if not isinstance(value, str):

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from distkeras import dataframes
-from distkeras.feed import column_to_numpy
+from distkeras.feed import arrow_name, column_to_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +169,9 @@ def collect(validation, model, features_col, label_col):
             "smaller fraction.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
     output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
-    x = [column_to_numpy(table.column(name).combine_chunks(), shape, name)
+    x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name)
          for name, shape in zip(features, input_shapes)]
-    y = [column_to_numpy(table.column(name).combine_chunks(),
+    y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(),
                          () if given == () else shape, name)
          for name, given, shape in zip(labels, label_shapes, output_shapes)]
     single_input = not isinstance(features_col, (list, tuple))

@@ -211,8 +211,8 @@ def test_predictor_errors_name_the_column(spark):
     with pytest.raises(ValueError, match="batch_size"):
         ModelPredictor(model, output_col="out", batch_size=0).predict(frame)
     with pytest.raises(Exception, match="Column 'features' holds arrays of different lengths "
-                                        "or of the wrong length: 3 values in 1 rows, but the "
-                                        "model expects 6 per row"):
+                                        "or of the wrong length: a row of 3 values .*, but "
+                                        "the model expects 6 per row"):
         ModelPredictor(model, output_col="out").predict(frame).collect()
 
 

@@ -236,3 +236,97 @@ def test_a_compiled_model_lends_its_optimizer_and_loss(fashion_train):
         SingleTrainer(build_mlp(32), "adam").train(fashion_train, verbose=0)
     with pytest.raises(ValueError, match="`worker_optimizer` is required"):
         SingleTrainer(build_mlp(32), loss="mse").train(fashion_train, verbose=0)
+
+
+def _two_outputs():
+    import keras
+
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, [keras.layers.Dense(1, name="reg")(hidden),
+                                keras.layers.Dense(3, activation="softmax", name="cls")(hidden)])
+
+
+@pytest.fixture(scope="module")
+def two_target_frame(spark):
+    """A regression and a 3-class target from 4 features, in a column named with a dot."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 4)).astype("float32")
+    classes = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5).astype(int)
+    rows = [(x[i].tolist(), float(x[i].sum()), int(classes[i])) for i in range(600)]
+    return spark.createDataFrame(rows, "`my.features` array<float>, total double, kind int")
+
+
+def test_metrics_follow_keras_for_several_outputs(two_target_frame):
+    from distkeras.trainers import DOWNPOUR, SingleTrainer
+
+    losses = ["mse", "sparse_categorical_crossentropy"]
+    columns = dict(features_col="my.features", label_col=["total", "kind"])
+    # No metrics given: none for several outputs (one "accuracy" for all fails in Keras).
+    trainer = SingleTrainer(_two_outputs(), "adam", losses, **columns)
+    trainer.train(two_target_frame, verbose=0)
+    assert {"reg_loss", "cls_loss"} <= set(trainer.get_history()[-1])
+    # A flat list of the wrong length: refused on the driver, with the forms that work.
+    with pytest.raises(ValueError, match=r"`metrics` is a flat list of 1 for a model with 2 "
+                                         r"outputs. Give one list per output"):
+        SingleTrainer(_two_outputs(), "adam", losses, metrics=["accuracy"],
+                      **columns).train(two_target_frame, verbose=0)
+    # A dict by output name, as Keras takes it.
+    trainer = DOWNPOUR(_two_outputs(), "adam", {"reg": "mse", "cls": losses[1]},
+                       metrics={"cls": "accuracy"}, num_workers=2, **columns)
+    trainer.train(two_target_frame, verbose=0)
+    record = trainer.get_history()[-1]
+    assert "cls_accuracy" in record and "reg_accuracy" not in record
+
+
+def test_a_compiled_model_lends_its_metrics_and_loss_weights(two_target_frame):
+    import numpy as np
+
+    from distkeras.trainers import DOWNPOUR
+
+    model = _two_outputs()
+    model.compile("adam", ["mse", "sparse_categorical_crossentropy"],
+                  metrics=[["mae"], ["accuracy"]], loss_weights=[1.0, 0.0])
+    trainer = DOWNPOUR(model, num_workers=2, features_col="my.features",
+                       label_col=["total", "kind"])
+    trained = trainer.train(two_target_frame, verbose=0)
+    history = trainer.get_history()
+    assert {"reg_mae", "cls_accuracy"} <= set(history[-1]) and "accuracy" not in history[-1]
+    # The classification loss weighs nothing: the total is the regression loss.
+    for record in history[-5:]:
+        assert np.isclose(record["loss"], record["reg_loss"], rtol=1e-4)
+    assert trained.get_compile_config()["loss_weights"] == [1.0, 0.0]
+
+
+def test_one_column_may_feed_two_outputs_and_names_with_dots_work(two_target_frame):
+    import keras
+    import numpy as np
+
+    from distkeras.evaluators import AccuracyEvaluator
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import ADAG
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(3, activation="softmax", name="a")(hidden),
+                                 keras.layers.Dense(3, activation="softmax", name="b")(hidden)])
+    trainer = ADAG(model, "adam", "sparse_categorical_crossentropy", num_workers=2,
+                   communication_window=2, num_epoch=3, features_col="my.features",
+                   label_col=["kind", "kind"])  # as fit(x, [y, y])
+    trained = trainer.train(two_target_frame, verbose=0)
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 3 * 600
+    predicted = ModelPredictor(trained, features_col="my.features",
+                               output_col=["pred.a", "pred.b"]).predict(two_target_frame)
+    assert predicted.columns[-2:] == ["pred.a", "pred.b"]
+    score = AccuracyEvaluator(label_col="kind", prediction_col="pred.a").evaluate(predicted)
+    rows = two_target_frame.collect()
+    features = np.array([row["my.features"] for row in rows], np.float32)
+    kinds = np.array([row["kind"] for row in rows])
+    assert np.isclose(score, (trained.predict(features, verbose=0)[0].argmax(1) == kinds).mean())
+    history = trainer.get_history()  # both heads learn from the one column
+    for head in ("a_loss", "b_loss"):
+        losses = [record[head] for record in history]
+        assert np.mean(losses[-15:]) < np.mean(losses[:15]), head
