@@ -201,33 +201,45 @@ class TrainingMonitor(threading.Thread):
         progress.update(self._samples, postfix)
 
     def _validate_finished_epochs(self):
-        """Evaluates the center once the samples of another epoch have all been trained."""
+        """Ends each epoch whose samples have all been trained (evaluates the center, calls
+        the callbacks' ``on_epoch_end``, then ``on_epoch_begin`` of the next)."""
         if self.validator is None or self.stopped_by_callback or self.end_of_epoch_error:
             return
         finished = min(int(self._samples * self.num_epoch // self.total_samples),
                        self.num_epoch - 1)  # the last epoch: the returned model, at the end
-        if finished <= self._validated_epochs or self._samples >= self.total_samples:
-            return  # nothing new, or all done: the trainer evaluates the returned model
-        # Records arrive twice a second: when they show several epochs done at once, only
-        # the latest is evaluated (the center is already past the others).
-        self._validated_epochs = finished
+        if finished <= self._validated_epochs:
+            return
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             weights = [np.array(weight) for weight in self.server.center_variable]
         # The mean loss of the steps reported since the last epoch's end.
         loss = float(np.mean(self._epoch_losses)) if self._epoch_losses else None
         self._epoch_losses = []
+        # Records arrive a few times a second: when they show several epochs done at once
+        # (short epochs, or the last ones ending together), each still ends, on the center
+        # reached, so the callbacks count every epoch (EarlyStopping's patience).
+        for epoch in range(self._validated_epochs + 1, finished + 1):
+            self._validated_epochs = epoch
+            if not self._end_epoch(weights, epoch, loss):
+                return
+
+    def _end_epoch(self, weights, epoch, loss):
+        """Validates and calls back one epoch's end; returns whether training goes on."""
         try:
-            self.validator.evaluate(weights, finished, self._samples, loss)
+            self.validator.evaluate(weights, epoch, self._samples, loss)
+            if not self.validator.stop_requested:
+                self.validator.epoch_begin(epoch + 1)
         except Exception as error:  # any: the user's callbacks run here; re-raised by train()
-            self.end_of_epoch_error = (finished, error)
+            self.end_of_epoch_error = (epoch, error)
             logger.error("The end of epoch %d failed (validation or a callback): %s; "
-                         "stopping the workers", finished, error)
+                         "stopping the workers", epoch, error)
             self._stop_workers()
-            return
+            return False
         if self.validator.stop_requested:
-            self.stopped_by_callback = f"a callback stopped the training after epoch {finished}"
+            self.stopped_by_callback = f"a callback stopped the training after epoch {epoch}"
             logger.info("Stopping the workers: %s", self.stopped_by_callback)
             self._stop_workers()
+            return False
+        return True
 
     def _stop_workers(self):
         self.spark_context.cancelJobGroup(self.job_group)

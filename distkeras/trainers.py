@@ -836,6 +836,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         if self.resume:
             self._restore(server)
         job_group = self._new_job_group()
+        self._begin_epoch(1)  # the monitor begins the later ones as the epochs end
         server.start()
         monitor = None
         try:

@@ -226,8 +226,9 @@ class Validator:
 
     The callbacks see ``model`` holding those weights: ``EarlyStopping`` may set its
     ``stop_training``, ``ModelCheckpoint`` saves it, ``CSVLogger`` writes the logs. Only
-    ``on_train_begin``, ``on_epoch_end`` and ``on_train_end`` are called, and
-    ``on_epoch_begin`` where a trainer starts its epochs from the driver (`epoch_begin`).
+    ``on_train_begin``, ``on_epoch_begin`` (`epoch_begin`; for the parameter-server
+    trainers, as the previous epoch's end is seen), ``on_epoch_end`` and ``on_train_end``
+    are called.
 
     Args:
         model: A compiled `keras.Model` of the trained architecture (its weights are

@@ -41,10 +41,14 @@ class _Server:
 class _Validator:
     def __init__(self, stop_after=None):
         self.calls = []
+        self.begun = []
         self.records = []
         self.losses = []
         self.stop_after = stop_after
         self.stop_requested = False
+
+    def epoch_begin(self, epoch):
+        self.begun.append(epoch)
 
     def evaluate(self, weights, epoch, samples, loss=None):
         self.calls.append((float(weights[0][0]), epoch, samples))
@@ -92,10 +96,30 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     assert validator.calls == [(2.0, 1, 110), (4.0, 2, 270)]
     # Each epoch's training loss: the mean of the steps reported since the last one.
     assert validator.losses == [1.5, 3.5]
+    assert validator.begun == [2, 3]  # the trainer begins the first
     assert monitor.stopped_by_callback is None
     # The progress shows the latest validation loss once there is one.
     assert [postfix.get("val_loss") for postfix in progress.postfixes] == \
         [None, "1.0000", "1.0000", "0.5000", "0.5000"]
+
+
+def test_monitor_ends_every_epoch_when_several_end_between_two_looks():
+    """Short epochs (or the last ones ending together) are each ended, on the center
+    reached: a callback counts every epoch."""
+    from distkeras.monitor import TrainingMonitor
+
+    server, validator = _Server(), _Validator()
+    monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
+                              validator=validator, num_epoch=4)
+    server.history.append({"batch_size": 250, "loss": 2.0})  # epochs 1 and 2 at once
+    server.center_variable = [np.full(2, 7.0, np.float32)]
+    monitor._update(None, 0.0)
+    assert validator.calls == [(7.0, 1, 250), (7.0, 2, 250)]
+    server.history.append({"batch_size": 150, "loss": 1.0})  # all done: epoch 3 still ends
+    server.center_variable = [np.full(2, 9.0, np.float32)]
+    monitor._update(None, 0.0)
+    assert validator.calls[2:] == [(9.0, 3, 400)]  # epoch 4: the returned model, at the end
+    assert validator.begun == [2, 3, 4]
 
 
 def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
@@ -486,9 +510,8 @@ def test_validation_arrays_that_do_not_fit_are_refused_before_training(data, err
     assert trainer.get_history() == []
 
 
-@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "AveragingTrainer"])
-def test_trainers_that_start_epochs_on_the_driver_call_on_epoch_begin(trainer_name,
-                                                                      fashion_train):
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "AveragingTrainer", "DynSGD"])
+def test_every_trainer_calls_each_epochs_begin_and_end(trainer_name, fashion_train):
     import keras
 
     from distkeras import trainers
@@ -506,6 +529,6 @@ def test_trainers_that_start_epochs_on_the_driver_call_on_epoch_begin(trainer_na
 
     order = Order()
     trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
-                                              "categorical_crossentropy", num_epoch=2)
+                                              "categorical_crossentropy", num_epoch=3)
     trainer.train(fashion_train.limit(500), verbose=0, callbacks=[order])
-    assert order.calls == ["begin 0", "end 0", "begin 1", "end 1"]
+    assert order.calls == ["begin 0", "end 0", "begin 1", "end 1", "begin 2", "end 2"]
