@@ -19,6 +19,11 @@ import tempfile
 import numpy as np
 
 
+# Between two epochs in the stream of record batches: the feed ends the epoch's last,
+# smaller minibatch there, as `fit` does, rather than filling it with the next epoch's rows.
+EPOCH_END = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Replay:
     """How a worker repeats its partition.
@@ -37,7 +42,8 @@ class Replay:
 
     def batches(self, record_batches, partition=0):
         """Yields ``record_batches`` and then, ``num_epoch - 1`` times, the same batches
-        read back from a local file (reordered with ``shuffle``)."""
+        read back from a local file (reordered with ``shuffle``), each epoch after an
+        `EPOCH_END`."""
         if self.num_epoch <= 1:
             yield from record_batches
             return
@@ -67,6 +73,7 @@ class Replay:
             reader = pa.ipc.open_file(source)
             count = reader.num_record_batches
             for _ in range(1, self.num_epoch):
+                yield EPOCH_END
                 order = generator.permutation(count) if self.shuffle else range(count)
                 for index in order:
                     batch = reader.get_batch(int(index))

@@ -145,8 +145,8 @@ def _pick(arrays, single):
 class MinibatchFeed:
     """Iterates ``(x, y)`` minibatches over a stream of Arrow record batches.
 
-    The last minibatch of the stream may be smaller than ``batch_size``; it is yielded,
-    not dropped. With sample or class weights, minibatches are ``(x, y, sample_weight)``.
+    The last minibatch of the stream, and of each epoch where the stream marks epochs
+    (`epochs.EPOCH_END`), may be smaller than ``batch_size``; it is yielded, not dropped. With sample or class weights, minibatches are ``(x, y, sample_weight)``.
 
     Args:
         record_batches: An iterator of `pyarrow.RecordBatch`.
@@ -206,6 +206,11 @@ class MinibatchFeed:
         size = self.batch_size
         pending = None  # arrays holding fewer than `size` rows, carried to the next batch
         for record_batch in self.record_batches:
+            if record_batch is None:  # an epoch ends (`epochs.EPOCH_END`): so does its batch
+                if pending is not None and len(pending[0]):
+                    yield self._split(pending)
+                pending = None
+                continue
             if record_batch.num_rows == 0:
                 continue
             arrays = self._convert(record_batch)

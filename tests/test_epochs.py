@@ -15,7 +15,8 @@ def _batches(ids, rows_per_batch=4):
 
 
 def _ids(batches):
-    return [value for batch in batches for value in batch.column("id").to_pylist()]
+    return [value for batch in batches if batch is not None
+            for value in batch.column("id").to_pylist()]
 
 
 def test_one_epoch_passes_the_stream_through_untouched():
@@ -38,6 +39,19 @@ def test_shuffled_epochs_hold_the_same_rows_in_fresh_orders_seeded_by_partition(
     again = _ids(Replay(3, shuffle=True, seed=5).batches(_batches(ids), partition=1))
     other = _ids(Replay(3, shuffle=True, seed=5).batches(_batches(ids), partition=0))
     assert again == seen and other != seen
+
+
+def test_epochs_are_marked_in_the_stream_and_end_their_last_minibatch():
+    from distkeras.epochs import EPOCH_END
+    from distkeras.feed import MinibatchFeed
+
+    stream = list(Replay(2).batches(_batches(list(range(10)))))
+    assert stream.count(EPOCH_END) == 1 and stream[3] is EPOCH_END  # 3 batches an epoch
+    labelled = (pa.RecordBatch.from_pydict({"id": batch["id"], "y": batch["id"]})
+                if batch is not None else batch for batch in stream)
+    feed = MinibatchFeed(labelled, ["id"], ["y"], 4, [()], [()])
+    sizes = [len(x) for x, _ in feed]
+    assert sizes == [4, 4, 2, 4, 4, 2]  # as fit's batches: no minibatch spans two epochs
 
 
 def test_an_empty_partition_stays_empty():
