@@ -131,6 +131,7 @@ def _spark(master):
 
 
 def _read_parquet(spark, path):
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import AnalysisException
 
     try:
@@ -138,6 +139,23 @@ def _read_parquet(spark, path):
     except AnalysisException as error:
         raise CommandError(f"cannot read Parquet data at {path}: "
                            f"{str(error).splitlines()[0]}") from error
+    except Py4JJavaError as error:
+        # Py4J's own message is only "An error occurred while calling o41.parquet": the
+        # reason is the Java exception's innermost cause.
+        cause = _java_root_cause(error)
+        if "is not a Parquet file" in cause or "CANNOT_READ_FILE_FOOTER" in str(error):
+            raise CommandError(f"{path} is not a Parquet file or a folder of Parquet files "
+                               f"({cause})") from error
+        raise CommandError(f"cannot read Parquet data at {path}: {cause}") from error
+
+
+def _java_root_cause(error):
+    """The first line of the innermost cause of a `Py4JJavaError`."""
+    cause = error.java_exception
+    while cause.getCause() is not None:
+        cause = cause.getCause()
+    message = str(cause.getMessage() or cause.toString()).strip()
+    return message.splitlines()[0][:300] if message else str(cause.toString())
 
 
 def _load_model(path):

@@ -169,13 +169,15 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
                 f"column {label_col!r}; it holds {label_kind} values. Use "
                 "categorical_crossentropy for one-hot labels.")
         predictions = _double_array(dataset, prediction_col, "prediction column")
-        index = column(label_col).cast(T.LongType())
+        label = column(label_col).cast(T.DoubleType())
+        index = label.cast(T.LongType())
         picked = F.element_at(predictions, (index + 1).cast(T.IntegerType()))
         per_row = -F.log(_clip(picked / _sum(predictions)))
-        valid = (index >= 0) & (index < F.size(predictions))
+        # A fractional label is no class: refused, not truncated to one.
+        valid = (index >= 0) & (index < F.size(predictions)) & (label == F.floor(label))
         return F.when(valid, per_row).otherwise(_fail(
-            f"LossEvaluator: label column {label_col!r} holds a class index that is null or "
-            f"outside the prediction arrays of column {prediction_col!r}."))
+            f"LossEvaluator: label column {label_col!r} holds a class index that is null, "
+            f"fractional or outside the prediction arrays of column {prediction_col!r}."))
 
     def isLargerBetter(self):
         """A loss: smaller is better."""

@@ -18,6 +18,7 @@ archive loaded with ``safe_mode=True``.
 
 import argparse
 import base64
+import io
 import json
 import logging
 import os
@@ -26,23 +27,35 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 
 from distkeras import train_options
 
 logger = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Punchcard-Secret"
-JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
+JOB_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_WORKERS = 1024
+MAX_PARALLELISM_FACTOR = 64
+# Hadoop glob syntax ({a,b}, [ab], *, ?, and \ escapes) and Spark's comma-separated path
+# lists: Spark expands them when it reads, so a path made of them could name files outside
+# the allowed roots whatever its literal prefix is.
+_GLOB_CHARACTERS = set("{}[]*?\\,")
 
 
 class JobError(RuntimeError):
     """The server refused a request, or the job failed, was cancelled or was lost."""
+
+
+class ServerUnreachable(JobError):
+    """The server could not be reached (down, restarting, or a network problem)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -81,6 +94,10 @@ class Job:
         self.state = None
 
     def _request(self, method, path, body=None, timeout=60):
+        if not self.url:
+            raise JobError(f"Job {self.job_name!r} has no server: call job.send(url) to submit "
+                           "it, or job.attach(url) to follow a job already submitted with "
+                           "this secret.")
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(
             self.url.rstrip("/") + path, data=data, method=method,
@@ -95,7 +112,8 @@ class Job:
                 message = error.reason
             raise JobError(f"Punchcard answered {error.code}: {message}") from error
         except (urllib.error.URLError, OSError) as error:
-            raise JobError(f"Cannot reach the Punchcard server at {self.url}: {error}") from error
+            raise ServerUnreachable(
+                f"Cannot reach the Punchcard server at {self.url}: {error}") from error
 
     def payload(self):
         """The submission: names, numbers, the trainer's class and JSON config, the model."""
@@ -124,41 +142,92 @@ class Job:
         self.state = answer.get("state")
         return answer
 
+    def attach(self, url):
+        """Follows the job already submitted with this secret to the server at ``url``
+        (from another notebook, or after a restart); returns its state.
+
+        Raises:
+            JobError: If the server knows no job for this secret.
+        """
+        self.url = url
+        return self.get_state()
+
     def get_state(self):
         """The job's state: ``{"state", "running", "error", "progress", ...}``."""
         answer = self._request("GET", "/api/state")
         self.state = answer.get("state")
         return answer
 
-    def wait_completion(self, timeout=None, poll_interval=2.0):
+    def wait_completion(self, timeout=None, poll_interval=2.0, max_outage=60.0):
         """Waits for the job, then fetches the model and history (and the server forgets
         the job).
 
+        A failed or cancelled job stays on the server (its error can be read again with
+        `get_state`) until `destroy` clears it.
+
+        Args:
+            timeout: Seconds to wait in all, or None to wait for as long as the job runs.
+            poll_interval: Seconds between two looks at the job's state.
+            max_outage: Seconds the server may stay unreachable (a restart, a network
+                blip) before giving up; polling goes on meanwhile.
+
         Raises:
             JobError: If the job failed or was cancelled (with the server's error), the
-                server is lost, or ``timeout`` seconds passed.
+                server stayed unreachable for ``max_outage`` seconds, or ``timeout``
+                seconds passed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        unreachable_since = None
         while True:
-            state = self.get_state()
+            try:
+                state = self.get_state()
+                unreachable_since = None
+            except ServerUnreachable as error:
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                    logger.warning("%s; trying again for up to %s s.", error, max_outage)
+                elif now - unreachable_since >= max_outage:
+                    raise JobError(f"The Punchcard server at {self.url} has been unreachable "
+                                   f"for {now - unreachable_since:.0f} s ({error}). The job "
+                                   "may still run: call job.wait_completion() again once "
+                                   "the server is back.") from error
+                state = {"state": "unreachable"}
             if state["state"] == "finished":
                 break
             if state["state"] in ("failed", "cancelled"):
                 raise JobError(f"Job {self.job_name!r} {state['state']}: "
-                               f"{state.get('error') or 'no details'}")
+                               f"{state.get('error') or 'no details'}. It keeps this "
+                               "secret busy: call job.destroy() to clear it before "
+                               "submitting again.")
             if deadline is not None and time.monotonic() > deadline:
                 raise JobError(f"Job {self.job_name!r} still {state['state']} after "
                                f"{timeout} s.")
             time.sleep(poll_interval)
-        answer = self._request("GET", "/api/destroy", timeout=300)
-        self.model_bytes = base64.b64decode(answer["model"])
-        self.history = answer["history"]
-        self.validation_history = answer.get("validation_history") or []
+        self.destroy()
         return self
 
     def cancel(self):
-        """Stops the job on the server."""
+        """Stops the job on the server (it stays there, cancelled, until `destroy`)."""
         return self._request("GET", "/api/cancel")
+
+    def destroy(self):
+        """Deletes the job on the server, freeing the secret for another job.
+
+        A finished job's model and history are kept here (as by `wait_completion`);
+        returns ``{"state", "error"}`` of the job as it was.
+
+        Raises:
+            JobError: If the job is still queued or running (cancel it first), or the
+                server has no job for this secret.
+        """
+        answer = self._request("GET", "/api/destroy", timeout=300)
+        if answer.get("model") is not None:
+            self.model_bytes = base64.b64decode(answer["model"])
+            self.history = answer["history"]
+            self.validation_history = answer.get("validation_history") or []
+        self.state = answer.get("state")
+        return {"state": answer.get("state"), "error": answer.get("error")}
 
     def get_trained_model(self):
         """The trained model, compiled as the trainer compiles its result."""
@@ -195,8 +264,16 @@ def _check_data_path(path, allowed_roots, name="data_path"):
         raise BadRequest(f"'{name}' must be a non-empty string.")
     if any(ord(char) < 32 for char in path):
         raise BadRequest(f"'{name}' must not contain control characters.")
+    if path.startswith("-"):
+        raise BadRequest(f"'{name}' must not start with '-'. Received: {path!r}")
     if ".." in re.split(r"[/\\]", path):
         raise BadRequest(f"'{name}' must not contain '..' segments.")
+    if allowed_roots and _GLOB_CHARACTERS & set(path):
+        raise BadRequest(
+            f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
+            "server only reads under its allowed data roots, and Spark would expand glob "
+            "patterns and comma-separated lists into other paths. Give the path of one "
+            f"Parquet file or folder. Received: {path!r}")
     if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
                                  for root in allowed_roots):
         raise BadRequest(f"'{name}' must be under one of: {', '.join(allowed_roots)}.")
@@ -221,12 +298,13 @@ def validate_submission(body, allowed_roots=()):
         BadRequest: Saying what was wrong.
     """
     from distkeras.registry import get_trainer_class
+    from distkeras.trainers import EnsembleTrainer
     from distkeras.utils import check_compile_arguments, deserialize_model
 
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     name = body.get("job_name")
-    if not isinstance(name, str) or not JOB_NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
                          "starting with a letter or digit.")
     fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots),
@@ -240,14 +318,16 @@ def validate_submission(body, allowed_roots=()):
         trainer_class = get_trainer_class(trainer["class_name"])
     except ValueError as error:
         raise BadRequest(str(error)) from error
-    try:
-        model_bytes = base64.b64decode(body.get("model") or "", validate=True)
-    except (ValueError, TypeError) as error:
-        raise BadRequest("'model' must be a base64 .keras archive.") from error
+    if issubclass(trainer_class, EnsembleTrainer):
+        raise BadRequest(f"{trainer['class_name']} trains several models, and a Punchcard job "
+                         "returns one: train an ensemble from Python with your own Spark "
+                         "session, or submit another trainer.")
+    model_bytes = _model_bytes(body.get("model"))
     try:
         model = deserialize_model(model_bytes)
     except Exception as error:  # any failure to load is the client's archive's fault
-        raise BadRequest(f"The model archive was refused: {error}") from error
+        raise BadRequest(f"The model archive was refused: {_without_temp_paths(error)}") \
+            from error
     try:
         fields["train_options"] = train_options.normalize(
             body.get("train_options"),
@@ -255,6 +335,9 @@ def validate_submission(body, allowed_roots=()):
     except ValueError as error:
         raise BadRequest(str(error)) from error
     config = dict(trainer["config"])
+    if "master_port" in config:
+        config["master_port"] = 0  # the server's OS picks the port, never the client
+    _check_compile_configs(config)
     workers = fields["num_executors"] * fields["num_processes"]
     try:
         built = trainer_class.from_config(config, keras_model=model)
@@ -266,7 +349,80 @@ def validate_submission(body, allowed_roots=()):
         check_compile_arguments(built.worker_optimizer, built.loss, built.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
+    factor = config.get("parallelism_factor", 1)
+    if isinstance(factor, int) and not isinstance(factor, bool) and \
+            factor > MAX_PARALLELISM_FACTOR:
+        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
+                         f"multiplies the {workers} workers' partitions). Received: {factor}")
     return fields, trainer_class, config, model_bytes
+
+
+def _model_bytes(text):
+    """The model archive of a submission's ``model`` field."""
+    if not text:
+        raise BadRequest("'model' is required: a base64 .keras archive.")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as error:
+        raise BadRequest("'model' must be a base64 .keras archive: it is not valid "
+                         "base64.") from error
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
+                         f"{len(data)} bytes that are not a zip file.")
+    return data
+
+
+def _without_temp_paths(error):
+    """An error's message without the server's temporary paths (which say nothing useful
+    to a client, and something about the server)."""
+    return re.sub(re.escape(tempfile.gettempdir()) + r"/[^\s'\",;)]*", "<the archive>",
+                  str(error))
+
+
+def _check_compile_configs(config):
+    """Refuses the trainer's optimizer, loss or metrics when Keras cannot rebuild them.
+
+    Names were checked with the trainer; this resolves the configuration objects the same
+    way the job will (`keras.optimizers.get` and friends, in safe mode, with the classes
+    registered on this server). Keras imports nothing outside its own packages for this.
+    """
+    import copy
+
+    import keras
+
+    optimizer = config.get("worker_optimizer")
+    checks = (("worker_optimizer", keras.optimizers.get,
+               [] if optimizer is None or isinstance(optimizer, str) else [optimizer]),
+              ("loss", keras.losses.get, _config_leaves(config.get("loss"))),
+              ("metrics", keras.metrics.get, _config_leaves(config.get("metrics"))))
+    for field, getter, values in checks:
+        for value in values:
+            try:
+                resolved = getter(copy.deepcopy(value))  # getters edit their argument
+            except Exception as error:  # whatever Keras raises, the config is unusable
+                raise BadRequest(f"Bad trainer configuration: Keras cannot rebuild "
+                                 f"'{field}' from {_short(value)} ({_short(error)}). Give a "
+                                 "name, or the config of a built-in or server-registered "
+                                 "Keras object.") from error
+            if resolved is None:
+                raise BadRequest(f"Bad trainer configuration: '{field}' holds "
+                                 f"{_short(value)}, which names no Keras object.")
+
+
+def _short(value, limit=200):
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _config_leaves(value):
+    """The objects of an optimizer, loss or metrics setting that are not names."""
+    if value is None or isinstance(value, str):
+        return []
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _config_leaves(item)]
+    if isinstance(value, dict) and "class_name" not in value:  # one entry per output
+        return [leaf for item in value.values() for leaf in _config_leaves(item)]
+    return [value]
 
 
 def _process_alive(pid, job_id):
@@ -280,14 +436,42 @@ def _process_alive(pid, job_id):
         return False
 
 
-def _kill_tree(pid):
-    """Stops the job's whole process group (Spark's JVM and Python workers included)."""
+_ERROR_LINE = re.compile(r"\bERROR\b|^Traceback |^[\w.]*(Error|Exception)\b")
+
+
+def _exit_description(exit_code):
+    if exit_code is None:
+        return ""  # not this server's child (started before a restart): unknown
+    if exit_code < 0:
+        try:
+            return f" (killed by {signal.Signals(-exit_code).name})"
+        except ValueError:
+            return f" (killed by signal {-exit_code})"
+    return f" (exit code {exit_code})"
+
+
+def _kill_tree(pid, process=None):
+    """Stops the job's whole process group (Spark's JVM and Python workers included).
+
+    Args:
+        pid: The group leader's pid (the job's process).
+        process: Its `subprocess.Popen`, when this server started it.
+    """
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             return
         for _ in range(50):
+            # A dead leader that nobody reaped is a zombie, and a zombie keeps its group
+            # alive for killpg: reap it (if it is ours) so the wait ends when all are gone.
+            if process is not None:
+                process.poll()
+            else:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass  # not our child: its own parent (or init) reaps it
             try:
                 os.killpg(pid, 0)
             except (ProcessLookupError, PermissionError):
@@ -319,6 +503,7 @@ class Punchcard:
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
         self._processes = {}
+        self._starting = set()  # running in the table, but no process yet
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.reconcile()
@@ -375,7 +560,7 @@ class Punchcard:
             process = self._processes.pop(job_id, None)
         pid = process.pid if process is not None else pid
         if pid:
-            _kill_tree(pid)
+            _kill_tree(pid, process)
         if process is not None:
             try:
                 process.wait(timeout=30)
@@ -419,8 +604,12 @@ class Punchcard:
         status = self._read_status(job) or {}
         with self._lock:
             process = self._processes.get(job["id"])
+            if process is None and job["id"] in self._starting:
+                return job  # being started by the scheduler: not a lost process
         exit_code = process.poll() if process is not None else None
-        alive = exit_code is None and _process_alive(job["pid"], job["id"])
+        # The process's own pid: the table's is written just after it started.
+        pid = process.pid if process is not None else job["pid"]
+        alive = exit_code is None and _process_alive(pid, job["id"])
         if status.get("state") == "finished" and not alive:
             self.store.finish(job["id"], "finished", only_if_state="running")
         elif status.get("state") == "failed" and not alive:
@@ -428,9 +617,8 @@ class Punchcard:
         elif not alive:
             log_tail = self._log_tail(job)
             self.store.finish(job["id"], "failed",
-                              "the job's process ended without finishing"
-                              + (f" (exit code {exit_code})" if exit_code is not None else "")
-                              + (f": {log_tail}" if log_tail else ""),
+                              "the job's process ended" + _exit_description(exit_code)
+                              + " without a result" + (f": {log_tail}" if log_tail else ""),
                               only_if_state="running")
         if not alive:
             with self._lock:
@@ -438,16 +626,19 @@ class Punchcard:
         return self.store.by_secret(job["secret_hash"]) or job
 
     @staticmethod
-    def _log_tail(job):
+    def _log_tail(job, count=3):
+        """The last ``count`` error lines of the job's log (log ERRORs, tracebacks and
+        their exception lines), or "" when there are none: other lines say nothing about
+        why a job died."""
         try:
             with open(os.path.join(job["job_dir"], "job.log"), "rb") as handle:
                 handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 2000))
+                handle.seek(max(0, handle.tell() - 8000))
                 lines = handle.read().decode("utf-8", "replace").strip().splitlines()
         except OSError:
             return ""
-        errors = [line for line in lines if "error" in line.lower()]
-        return (errors or lines or [""])[-1][:500]
+        errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
+        return " | ".join(errors[-count:])[-500:]
 
     def public_state(self, job):
         """What a client sees of its job."""
@@ -503,9 +694,26 @@ class Punchcard:
         return ["--train-options", path] if os.path.exists(path) else []
 
     def _start(self, job):
+        with self._lock:
+            self._starting.add(job["id"])
+        try:
+            process = self._launch(job)
+        finally:
+            with self._lock:
+                self._starting.discard(job["id"])
+        if process is None:
+            return
+        self.store.update(job["id"], pid=process.pid)
+        if self.store.by_secret(job["secret_hash"])["state"] != "running":
+            self._stop_process(job["id"])  # cancelled while it was being started
+            return
+        logger.info("Job %s started, pid %s", job["id"], process.pid)
+
+    def _launch(self, job):
+        """Marks a queued job running and starts its process; None if it did not start."""
         if not self.store.update(job["id"], only_if_state="queued", state="running",
                                  started=time.time()):
-            return  # cancelled in the meantime
+            return None  # cancelled in the meantime
         log = open(os.path.join(job["job_dir"], "job.log"), "wb")
         env = dict(os.environ)
         env.pop("PYSPARK_GATEWAY_PORT", None)
@@ -515,16 +723,12 @@ class Punchcard:
                                        start_new_session=True, env=env)
         except OSError as error:
             self.store.finish(job["id"], "failed", f"could not start the job: {error}")
-            return
+            return None
         finally:
             log.close()
         with self._lock:
             self._processes[job["id"]] = process
-        self.store.update(job["id"], pid=process.pid)
-        if self.store.by_secret(job["secret_hash"])["state"] != "running":
-            self._stop_process(job["id"])  # cancelled while it was being started
-            return
-        logger.info("Job %s started, pid %s", job["id"], process.pid)
+        return process
 
 
 def create_app(punchcard, max_request_bytes=256 << 20):
@@ -546,6 +750,20 @@ def create_app(punchcard, max_request_bytes=256 << 20):
     def too_large(_error):
         return error(413, f"The request is larger than {max_request_bytes} bytes.")
 
+    @app.errorhandler(404)
+    def not_found(_error):
+        return error(404, f"No such endpoint: {request.path}. The endpoints are POST "
+                          "/api/submit and GET /api/state, /api/cancel, /api/destroy.")
+
+    @app.errorhandler(500)
+    def internal_error(_error):
+        return error(500, "The server failed on this request; its log says why.")
+
+    @app.errorhandler(405)
+    def wrong_method(_error):
+        return error(405, f"{request.method} is not allowed on {request.path}: submit with "
+                          "POST, everything else with GET.")
+
     @app.post("/api/submit")
     def submit():
         who = caller()
@@ -559,8 +777,11 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         except BadRequest as bad:
             return error(400, str(bad))
         if state is None:
-            return error(403, "This secret already has a job: wait for it, cancel it or "
-                              "destroy it before submitting another.")
+            job = punchcard.job_of(who[0])
+            known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
+            return error(403, f"This secret already has a job{known}: wait for it with "
+                              "job.wait_completion(), or clear it with job.destroy() (after "
+                              "job.cancel() if it still runs), before submitting another.")
         return jsonify(state)
 
     def own_job():
@@ -598,9 +819,20 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             punchcard.forget(job)
             return jsonify({"model": None, "history": None, "state": job["state"],
                             "error": job["error"]})
-        return jsonify(punchcard.destroy(job))
+        return jsonify({**punchcard.destroy(job), "state": "finished", "error": None})
 
     return app
+
+
+def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20):
+    """The waitress server of `create_app(punchcard)` (call its ``run()``)."""
+    import waitress
+
+    # waitress itself refuses a larger body, before reading it: Flask's own limit only
+    # applies once waitress has buffered the whole body (up to 1 GiB by default).
+    return waitress.create_server(create_app(punchcard, max_request_bytes), host=host,
+                                  port=port, threads=threads, ident="punchcard",
+                                  max_request_body_size=max_request_bytes)
 
 
 def serve(argv=None):
@@ -624,19 +856,21 @@ def serve(argv=None):
     parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    import waitress
-
     try:
         punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
                               args.allowed_data_root)
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
-    app = create_app(punchcard, args.max_request_mb << 20)
+    server = make_server(punchcard, args.host, args.port, args.threads,
+                         args.max_request_mb << 20)
     logger.info("Punchcard listening on %s:%s, jobs on %s", args.host, args.port, args.master)
-    waitress.serve(app, host=args.host, port=args.port, threads=args.threads,
-                   ident="punchcard")
-    punchcard.close()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        logger.info("Punchcard stopped")
+    finally:
+        punchcard.close()
     return 0
 
 
@@ -655,7 +889,11 @@ def secret_command(argv=None):
     args = parser.parse_args(argv)
     secret = generate_secret()
     if args.append:
-        append_entry(args.append, make_entry(args.identity, secret, hashed=args.hashed))
+        try:
+            append_entry(args.append, make_entry(args.identity, secret, hashed=args.hashed))
+        except (OSError, ValueError) as error:
+            sys.stderr.write(f"generate_secret: error: {error}\n")
+            return 2
     sys.stdout.write(json.dumps({"secret": secret, "identity": args.identity}) + "\n")
     return 0
 

@@ -63,9 +63,18 @@ def load_secrets(path):
 
 
 def append_entry(path, entry):
-    """Adds an entry to a secrets file (created if missing), rewriting it atomically."""
+    """Adds an entry to a secrets file (created if missing), rewriting it atomically.
+
+    Raises:
+        ValueError: If the file exists but is not a valid secrets file (it is left as is).
+    """
     entries = []
     if os.path.exists(path):
+        try:
+            load_secrets(path)  # the same checks as the server's, before anything is written
+        except ValueError as error:
+            raise ValueError(f"{error} Nothing was added: fix the file, or give another "
+                             "path to start a new one.") from error
         with open(path, encoding="utf-8") as handle:
             entries = json.load(handle)
     entries.append(entry)

@@ -21,7 +21,9 @@ Example::
 
 import logging
 import math
+import numbers
 
+import numpy as np
 from pyspark.ml import Estimator, Transformer
 from pyspark.ml.functions import array_to_vector, vector_to_array
 from pyspark.ml.linalg import VectorUDT
@@ -114,6 +116,12 @@ def _argmax(array):
     return (F.array_position(array, F.array_max(array)) - 1).cast(T.LongType())
 
 
+def _null_or(values):
+    """The start of a ``when`` chain that keeps a null row null (the size check that
+    follows would otherwise call it an array of the wrong length)."""
+    return F.when(values.isNull(), F.lit(None))
+
+
 def _fail(message):
     """A column that stops the job with ``message`` when Spark evaluates it."""
     return F.raise_error(F.lit(message))
@@ -137,19 +145,50 @@ def _require(instance, param):
 
 
 def _to_number(value):
-    """TypeConverter: a finite int or float (booleans are refused)."""
-    if isinstance(value, bool):
-        raise TypeError(f"Expected a number, received a boolean: {value!r}")
-    number = TypeConverters.toFloat(value)
+    """TypeConverter: a finite number, numpy's included (booleans are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Expected a number. Received: {value!r}")
+    number = float(value)
     if not math.isfinite(number):
         raise TypeError(f"Expected a finite number. Received: {value!r}")
     return number
 
 
+def _to_int(value):
+    """TypeConverter: a whole number, numpy's included (booleans are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
+            float(value) != int(value):
+        raise TypeError(f"Expected an integer. Received: {value!r}")
+    return int(value)
+
+
+def _to_numbers(value):
+    """TypeConverter: one number or a sequence of them (a list, tuple or numpy array) as a
+    list of floats."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return [_to_number(value)]
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_to_number(item) for item in np.asarray(value, dtype=object).ravel()]
+    raise TypeError(f"Expected a number or a list of numbers. Received: {value!r}")
+
+
+def _to_ints(value):
+    """TypeConverter: a sequence of whole numbers (numpy's included) as a list of ints."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_to_int(item) for item in value]
+    raise TypeError(f"Expected a list of integers. Received: {value!r}")
+
+
 def _to_label(value):
     """TypeConverter: a string, an int or a float (what a label column may hold)."""
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`label` must be a string or a number. Received: {value!r}")
+    if isinstance(value, str):
         return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     raise TypeError(f"`label` must be a string or a number. Received: {value!r}")
 
 
@@ -184,7 +223,7 @@ class OneHotTransformer(_ColumnTransformer):
     """
 
     outputDim = Param(Params._dummy(), "outputDim", "number of classes (length of the output "
-                      "array)", typeConverter=TypeConverters.toInt)
+                      "array)", typeConverter=_to_int)
 
     def __init__(self, output_dim=None, input_col=None, output_col=None):
         super().__init__()
@@ -282,15 +321,13 @@ class StandardTransformer(_ColumnTransformer):
     """
 
     mean = Param(Params._dummy(), "mean", "mean to subtract: one value or one per element",
-                 typeConverter=TypeConverters.toListFloat)
+                 typeConverter=_to_numbers)
     std = Param(Params._dummy(), "std", "standard deviation to divide by: one value or one "
-                "per element", typeConverter=TypeConverters.toListFloat)
+                "per element", typeConverter=_to_numbers)
 
     def __init__(self, input_col=None, output_col=None, mean=None, std=None):
         super().__init__()
-        _set_given(self, inputCol=input_col, outputCol=output_col,
-                   mean=[mean] if isinstance(mean, (int, float)) else mean,
-                   std=[std] if isinstance(std, (int, float)) else std)
+        _set_given(self, inputCol=input_col, outputCol=output_col, mean=mean, std=std)
 
     def _expression(self, dataset, input_col):
         mean = _require(self, self.mean)
@@ -319,7 +356,8 @@ class StandardTransformer(_ColumnTransformer):
         standardized = F.transform(values, lambda x, i: (x - pick(mean, i)) / pick(std, i))
         if size == 1:
             return standardized.cast(FLOAT_ARRAY)
-        return F.when(F.size(values) == size, standardized.cast(FLOAT_ARRAY)).otherwise(_fail(
+        return _null_or(values).when(
+            F.size(values) == size, standardized.cast(FLOAT_ARRAY)).otherwise(_fail(
             f"StandardTransformer: column {input_col!r} holds an array whose length is not "
             f"{size}, the number of means/stds."))
 
@@ -353,12 +391,12 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
             vectors = array_to_vector(column(input_col).cast(T.ArrayType(T.DoubleType())))
         else:
             vectors = array_to_vector(F.array(column(input_col).cast(T.DoubleType())))
-        summary = dataset.select(
+        rows = dataset.where(column(input_col).isNotNull())  # null rows are skipped
+        self._check_rows(rows, input_col, kind)
+        summary = rows.select(
             Summarizer.metrics("mean", "variance", "count").summary(vectors).alias("s")
         ).first()["s"]
         count = summary["count"]
-        if not count:
-            raise ValueError(f"StandardEstimator: column {input_col!r} has no rows to fit on.")
         mean = summary["mean"].toArray()
         # Summarizer's variance is the sample variance; the population one divides by n.
         variance = summary["variance"].toArray() * ((count - 1) / count)
@@ -367,6 +405,31 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
                     len(mean), count, input_col)
         return StandardTransformer(input_col=input_col, output_col=output_col,
                                    mean=[float(value) for value in mean], std=std)
+
+    @staticmethod
+    def _check_rows(rows, input_col, kind):
+        """At least one row, and arrays of one length without nulls inside: a clear error
+        here rather than Spark's summarizer failing in the JVM."""
+        values = column(input_col)
+        checks = [F.count(F.lit(1)).alias("rows")]
+        if kind == "array":
+            checks += [F.min(F.size(values)).alias("shortest"),
+                       F.max(F.size(values)).alias("longest"),
+                       F.max(F.exists(values, lambda x: x.isNull()).cast("int")).alias("holes")]
+        found = rows.select(*checks).first()
+        if not found["rows"]:
+            raise ValueError(f"StandardEstimator: column {input_col!r} has no rows (that are "
+                             "not null) to fit on.")
+        if kind != "array":
+            return
+        if found["shortest"] != found["longest"]:
+            raise ValueError(
+                f"StandardEstimator: column {input_col!r} holds arrays of different lengths "
+                f"({found['shortest']} to {found['longest']}); every row needs one value "
+                "per feature.")
+        if found["holes"]:
+            raise ValueError(f"StandardEstimator: column {input_col!r} has null values inside "
+                             "its arrays; fill or drop those rows first.")
 
 
 class DenseTransformer(_ColumnTransformer):
@@ -382,7 +445,9 @@ class DenseTransformer(_ColumnTransformer):
         _set_given(self, inputCol=input_col, outputCol=output_col)
 
     def _expression(self, dataset, input_col):
-        return array_to_vector(_double_array(dataset, input_col))
+        # A null row stays null (Spark's own conversion would fail on it).
+        return F.when(column(input_col).isNotNull(),
+                      array_to_vector(_double_array(dataset, input_col)))
 
 
 class ReshapeTransformer(_ColumnTransformer):
@@ -399,7 +464,7 @@ class ReshapeTransformer(_ColumnTransformer):
     """
 
     shape = Param(Params._dummy(), "shape", "shape of one row's values (row-major)",
-                  typeConverter=TypeConverters.toListInt)
+                  typeConverter=_to_ints)
 
     def __init__(self, input_col=None, output_col=None, shape=None):
         super().__init__()
@@ -422,7 +487,8 @@ class ReshapeTransformer(_ColumnTransformer):
             return F.transform(F.sequence(F.lit(0), F.lit(dims[0] - 1)),
                                lambda i: nest(dims[1:], offset + i * stride))
 
-        return F.when(F.size(values) == size, nest(shape, F.lit(0))).otherwise(_fail(
+        return _null_or(values).when(
+            F.size(values) == size, nest(shape, F.lit(0))).otherwise(_fail(
             f"ReshapeTransformer: column {input_col!r} holds an array whose length is not "
             f"{size}, the number of values in shape {tuple(shape)}."))
 
@@ -474,9 +540,9 @@ class LabelIndexTransformer(_ColumnTransformer):
     """
 
     outputDim = Param(Params._dummy(), "outputDim", "length of the prediction vectors",
-                      typeConverter=TypeConverters.toInt)
+                      typeConverter=_to_int)
     defaultIndex = Param(Params._dummy(), "defaultIndex", "index when no value is positive",
-                         typeConverter=TypeConverters.toInt)
+                         typeConverter=_to_int)
     activationThreshold = Param(Params._dummy(), "activationThreshold", "smallest winning "
                                 "value", typeConverter=_to_number)
 
@@ -496,7 +562,8 @@ class LabelIndexTransformer(_ColumnTransformer):
         index = F.when(first_above > 0, first_above - 1) \
             .when(F.array_max(values) > 0, _argmax(values)) \
             .otherwise(F.lit(self.getOrDefault(self.defaultIndex)))
-        return F.when(F.size(values) == size, index.cast(T.DoubleType())).otherwise(_fail(
+        return _null_or(values).when(
+            F.size(values) == size, index.cast(T.DoubleType())).otherwise(_fail(
             f"LabelIndexTransformer: column {input_col!r} holds a prediction whose length is "
             f"not output_dim={size}."))
 

@@ -77,6 +77,19 @@ def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, 
     assert not os.path.exists(tmp_path / "out.keras")
 
 
+def test_data_that_is_not_parquet_is_named(spark, model_file, tmp_path, capsys):
+    from distkeras import cli
+
+    data = tmp_path / "data.csv"
+    data.write_text("features,label\n1,2\n")
+    argv = ["train", "--data", str(data), "--model", model_file,
+            "--output", str(tmp_path / "out.keras")]
+    assert cli.main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert f"{data} is not a Parquet file or a folder of Parquet files" in error
+
+
 def test_help_lists_trainer_options_with_defaults(capsys):
     from distkeras import cli
 

@@ -272,6 +272,16 @@ def test_loss_evaluator_matches_hand_computed_values(scored, spark):
         pytest.approx((0.01 + 0.04 + 1.0) / 3, rel=1e-9)
 
 
+def test_loss_evaluator_refuses_fractional_class_indices(spark):
+    from distkeras.evaluators import LossEvaluator
+
+    frame = spark.createDataFrame([([0.2, 0.8], 1.7)], ["prediction", "label"])
+    sparse = LossEvaluator("sparse_categorical_crossentropy")
+    with pytest.raises(Exception, match="holds a class index that is null, fractional or "
+                                        "outside"):
+        sparse.evaluate(frame)  # truncating 1.7 to class 1 would score a wrong label
+
+
 def test_loss_evaluator_agrees_with_keras(scored):
     import keras
 

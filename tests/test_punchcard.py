@@ -3,6 +3,9 @@
 import base64
 import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -11,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras.job_deployment import SECRET_HEADER, Job, JobError, Punchcard, create_app
+from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, _check_data_path,
+                                      _kill_tree, make_server)
 from distkeras.secrets_file import append_entry, generate_secret, make_entry
 
 NUM_SECRETS = 24
@@ -37,19 +41,28 @@ def data_path(fashion_train, tmp_path_factory):
 class RunningServer:
     """A Punchcard application behind waitress, in this process, on a free port."""
 
-    def __init__(self, secrets_path, work_dir, max_request_bytes=64 << 20, max_running=1):
-        import waitress
-
-        self.punchcard = Punchcard(secrets_path, work_dir, master="local[2]",
-                                   max_running=max_running)
-        self.server = waitress.create_server(create_app(self.punchcard, max_request_bytes),
-                                             host="127.0.0.1", port=0, threads=24)
-        self.url = f"http://127.0.0.1:{self.server.effective_port}"
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+    def __init__(self, secrets_path, work_dir, max_request_bytes=64 << 20, max_running=1,
+                 port=0, allowed_data_roots=(), punchcard_class=Punchcard):
+        self.punchcard = punchcard_class(secrets_path, work_dir, master="local[2]",
+                                         max_running=max_running,
+                                         allowed_data_roots=allowed_data_roots)
+        # The same waitress server as `scripts/punchcard.py`'s, limits included.
+        self.server = make_server(self.punchcard, "127.0.0.1", port, threads=24,
+                                  max_request_bytes=max_request_bytes)
+        self.port = self.server.effective_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def _run(self):
+        try:
+            self.server.run()
+        except OSError:
+            pass  # stop() closed the listening socket under the loop's select()
 
     def stop(self):
         self.server.close()
+        self.thread.join(timeout=10)
         self.punchcard.close()
 
 
@@ -84,6 +97,22 @@ def _raw(url, path, secret=None, body=None, method=None, data=None):
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")
+
+
+def _upload_status(url, secret, data):
+    """The status of a submission of ``data``; 413 also when the server closed the
+    connection on a refused body while it was still being sent."""
+    request = urllib.request.Request(url + "/api/submit", data=data, method="POST",
+                                     headers={SECRET_HEADER: secret})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, (ConnectionResetError, BrokenPipeError)):
+            return 413
+        raise
 
 
 def _wait_for(predicate, timeout=120, interval=0.2):
@@ -136,20 +165,28 @@ def test_train_options_reach_the_job(server, secrets, data_path):
 def test_refusals(secrets, tmp_path, data_path):
     import keras
 
+    from distkeras.trainers import EnsembleTrainer
     from distkeras.utils import serialize_model
 
     running = RunningServer(secrets[0], str(tmp_path / "work"), max_request_bytes=4 << 20)
     try:
         url, secret = running.url, secrets[1][3]
-        good = Job(secret, "ok", data_path, 1, 1, _trainer()).payload()
+        # An optimizer object travels as its Keras config: accepted below.
+        good = Job(secret, "ok", data_path, 1, 1,
+                   _trainer(worker_optimizer=keras.optimizers.SGD(0.05))).payload()
+        config = good["trainer"]["config"]
+        ensemble = Job(secret, "ens", data_path, 1, 1, EnsembleTrainer(
+            build_mlp(), "adam", "categorical_crossentropy")).payload()["trainer"]
         assert _raw(url, "/api/submit", "not-a-secret", good)[0] == 403
         assert _raw(url, "/api/submit", None, good)[0] == 403
         assert _raw(url, "/api/state", "not-a-secret")[0] == 403
         cases = {
-            "job_name": ["../../etc/passwd", "a;rm -rf /", "$(touch /tmp/pwned)", "", "x" * 65],
-            "data_path": ["/data/../../etc", "/data/x\n--master", 42],
+            "job_name": ["../../etc/passwd", "a;rm -rf /", "$(touch /tmp/pwned)", "", "x" * 65,
+                         "abc\n"],
+            "data_path": ["/data/../../etc", "/data/x\n--master", 42, "--master=yarn"],
             "num_executors": [0, -1, "2", 10**6, True],
-            "model": ["not base64!", base64.b64encode(b"PK\x03\x04garbage").decode()],
+            "model": ["not base64!", base64.b64encode(b"PK\x03\x04garbage").decode(), None,
+                      base64.b64encode(b"hello").decode()],
             "trainer": [{"class_name": "os.system", "config": {}},
                         {"class_name": "ADAG", "config": {"communication_window": 0}},
                         {"class_name": "ADAG", "config": {"no_such_argument": 1}}, "ADAG",
@@ -157,7 +194,10 @@ def test_refusals(secrets, tmp_path, data_path):
                         {"class_name": "ADAG", "config": {**good["trainer"]["config"],
                                                           "loss": "categorical_crossentropyy"}},
                         {"class_name": "ADAG", "config": {**good["trainer"]["config"],
-                                                          "worker_optimizer": "adamm"}}],
+                                                          "worker_optimizer": "adamm"}},
+                        # Trains several models; a job returns one.
+                        ensemble,
+                        {"class_name": "ADAG", "config": {**config, "parallelism_factor": 10**6}}],
             "train_options": [{"validation": 2}, {"validation": "/data/../etc"},
                               {"class_weight": {"a": 1}}, {"sample_weight_col": "a;b"},
                               {"no_such_option": 1}, "shuffle"],
@@ -167,13 +207,39 @@ def test_refusals(secrets, tmp_path, data_path):
                 status, answer = _raw(url, "/api/submit", secret, {**good, field: value})
                 assert status == 400, (field, value, answer)
                 assert answer["error"]
+        # Optimizer, loss and metric configs that Keras cannot rebuild (nothing is imported
+        # from them): refused now, naming the field, rather than failing in the job.
+        system = {"module": "os", "class_name": "function", "config": "system",
+                  "registered_name": None}
+        for field, value in [("loss", system), ("worker_optimizer", system),
+                             ("metrics", ["accuracy", system]), ("loss", 5),
+                             ("worker_optimizer", {"class_name": "Adamm", "config": {}}),
+                             ("loss", {"out": {"class_name": "Nope", "config": {}}})]:
+            trainer = {"class_name": "ADAG", "config": {**config, field: value}}
+            status, answer = _raw(url, "/api/submit", secret, {**good, "trainer": trainer})
+            assert status == 400 and f"'{field}'" in answer["error"], (field, value, answer)
+        # The model: missing, or not an archive; no server path in the answer.
+        status, answer = _raw(url, "/api/submit", secret, {**good, "model": None})
+        assert status == 400 and "'model' is required" in answer["error"]
+        for model in (base64.b64encode(b"hello").decode(),
+                      base64.b64encode(b"PK\x03\x04garbage").decode()):
+            status, answer = _raw(url, "/api/submit", secret, {**good, "model": model})
+            assert status == 400 and "/tmp" not in answer["error"], answer
+        status, answer = _raw(url, "/api/submit", secret, {**good, "trainer": ensemble})
+        assert status == 400 and "several models" in answer["error"]
+        # Unknown endpoints and methods answer JSON as the others do.
+        status, answer = _raw(url, "/api/nothing", secret)
+        assert status == 404 and "/api/submit" in answer["error"]
+        status, answer = _raw(url, "/api/submit", secret)  # GET
+        assert status == 405 and "POST" in answer["error"]
+
         lambda_model = keras.Sequential([keras.Input((784,)), keras.layers.Lambda(lambda x: x),
                                          keras.layers.Dense(10, activation="softmax")])
         tampered = {**good, "model": base64.b64encode(serialize_model(lambda_model)).decode()}
         status, answer = _raw(url, "/api/submit", secret, tampered)
         assert status == 400 and "refused" in answer["error"]
         assert _raw(url, "/api/submit", secret, data=b"{not json")[0] == 400
-        assert _raw(url, "/api/submit", secret, data=b"x" * (5 << 20))[0] == 413
+        assert _upload_status(url, secret, b"x" * (5 << 20)) == 413
         assert not os.path.exists("/tmp/pwned")
         assert running.punchcard.store.by_state(*("queued", "running", "finished")) == []
 
@@ -181,6 +247,7 @@ def test_refusals(secrets, tmp_path, data_path):
         assert _raw(url, "/api/submit", secret, good)[0] == 200
         status, answer = _raw(url, "/api/submit", secret, good)
         assert status == 403 and "already has a job" in answer["error"]
+        assert "job.destroy()" in answer["error"]
         # Another secret sees nothing of this job.
         assert _raw(url, "/api/state", secrets[1][4])[0] == 404
         assert _raw(url, "/api/destroy", secret)[0] == 409  # still running
@@ -209,9 +276,11 @@ def test_twenty_concurrent_clients_then_cancel_mid_training(server, secrets, dat
     secret = secrets[1][[p["job_name"] for p in payloads].index(job["name"])]
     assert _wait_for(lambda: Punchcard._read_status(job) not in (None, {})
                      and Punchcard._read_status(job)["state"] == "training", timeout=120)
+    started = time.monotonic()
     status, answer = _raw(server.url, "/api/cancel", secret)
     assert status == 200 and answer["state"] == "cancelled"
-    assert _wait_for(lambda: not _group_alive(job["pid"]), timeout=30)
+    assert time.monotonic() - started < 8  # not 10 s spent polling an unreaped zombie
+    assert not _group_alive(job["pid"])
     client = Job(secret, job["name"], data_path, 1, 2, _trainer())
     client.url = server.url
     with pytest.raises(JobError, match="cancelled"):
@@ -250,7 +319,177 @@ def test_restart_mid_job_loses_nothing(secrets, tmp_path, data_path, fashion_tes
         third = RunningServer(secrets[0], work)
         lost.url = third.url
         state = lost.get_state()
-        assert state["state"] == "failed" and "ended without finishing" in state["error"]
+        assert state["state"] == "failed"
+        assert state["error"].startswith("the job's process ended without a result")
         third.stop()
     finally:
         second.server.close()
+
+
+def test_allowed_data_roots_refuse_glob_patterns(secrets, tmp_path, data_path):
+    root = os.path.dirname(data_path)
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            allowed_data_roots=[root])
+    try:
+        secret = secrets[1][7]
+        good = Job(secret, "rooted", data_path, 1, 1, _trainer()).payload()
+        # Each names a literal path under the root, but Spark's glob expansion (or its
+        # comma-separated list) would read outside it.
+        escapes = [f"{root}/{{../secrets.json,zz}}", f"{root}/[.][.]/x", f"{root}/*.parquet",
+                   f"{root}/x?", f"{root}/x,/etc/passwd", f"{root}/\\.\\./x"]
+        for path in escapes:
+            status, answer = _raw(running.url, "/api/submit", secret, {**good, "data_path": path})
+            assert status == 400 and "glob" in answer["error"], (path, answer)
+            status, answer = _raw(running.url, "/api/submit", secret,
+                                  {**good, "train_options": {"validation": path}})
+            assert status == 400 and "train_options.validation" in answer["error"], answer
+        assert running.punchcard.store.by_state("queued") == []
+        assert _raw(running.url, "/api/submit", secret, good)[0] == 200
+    finally:
+        running.stop()
+    # A Hadoop URL under its root is still fine.
+    assert _check_data_path("hdfs://nn/data/x.parquet", ["hdfs://nn/data"]) == \
+        "hdfs://nn/data/x.parquet"
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_oversized_body_is_refused_before_it_is_read(secrets, tmp_path):
+    # The server as users start it: scripts/punchcard.py, in its own process.
+    port = _free_port()
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "punchcard.py")
+    server = subprocess.Popen([sys.executable, script, "--secrets", secrets[0], "--host",
+                               "127.0.0.1", "--port", str(port), "--max-request-mb", "1",
+                               "--work-dir", str(tmp_path / "work")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _wait_for(lambda: _reachable(url), timeout=60)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(f"POST /api/submit HTTP/1.1\r\nHost: x\r\n{SECRET_HEADER}: "
+                           f"{secrets[1][8]}\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {300 << 20}\r\n\r\n".encode() + b"x" * 4096)
+            # Only 4 KiB of the announced 300 MiB were sent: the answer comes anyway.
+            client.settimeout(5)
+            answer = client.recv(200)
+        assert answer.startswith(b"HTTP/1.1 413"), answer
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _reachable(url):
+    try:
+        return _raw(url, "/api/state", "not-a-secret")[0] == 403
+    except urllib.error.URLError:
+        return False
+
+
+def test_failed_or_cancelled_job_is_cleared_with_destroy(secrets, tmp_path, data_path):
+    # max_running=0: jobs stay queued, so no Spark is needed here.
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        secret = secrets[1][9]
+        job = Job(secret, "first", data_path, 1, 1, _trainer())
+        job.send(running.url)
+        with pytest.raises(JobError, match=r"already has a job \('first', queued\).*"
+                                           r"job\.destroy\(\)"):
+            Job(secret, "second", data_path, 1, 1, _trainer()).send(running.url)
+        job.cancel()
+        with pytest.raises(JobError, match=r"cancelled.*call job\.destroy\(\)"):
+            job.wait_completion(timeout=10, poll_interval=0.1)
+        assert job.get_state()["state"] == "cancelled"  # still there, until destroyed
+        assert job.destroy() == {"state": "cancelled", "error": "cancelled by the client"}
+        with pytest.raises(JobError, match="404"):
+            job.get_state()
+        Job(secret, "second", data_path, 1, 1, _trainer()).send(running.url)
+    finally:
+        running.stop()
+
+
+def test_wait_completion_rides_out_a_restart_and_reattaches(secrets, tmp_path, data_path):
+    work, secret = str(tmp_path / "work"), secrets[1][10]
+    first = RunningServer(secrets[0], work, max_running=0)
+    job = Job(secret, "patient", data_path, 1, 1, _trainer())
+    with pytest.raises(JobError, match=r"job\.send\(url\).*job\.attach\(url\)"):
+        job.get_state()  # not sent yet: no server to ask
+    job.send(first.url)
+    restarted = []
+
+    def restart():
+        time.sleep(1)
+        first.stop()
+        time.sleep(3)  # the server is down for a few polls
+        second = RunningServer(secrets[0], work, max_running=0, port=first.port)
+        restarted.append(second)
+        # Attaching from elsewhere: a new client with the same secret follows the job.
+        other = Job(secret, "patient", data_path, 1, 1, _trainer())
+        assert other.attach(second.url)["state"] == "queued"
+        other.cancel()
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        # The outage does not end the wait: the job's cancellation on the new server does.
+        with pytest.raises(JobError, match="cancelled"):
+            job.wait_completion(timeout=60, poll_interval=0.2, max_outage=30)
+    finally:
+        thread.join()
+    second = restarted[0]
+    second.stop()
+    # A server that stays away: a clear error once max_outage has passed.
+    started = time.monotonic()
+    with pytest.raises(JobError, match=r"unreachable for \d+ s"):
+        job.wait_completion(poll_interval=0.2, max_outage=1.5)
+    assert time.monotonic() - started < 10
+
+
+def test_cancel_returns_once_the_process_group_is_gone():
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    started = time.monotonic()
+    _kill_tree(process.pid, process)
+    # The dead leader is reaped while waiting: no 10 s spent polling a zombie.
+    assert time.monotonic() - started < 3
+    assert process.returncode is not None and not _group_alive(process.pid)
+
+
+class _CrashingPunchcard(Punchcard):
+    """Runs, instead of training, a process that logs and dies (the job id in its argv)."""
+
+    def command(self, job):
+        script = ("import sys; print('Loading the data...'); "
+                  "print('26/11/30 ERROR Executor: lost executor 1', file=sys.stderr); "
+                  "print('progress: 40%'); sys.exit(3)")
+        return [sys.executable, "-c", script, job["id"]]
+
+
+def test_a_job_whose_process_dies_reports_its_exit_and_error_lines(secrets, tmp_path,
+                                                                    data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            punchcard_class=_CrashingPunchcard)
+    try:
+        job = Job(secrets[1][11], "crash", data_path, 1, 1, _trainer())
+        job.send(running.url)
+        assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=30)
+        assert job.get_state()["error"] == ("the job's process ended (exit code 3) without a "
+                                            "result: 26/11/30 ERROR Executor: lost executor 1")
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("content", ['{"secret": "x", "identity": "a"}', "not json", "[1]"])
+def test_generate_secret_refuses_a_malformed_secrets_file(tmp_path, content):
+    path = tmp_path / "secrets.json"
+    path.write_text(content)
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "generate_secret.py")
+    result = subprocess.run([sys.executable, script, "--identity", "me", "--append", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("generate_secret: error: Secrets file")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert result.stdout == ""  # no secret printed that was not stored
+    assert path.read_text() == content

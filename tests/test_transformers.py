@@ -204,3 +204,52 @@ def test_every_stage_in_a_saved_and_reloaded_pipeline(tiny, tmp_path):
     assert rows[1].a_2x2 == [[1.0, 2.0], [3.0, 4.0]]
     assert [row.p_index for row in rows] == [1.0, 0.0, 2.0]  # row 1: largest value wins
     assert [row.is_dog for row in rows] == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+
+
+def test_null_rows_stay_null_through_every_element_wise_transformer(spark):
+    from distkeras.transformers import (DenseTransformer, LabelIndexTransformer,
+                                        MinMaxTransformer, ReshapeTransformer,
+                                        StandardTransformer)
+
+    frame = spark.createDataFrame([(0, [1.0, 3.0]), (1, None)], "id int, a array<double>")
+    stages = [DenseTransformer("a", "out"), ReshapeTransformer("a", "out", (2, 1)),
+              LabelIndexTransformer(2, "a", "out"), MinMaxTransformer(0, 4, 0, 1, "a", "out"),
+              StandardTransformer("a", "out", mean=[1.0, 1.0], std=[2.0, 2.0])]
+    for stage in stages:  # a null row used to fail as "an array whose length is not 2"
+        rows = sorted(stage.transform(frame).collect())
+        assert rows[0]["out"] is not None and rows[1]["out"] is None, type(stage).__name__
+
+
+def test_numpy_numbers_are_taken_as_parameters(spark):
+    from distkeras.transformers import (MinMaxTransformer, OneHotTransformer,
+                                        ReshapeTransformer, StandardTransformer)
+
+    frame = spark.createDataFrame([([0.0, 2.0], 1)], "a array<double>, k int")
+    scaled = MinMaxTransformer(np.float32(0), np.float64(2), np.int64(0), np.int32(1), "a", "m")
+    assert scaled.transform(frame).first()["m"] == [0.0, 1.0]
+    standard = StandardTransformer("a", "s", mean=np.float32(1),
+                                   std=np.array([2.0, 2.0], np.float32))
+    assert standard.transform(frame).first()["s"] == [-0.5, 0.5]
+    assert OneHotTransformer(np.int64(3), "k", "o").transform(frame).first()["o"] == \
+        [0.0, 1.0, 0.0]
+    assert ReshapeTransformer("a", "r", np.array([2, 1])).transform(frame).first()["r"] == \
+        [[0.0], [2.0]]
+    with pytest.raises(TypeError, match="Expected an integer"):
+        OneHotTransformer(2.5, "k", "o")
+
+
+def test_standard_estimator_skips_nulls_and_names_what_it_cannot_fit(spark):
+    from distkeras.transformers import StandardEstimator
+
+    estimator = StandardEstimator(input_col="a", output_col="out")
+    frame = spark.createDataFrame([([1.0, 2.0],), (None,), ([3.0, 6.0],)], "a array<double>")
+    fitted = estimator.fit(frame)
+    assert fitted.getOrDefault("mean") == [2.0, 4.0] and fitted.getOrDefault("std") == [1.0, 2.0]
+    for rows, schema, message in [
+        ([([1.0],), ([1.0, 2.0],)], "a array<double>", "arrays of different lengths"),
+        ([([1.0, None],)], "a array<double>", "null values inside its arrays"),
+        ([], "a array<double>", "has no rows"),
+        ([(None,)], "a double", "has no rows"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            estimator.fit(spark.createDataFrame(rows, schema))
