@@ -48,8 +48,8 @@ class BarProgress:
     def __init__(self, name, total):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=total, unit="sample", desc=name, leave=False,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=total, unit="sample", desc=name, leave=True,
+                        dynamic_ncols=True)  # the last state stays on screen, as Keras's
 
     def update(self, samples, postfix):
         self.bar.n = samples
@@ -111,11 +111,13 @@ class TrainingMonitor(threading.Thread):
             each time the workers' samples complete an epoch (all but the last: the trainer
             evaluates the returned model), or None. Needs ``total_samples``.
         num_epoch: Epochs in ``total_samples``.
+        validation_records: A list whose latest record's ``val_loss`` the progress shows
+            (default: the validator's records); for trainers that validate themselves.
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
-                 interval=0.5, validator=None, num_epoch=1):
+                 interval=0.5, validator=None, num_epoch=1, validation_records=None):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -135,6 +137,7 @@ class TrainingMonitor(threading.Thread):
         self._recent_losses = []
         self.validator = validator if total_samples else None
         self.num_epoch = num_epoch
+        self.validation_records = validation_records
         self._validated_epochs = 0
         self._epoch_losses = []
         self.stopped_by_callback = None
@@ -196,8 +199,10 @@ class TrainingMonitor(threading.Thread):
             postfix["commits/s"] = f"{self.server.num_updates / elapsed:.1f}"
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"
-        if self.validator is not None and self.validator.records:
-            postfix["val_loss"] = f"{self.validator.records[-1]['val_loss']:.4f}"
+        records = self.validation_records if self.validation_records is not None else \
+            getattr(self.validator, "records", None)
+        if records and "val_loss" in records[-1]:
+            postfix["val_loss"] = f"{records[-1]['val_loss']:.4f}"
         progress.update(self._samples, postfix)
 
     def _validate_finished_epochs(self):

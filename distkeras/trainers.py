@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -199,6 +200,16 @@ class Trainer:
         self._validator = None
         self.verbose = 1
         self._progress_total = None
+        self._run_lock = threading.Lock()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_run_lock", None)  # a lock cannot be copied or pickled: a new one
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._run_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------
 
@@ -314,6 +325,15 @@ class Trainer:
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
         """
+        # One run at a time: a run keeps its state on the trainer (copies of a Spark ML
+        # estimator share one, and CrossValidator may fit them in parallel threads).
+        with self.__dict__.setdefault("_run_lock", threading.Lock()):
+            return self._run(dataframe, shuffle, verbose, checkpoint_dir, checkpoint_every,
+                             resume, sample_weight_col, class_weight, validation_data,
+                             callbacks)
+
+    def _run(self, dataframe, shuffle, verbose, checkpoint_dir, checkpoint_every, resume,
+             sample_weight_col, class_weight, validation_data, callbacks):
         self.verbose = resolve_verbose(verbose)
         self.checkpoint_dir, self.checkpoint_every, self.resume = \
             checkpoint_dir, checkpoint_every, resume
@@ -490,7 +510,8 @@ class Trainer:
         worker.progress_address = (driver_address(spark), server.port)
         worker.token = server.token
         monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
-                                  self.verbose, name=description)
+                                  self.verbose, name=description, validation_records=getattr(
+                                      self._validator, "records", None))
         monitor.start()
         try:
             yield reported

@@ -211,6 +211,9 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
         if name in _REFUSED_CALLBACKS:
             raise ValueError(f"{name} acts on Keras's own training loop, which does not run "
                              "here: it would change nothing.")
+        if name == "ProgbarLogger":
+            raise ValueError("ProgbarLogger draws Keras's own progress bar, per step: "
+                             "train() draws its own (verbose=1 for a bar, 2 for lines).")
         if name in _LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(
                 f"{name} changes the learning rate, but {trainer_name}'s optimizers live in "

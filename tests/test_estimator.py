@@ -184,3 +184,38 @@ def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
     Pipeline(stages=[stage]).save(str(tmp_path / "validated"))
     loaded = Pipeline.load(str(tmp_path / "validated")).getStages()[0]
     assert loaded.getOrDefault("validation") == pytest.approx(0.2)
+
+
+def test_estimator_copies_fitted_in_parallel_threads_train_one_at_a_time(spark, fashion_train):
+    """Copies of an estimator share its trainer (Params.copy is shallow), and a run keeps
+    its state on the trainer: CrossValidator(parallelism=2) fitting two copies at once
+    mixed their settings. Runs on one trainer now wait for each other."""
+    import threading
+    import time
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    spans = []
+
+    class Recording(SingleTrainer):
+        def _train(self, frame, label_shapes, shuffle):
+            start = time.monotonic()
+            time.sleep(0.5)  # long enough for the other thread to try to start
+            model = super()._train(frame, label_shapes, shuffle)
+            spans.append((start, time.monotonic(), self._class_table))
+            return model
+
+    estimator = KerasEstimator(Recording(build_mlp(16), "adam", "categorical_crossentropy"))
+    copies = [estimator.copy({estimator.classWeight: {0: 0.0}}), estimator.copy()]
+    data = fashion_train.limit(300)
+    threads = [threading.Thread(target=copy.fit, args=(data,)) for copy in copies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(spans) == 2
+    (first_start, first_end, _), (second_start, _, _) = sorted(spans)
+    assert second_start >= first_end  # one after the other, never overlapping
+    # Each run trained with its own copy's class weights.
+    assert sorted(table is None for _, _, table in spans) == [False, True]

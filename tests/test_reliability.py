@@ -123,6 +123,9 @@ def test_single_trainer_shows_its_progress_too(fashion_train, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert any(line.startswith("SingleTrainer epoch 1/2: ") for line in lines)
     assert any(line.startswith("SingleTrainer epoch 2/2: ") for line in lines)
+    # The second epoch's progress shows the first's validation loss.
+    assert any(line.startswith("SingleTrainer epoch 2/2: ") and "val_loss=" in line
+               for line in lines)
 
 
 def test_averaging_trainer_shows_each_epochs_progress(fashion_train, capsys):

@@ -429,6 +429,7 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
      "ADAG's optimizers live in its workers: .*or SingleTrainer, which applies it"),
     ("ReduceLROnPlateau", "AveragingTrainer", ValueError, "learning rate schedule"),
     ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
+    ("ProgbarLogger", "ADAG", ValueError, "train\\(\\) draws its own \\(verbose=1"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
 ])
 def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, message,
