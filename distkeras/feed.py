@@ -179,6 +179,7 @@ class MinibatchFeed:
         self.weighted = weight_col is not None or class_table is not None
         self.num_classes = list(num_classes or [None] * len(self.label_cols))
         self.samples = 0
+        self.epoch_ends = []  # samples yielded when each marked epoch ended
         self._iterator = self._minibatches()
 
     def __iter__(self):
@@ -210,6 +211,7 @@ class MinibatchFeed:
                 if pending is not None and len(pending[0]):
                     yield self._split(pending)
                 pending = None
+                self.epoch_ends.append(self.samples)
                 continue
             if record_batch.num_rows == 0:
                 continue
@@ -230,6 +232,11 @@ class MinibatchFeed:
                 pending = [a[end:].copy() for a in arrays]
         if pending is not None and len(pending[0]):
             yield self._split(pending)
+
+    def epoch_of(self, samples):
+        """The epoch (from 0) of the sample after the first ``samples`` yielded; an array
+        of them for an array of counts."""
+        return np.searchsorted(self.epoch_ends, samples, side="right")
 
     def _split(self, arrays):
         inputs, outputs = len(self.features_cols), len(self.label_cols)

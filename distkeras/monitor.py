@@ -113,11 +113,15 @@ class TrainingMonitor(threading.Thread):
         num_epoch: Epochs in ``total_samples``.
         validation_records: A list whose latest record's ``val_loss`` the progress shows
             (default: the validator's records); for trainers that validate themselves.
+        num_tasks: Worker tasks (ids 0 to ``num_tasks - 1``): an epoch ends when each of
+            them has reported a step of a later epoch, or finished. None, or workers whose
+            records carry no ``epoch``: when the samples of all of them make an epoch.
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
-                 interval=0.5, validator=None, num_epoch=1, validation_records=None):
+                 interval=0.5, validator=None, num_epoch=1, validation_records=None,
+                 num_tasks=None):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -138,6 +142,8 @@ class TrainingMonitor(threading.Thread):
         self.validator = validator if total_samples else None
         self.num_epoch = num_epoch
         self.validation_records = validation_records
+        self.num_tasks = num_tasks
+        self._worker_epochs = {}  # per worker id, the latest epoch it reported a step of
         self._validated_epochs = 0
         self._epoch_losses = []
         self.stopped_by_callback = None
@@ -163,6 +169,10 @@ class TrainingMonitor(threading.Thread):
         self._seen += len(new)
         for record in new:
             self._samples += record.get("batch_size", 0)
+            if "epoch" in record:
+                worker = record.get("worker_id")
+                self._worker_epochs[worker] = max(self._worker_epochs.get(worker, 0),
+                                                  int(record["epoch"]))
             if "loss" in record:
                 self._recent_losses.append(record["loss"])
                 if self.validator is not None:  # emptied at each epoch's end
@@ -210,8 +220,8 @@ class TrainingMonitor(threading.Thread):
         the callbacks' ``on_epoch_end``, then ``on_epoch_begin`` of the next)."""
         if self.validator is None or self.stopped_by_callback or self.end_of_epoch_error:
             return
-        finished = min(int(self._samples * self.num_epoch // self.total_samples),
-                       self.num_epoch - 1)  # the last epoch: the returned model, at the end
+        # The last epoch: the returned model, at the end.
+        finished = min(self._finished_epochs(), self.num_epoch - 1)
         if finished <= self._validated_epochs:
             return
         with self.server.mutex:  # a copy: commits go on while it is evaluated
@@ -226,6 +236,15 @@ class TrainingMonitor(threading.Thread):
             self._validated_epochs = epoch
             if not self._end_epoch(weights, epoch, loss):
                 return
+
+    def _finished_epochs(self):
+        """Epochs every worker has finished: one that started late, or went slower, holds
+        the end back (the samples of all of them together would not)."""
+        if self.num_tasks is None or not self._worker_epochs:
+            return int(self._samples * self.num_epoch // self.total_samples)
+        done = self.server.finished()
+        return min(self.num_epoch if worker in done else self._worker_epochs.get(worker, 0)
+                   for worker in range(self.num_tasks))
 
     def _end_epoch(self, weights, epoch, loss):
         """Validates and calls back one epoch's end; returns whether training goes on."""

@@ -84,6 +84,7 @@ class SocketParameterServer(ParameterServer):
         # Room for two copies of the weights (Experimental sends the delta and the center).
         self.max_frame_bytes = 2 * model_bytes + (1 << 20)
         self.history = []
+        self.finished_workers = set()  # ids of the workers that said goodbye
         self.staleness = []
         self.errors = []
         self.allow_nonfinite = False
@@ -142,6 +143,11 @@ class SocketParameterServer(ParameterServer):
             conn.close()
         for thread in threads:
             thread.join(timeout=10)
+
+    def finished(self):
+        """The ids of the workers that said goodbye (a copy)."""
+        with self._history_lock:
+            return set(self.finished_workers)
 
     def wait_for_goodbyes(self, timeout):
         """Waits until every connection has ended (workers said goodbye), or ``timeout``.
@@ -232,7 +238,11 @@ class SocketParameterServer(ParameterServer):
                         self.next_update(conn)
             elif action == networking.ACTION_HISTORY:
                 self.handle_history(conn, addr)
-            elif action in (networking.ACTION_QUIT, b""):
+            elif action == networking.ACTION_QUIT:
+                with self._history_lock:  # after its last history: its records are all in
+                    self.finished_workers.add(conn.worker_id)
+                return
+            elif action == b"":
                 return
             else:
                 raise networking.ProtocolError(f"Unknown action {action!r}.")

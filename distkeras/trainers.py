@@ -870,6 +870,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                                           self.checkpoint_dir, self.checkpoint_every,
                                           validator=self._validator,
                                           num_epoch=self.num_epoch,
+                                          num_tasks=self.num_partitions(),
                                           interval=VALIDATING_REPORT_SECONDS
                                           if self._validator is not None else 0.5)
                 monitor.start()
@@ -1091,6 +1092,10 @@ class AveragingTrainer(DistributedTrainer):
                                         seed=None if not shuffle else epoch)
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
+            # Each worker's steps count on from the last epoch's (the averaged history
+            # lines steps up by iteration).
+            worker.iteration = 1 + max((record["iteration"] for record in self.history),
+                                       default=0)
             description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
             job_group = self._new_job_group()
             samples = self._progress_total // self.num_epoch if self._progress_total else None

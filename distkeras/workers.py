@@ -189,7 +189,7 @@ def unpack_history(message):
         masks = [np.isnan(array) for array in arrays]
     columns = {}
     for key, array, mask in zip(keys, arrays, masks):
-        integral = key in ("worker_id", "iteration", "batch_size")
+        integral = key in ("worker_id", "iteration", "batch_size", "epoch")
         columns[key] = [None if absent else (int(value) if integral else float(value))
                         for value, absent in zip(array.tolist(), mask.tolist())]
     return columns
@@ -329,6 +329,7 @@ class Worker:
         self.custom_objects = {}  # set by the trainer: see `distkeras.custom_objects`
         self.worker_id = 0
         self.iteration = 1
+        self._trained_samples = 0
         self.model = None
         self.trainable = None  # set with the model: see `prepare_model`
         self.history = HistoryLog()
@@ -362,7 +363,8 @@ class Worker:
 
     def _record_step(self, logs, batch_size):
         record = {"worker_id": self.worker_id, "iteration": self.iteration,
-                  "timestamp": time.time(), "batch_size": batch_size}
+                  "timestamp": time.time(), "batch_size": batch_size,
+                  "epoch": self._epoch_of_steps(batch_size, 1)}
         record.update(logs)
         self.history.append(record)
 
@@ -371,9 +373,22 @@ class Worker:
         now = time.time()
         record = {"worker_id": self.worker_id,
                   "iteration": np.arange(self.iteration, self.iteration + count),
-                  "timestamp": np.full(count, now), "batch_size": batch_size}
+                  "timestamp": np.full(count, now), "batch_size": batch_size,
+                  "epoch": self._epoch_of_steps(batch_size, count)}
         record.update(logs)
         self.history.extend(record, count)
+
+    def _epoch_of_steps(self, batch_size, count):
+        """The epoch (from 0) of the next ``count`` steps of ``batch_size`` samples (an int
+        for one step, an array for several), counting them as trained. The feed reads
+        ahead of training, so each step's epoch comes from the samples trained before it."""
+        trained = getattr(self, "_trained_samples", 0)
+        self._trained_samples = trained + batch_size * count
+        if self._feed is None:
+            return 0 if count == 1 else np.zeros(count, np.int64)
+        if count == 1:
+            return int(self._feed.epoch_of(trained))
+        return self._feed.epoch_of(trained + batch_size * np.arange(count))
 
     def take_minibatches(self, count):
         """Up to ``count`` next minibatches (fewer, or none, when the data runs out)."""
@@ -420,6 +435,7 @@ class Worker:
         num_classes = [output[0] if given == () and len(output) == 1 and output[0] > 1
                        else None for given, output in
                        zip(label_shapes, self._sample_shapes(self.model.outputs))]
+        self._trained_samples = 0
         self._feed = MinibatchFeed(
             record_batches, features_cols, label_cols, self.batch_size,
             self._sample_shapes(self.model.inputs), self._label_shapes(label_shapes),

@@ -144,6 +144,11 @@ def test_averaging_trainer_shows_each_epochs_progress(fashion_train, capsys):
     assert sum(record["batch_size"] for record in history) == 2000
     assert {record["epoch"] for record in history} == {0, 1}
     assert {record["worker_id"] for record in history} == {0, 1}
+    for worker in (0, 1):  # steps count on across epochs, as for the other trainers
+        iterations = [record["iteration"] for record in trainer.get_executor_history(worker)]
+        assert iterations == list(range(1, len(iterations) + 1))
+    averaged = trainer.get_averaged_history()
+    assert len(averaged["loss"]) == max(record["iteration"] for record in history)
 
 
 def test_ensemble_trainer_shows_its_members_progress_in_one_bar(fashion_train, capsys):

@@ -36,6 +36,10 @@ class _Server:
         self.center_variable = [np.zeros(2, np.float32)]
         self.history = []
         self.num_updates = 0
+        self.finished_workers = set()
+
+    def finished(self):
+        return set(self.finished_workers)
 
 
 class _Validator:
@@ -120,6 +124,33 @@ def test_monitor_ends_every_epoch_when_several_end_between_two_looks():
     monitor._update(None, 0.0)
     assert validator.calls[2:] == [(9.0, 3, 400)]  # epoch 4: the returned model, at the end
     assert validator.begun == [2, 3, 4]
+
+
+def test_an_epoch_ends_when_every_worker_has_gone_past_it():
+    """A worker that starts late holds the end of an epoch back: the other's samples alone
+    could add up to an epoch of both (and EarlyStopping then stopped a worker that had
+    not trained at all)."""
+    from distkeras.monitor import TrainingMonitor
+
+    server, validator = _Server(), _Validator()
+    monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
+                              validator=validator, num_epoch=4, num_tasks=2)
+
+    def step(worker, epoch, samples=50):
+        server.history.append({"worker_id": worker, "epoch": epoch, "batch_size": samples,
+                               "loss": 1.0})
+        monitor._update(None, 0.0)
+
+    for epoch in (0, 1, 2):  # worker 0 alone: 150 samples, but worker 1 has not begun
+        step(0, epoch)
+    assert validator.calls == []
+    step(1, 0)
+    step(1, 1)  # worker 1 is past epoch 1: epoch 1 has ended for both
+    assert [epoch for _, epoch, _ in validator.calls] == [1]
+    server.finished_workers.add(0)  # worker 0 is done: worker 1 sets the pace
+    step(1, 2)
+    step(1, 3)
+    assert [epoch for _, epoch, _ in validator.calls] == [1, 2, 3]
 
 
 def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
