@@ -614,14 +614,30 @@ class SingleTrainer(Trainer):
 
         model = deserialize_model(serialize_model(self.master_model))
         self._optimizer_state = None
+        lent_state = self._lent_optimizer_state()
         if self._validator is None:
             layout = dataframes.lay_out(frame, 1, shuffle)
-            message = self._run_sequential(layout, self.allocate_worker(), label_shapes,
+            worker = self.allocate_worker()
+            if lent_state is not None:
+                worker.optimizer_state = lent_state
+            message = self._run_sequential(layout, worker, label_shapes,
                                            type(self).__name__, self._progress_total,
                                            Replay(self.num_epoch, shuffle))
             model.set_weights(list(message["weights"]))
             return model
+        if lent_state is not None:
+            workers.set_optimizer_state(self._validator.model, lent_state)
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
+
+    def _lent_optimizer_state(self):
+        """The state of the optimizer a compiled model lent, when it has taken steps (a
+        model `fit` or trained here before): training goes on from it, as `fit` would.
+        None otherwise."""
+        optimizer = getattr(self.master_model, "optimizer", None)
+        if optimizer is None or self.worker_optimizer is not optimizer or \
+                not optimizer.built or int(np.asarray(optimizer.iterations.value)) == 0:
+            return None
+        return workers.get_optimizer_state(self.master_model)
 
     def _run_sequential(self, layout, worker, label_shapes, description, samples=None,
                         replay=None):

@@ -193,6 +193,20 @@ def test_single_trainer_returns_fits_model_optimizer_state_included(spark, tmp_p
     for got, want in zip(mine, theirs):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
+    # Going on from the returned model, as from a model after `fit`: its optimizer's state
+    # too (the compiled model lends its optimizer).
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    further = SingleTrainer(trained, metrics=[]).train(frame, verbose=0)
+    assert int(np.asarray(further.optimizer.iterations.value)) == 63
+    for mine, theirs in zip(further.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    # The same epoch by epoch (validating): the same result.
+    validated = SingleTrainer(trained, metrics=[]).train(frame, verbose=0,
+                                                          validation_data=(x[:50], y[:50]))
+    assert int(np.asarray(validated.optimizer.iterations.value)) == 63
+    for mine, theirs in zip(validated.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
     path = str(tmp_path / "trained.keras")
     trained.save(path)
     with warnings.catch_warnings():
