@@ -374,7 +374,7 @@ class Trainer:
         self._custom_objects = self._find_custom_objects()
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
-                                output_shapes)
+                                output_shapes, self.loss_weights)
         self._sample_weight_col = sample_weight_col
         self._class_table = sample_weights.validate(
             dataframe, sample_weight_col, class_weight,

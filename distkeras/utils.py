@@ -168,6 +168,20 @@ def _flat_metrics(metrics):
     return [] if metrics is None else [metrics]
 
 
+def _check_loss_weights(loss, loss_weights):
+    """Keras takes a list of loss weights only with as many losses (its first step fails
+    otherwise, on every executor)."""
+    if not isinstance(loss_weights, (list, tuple)):
+        return
+    losses = len(loss) if isinstance(loss, (list, tuple)) or (
+        isinstance(loss, dict) and "class_name" not in loss) else 1
+    if len(loss_weights) != losses:
+        raise ValueError(
+            f"`loss_weights` holds {len(loss_weights)} weights for {losses} loss(es): Keras "
+            "needs one weight per loss. Give one loss per output (loss=['mse', ...]) with "
+            "one weight each, or a dict of weights by output name.")
+
+
 def _check_metrics_structure(metrics, output_count):
     """Keras takes a flat list of metrics for several outputs only one per output."""
     if output_count <= 1 or not isinstance(metrics, (list, tuple)) or not metrics:
@@ -188,7 +202,8 @@ def _loss_name(loss):
     return name.lower()
 
 
-def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_shapes=()):
+def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_shapes=(),
+                            loss_weights=None):
     """Raises a clear error, on the driver, for what would fail on every executor.
 
     Names are resolved as Keras resolves them (a typo fails here, naming the argument,
@@ -211,6 +226,7 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
               ("metrics", "keras.metrics", keras.metrics.get,
                [m for m in _flat_metrics(metrics) if m not in _COMPILE_METRIC_NAMES])]
     _check_metrics_structure(metrics, len(output_shapes))
+    _check_loss_weights(loss, loss_weights)
     for argument, module, getter, values in checks:
         for value in values:
             if not isinstance(value, str):

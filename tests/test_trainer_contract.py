@@ -287,6 +287,10 @@ def test_metrics_follow_keras_for_several_outputs(two_target_frame):
                                          r"outputs. Give one list per output"):
         SingleTrainer(_two_outputs(), "adam", losses, metrics=["accuracy"],
                       **columns).train(two_target_frame, verbose=0)
+    # Loss weights that Keras's first step would refuse, refused here, before any task.
+    with pytest.raises(ValueError, match=r"`loss_weights` holds 2 weights for 1 loss\(es\)"):
+        SingleTrainer(_two_outputs(), "adam", "mse", loss_weights=[1.0, 0.5],
+                      **columns).train(two_target_frame, verbose=0)
     # A dict by output name, as Keras takes it.
     trainer = DOWNPOUR(_two_outputs(), "adam", {"reg": "mse", "cls": losses[1]},
                        metrics={"cls": "accuracy"}, num_workers=2, **columns)
