@@ -184,9 +184,7 @@ def unpack_history(message):
     """Inverse of `pack_history` (counters back to ints)."""
     keys = message.get("history_keys") or []
     arrays = message.get("history_columns", [])
-    masks = message.get("history_missing")
-    if masks is None:  # no masks: NaN means missing
-        masks = [np.isnan(array) for array in arrays]
+    masks = message.get("history_missing", [])
     columns = {}
     for key, array, mask in zip(keys, arrays, masks):
         integral = key in ("worker_id", "iteration", "batch_size", "epoch")
