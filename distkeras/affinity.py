@@ -129,3 +129,15 @@ def workers_per_machine(spark_context, tasks):
             return None
         slots = int(executor_cores) // max(1, int(conf.get("spark.task.cpus", "1")))
     return max(1, min(tasks, slots))
+
+
+def concurrent_task_slots(spark_context):
+    """How many tasks Spark can run at once now (what a barrier stage needs), or None if
+    this Spark does not say."""
+    try:
+        scala_context = spark_context._jsc.sc()
+        profile = scala_context.resourceProfileManager().defaultResourceProfile()
+        return int(scala_context.maxNumConcurrentTasks(profile))
+    except Exception as error:  # py4j: an internal API that another Spark may lack
+        logger.debug("Spark's task slots are unknown: %s", error)
+        return None

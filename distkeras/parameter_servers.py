@@ -149,6 +149,11 @@ class SocketParameterServer(ParameterServer):
         with self._history_lock:
             return set(self.finished_workers)
 
+    def history_snapshot(self):
+        """The step records received so far (a copy)."""
+        with self._history_lock:
+            return list(self.history)
+
     def wait_for_goodbyes(self, timeout):
         """Waits until every connection has ended (workers said goodbye), or ``timeout``.
 
@@ -410,3 +415,87 @@ class ExperimentalParameterServer(SocketParameterServer):
             self.center_variable = update_rules.experimental_update(
                 self.center_variable, residual, stale_center, self.learning_rate)
             self.next_update(conn)
+
+
+class AveragingServer(SocketParameterServer):
+    """Model averaging at every epoch's end, for AveragingTrainer's workers in one job.
+
+    Each worker sends its weights when it finishes an epoch and waits; once all
+    ``num_workers`` have sent theirs for that epoch, the center becomes their mean,
+    ``on_average(epochs_done, center)`` runs (the driver's end of the epoch: validation and
+    callbacks; it returns whether to stop) and every waiting worker gets the mean back.
+
+    Replies carry ``epochs_done``: a worker that Spark restarted (a barrier stage restarts
+    them all) joins with a pull and skips the epochs already averaged. A worker's weights
+    for an epoch replace any it sent for that epoch before (from a task that was killed):
+    both started from the same average, so either is a true result of that epoch.
+
+    Args:
+        model: The master `keras.Model` (its weights: the first center).
+        num_workers: Workers that take part in every average.
+        on_average: ``f(epochs_done, center) -> bool`` or None.
+    """
+
+    WAIT_SECONDS = 1.0  # how often a waiting handler checks that the server still runs
+
+    def __init__(self, model, num_workers, on_average=None, master_port=0):
+        super().__init__(model, master_port)
+        self.num_workers = num_workers
+        self.on_average = on_average
+        self.epochs_done = 0
+        self.stop_requested = False
+        self._epoch_weights = {}  # worker id -> weights sent for epoch ``epochs_done``
+        self._averaged = threading.Condition(self.mutex)
+
+    def handle_pull(self, conn, addr):
+        """A worker joins (or rejoins): the center and the epochs averaged so far."""
+        with self.mutex:
+            reply = self._reply()
+        send_data(conn, reply)
+
+    handle_pull_unless_own = handle_pull
+
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        weights = self.model_update(data.get("delta"))
+        epoch = data.get("epoch")
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise networking.ProtocolError("An averaging commit must carry its epoch.")
+        with self._averaged:
+            if epoch > self.epochs_done:
+                raise networking.ProtocolError(
+                    f"Worker {conn.worker_id} sent epoch {epoch + 1} before epoch "
+                    f"{self.epochs_done + 1} was averaged.")
+            if epoch == self.epochs_done and not self.stop_requested:
+                self._epoch_weights[conn.worker_id] = weights
+                if len(self._epoch_weights) >= self.num_workers:
+                    self._average()
+                while self.epochs_done == epoch and not self.stop_requested \
+                        and self._running:
+                    self._averaged.wait(self.WAIT_SECONDS)
+            self.next_update(conn)
+            reply = self._reply()
+        send_data(conn, reply)
+
+    def _average(self):
+        """Averages the epoch's weights (in worker order); call under the lock."""
+        ordered = [self._epoch_weights[worker] for worker in sorted(self._epoch_weights)]
+        self.center_variable = update_rules.average_weights(ordered)
+        self._epoch_weights = {}
+        self.epochs_done += 1
+        try:
+            if self.on_average is not None:
+                # The workers wait meanwhile, as they would between two Spark jobs.
+                self.stop_requested = bool(self.on_average(self.epochs_done,
+                                                           self.center_variable))
+        except Exception as error:  # the driver's hook: stop the workers, keep its error
+            logger.exception("The end of epoch %s failed on the driver", self.epochs_done)
+            with self._history_lock:
+                self.errors.append(f"{type(error).__name__}: {error}")
+            self.stop_requested = True
+        finally:
+            self._averaged.notify_all()
+
+    def _reply(self):
+        return {"center": self.center_variable, "epochs_done": self.epochs_done,
+                "stop": self.stop_requested}

@@ -563,10 +563,11 @@ class Trainer:
         _register_user_module(worker)
 
     def _run_workers(self, frame, num_tasks, worker, label_shapes, description,
-                     job_group=None, replay=None):
+                     job_group=None, replay=None, barrier=False):
         """Runs one Spark task per partition of ``frame`` (``num_tasks`` of them, as laid
         out by `dataframes.lay_out`), each over its partition as ``replay`` (an
-        `epochs.Replay`; default: once); returns the workers' messages."""
+        `epochs.Replay`; default: once); returns the workers' messages. With ``barrier``,
+        Spark starts the tasks together (and restarts them together)."""
         import pyarrow as pa  # noqa: F401  (fail early on the driver if Arrow is missing)
 
         context = frame.sparkSession.sparkContext
@@ -577,7 +578,11 @@ class Trainer:
         worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes,
                                                    replay or Replay()),
-                               "worker_id long, payload binary")
+                               "worker_id long, payload binary", barrier=barrier)
+        if barrier:
+            # Spark restarts a failed barrier stage only when a shuffle follows it (it
+            # aborts a failed barrier result stage): the workers' small replies take one.
+            job = job.repartition(1)
         try:
             with _feed_batch_rows(frame.sparkSession):
                 rows = job.collect()
@@ -1089,14 +1094,81 @@ class Experimental(AsynchronousDistributedTrainer):
 class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
-    Every epoch starts all replicas from the last average; the running sum starts fresh
-    each epoch. No parameter server.
+    Every epoch starts all replicas from the last average, each with a fresh optimizer.
+    With several epochs and a slot for every worker, all epochs run in one Spark job:
+    each worker replays its partition from local disk and the workers meet at each epoch's
+    end on the driver's `AveragingServer` (a barrier stage, so they run at once);
+    otherwise each epoch is a Spark job of its own and the driver averages the results.
     """
 
     def allocate_worker(self, model):
+        """The worker of one epoch's job (each epoch a Spark job)."""
         return workers.SequentialWorker(model)
 
+    def allocate_averaging_worker(self):
+        """The worker of the one job that runs every epoch."""
+        return workers.AveragingWorker(self.master_model)
+
     def _train(self, frame, label_shapes, shuffle):
+        self.parameter_server = None  # the one job's `AveragingServer`, when it runs
+        slots = affinity.concurrent_task_slots(frame.sparkSession.sparkContext)
+        if self.num_epoch > 1 and slots is not None and slots >= self.num_partitions():
+            return self._train_in_one_job(frame, label_shapes, shuffle)
+        return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
+
+    def _train_in_one_job(self, frame, label_shapes, shuffle):
+        spark = frame.sparkSession
+        layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+        failures = []
+
+        def end_epoch(epoch, center):
+            """The driver's end of ``epoch`` (1-based); returns whether to stop."""
+            if epoch >= self.num_epoch:
+                return False  # the last: the returned model is validated at the end
+            self.history = server.history_snapshot()
+            records = [record for record in self.history if record.get("epoch") == epoch - 1]
+            try:
+                if self._validate_epoch(list(center), epoch, records):
+                    return True
+                self._begin_epoch(epoch + 1)
+            except TrainingError as error:
+                failures.append(error)
+                return True
+            return False
+
+        server = parameter_servers.AveragingServer(self.master_model, self.num_partitions(),
+                                                   on_average=end_epoch)
+        server.host = bind_address(spark)
+        self.parameter_server = server
+        worker = self.allocate_averaging_worker()
+        self._configure_worker(worker)
+        job_group = self._new_job_group()
+        self._begin_epoch(1)
+        server.start()
+        worker.master_host, worker.master_port = driver_address(spark), server.port
+        worker.token = server.token
+        monitor = TrainingMonitor(
+            server, spark.sparkContext, job_group, self._progress_total, self.verbose,
+            name=type(self).__name__,
+            validation_records=getattr(self._validator, "records", None))
+        monitor.start()
+        try:
+            self._run_workers(layout, self.num_partitions(), worker, label_shapes,
+                              f"distkeras AveragingTrainer ({self.num_workers} workers, "
+                              f"{self.num_epoch} epochs)", job_group,
+                              Replay(self.num_epoch, shuffle), barrier=True)
+            server.wait_for_goodbyes(timeout=10.0)
+        finally:
+            monitor.stop()
+            server.stop()
+        if failures:
+            raise failures[0]
+        if server.errors:
+            raise TrainingError(f"The averaging server failed: {server.errors[0]}")
+        self.history = list(server.history)
+        return server.get_model()
+
+    def _train_epoch_by_epoch(self, frame, label_shapes, shuffle):
         from distkeras import update_rules
         from distkeras.networking import weights_array
         from distkeras.utils import deserialize_model, serialize_model

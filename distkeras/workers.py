@@ -283,6 +283,11 @@ class ModelReplica:
         sizes = {_batch_size(batch[0]) for batch in batches}
         return self._fast_step is not None and len(batches) >= 2 and len(sizes) == 1
 
+    def set_optimizer_state(self, values):
+        """Sets the optimizer's variables (see `set_optimizer_state`)."""
+        self._sync()
+        set_optimizer_state(self._model, values)
+
     def __getattr__(self, name):
         self._sync()
         return getattr(self._model, name)
@@ -942,3 +947,69 @@ class EnsembleWorker(SequentialWorker):
         tensorflow_only_once_imported("keras.src.utils.rng_utils")
         keras.utils.set_random_seed((self.seed or 0) + self.worker_id)
         return keras.models.clone_model(model)  # new layers, new initial weights
+
+
+class AveragingWorker(NetworkWorker):
+    """AveragingTrainer's worker when every epoch runs in one Spark job.
+
+    Trains its partition epoch by epoch; at each epoch's end it sends its weights to the
+    driver's `AveragingServer`, waits for the mean of every worker's and starts the next
+    epoch from it with a fresh optimizer state, as a new replica in a job of its own would.
+    A worker that Spark restarted skips the epochs already averaged.
+    """
+
+    STEPS_PER_CALL = 16
+
+    def prepare_model(self):
+        super().prepare_model()
+        model = self.model._model
+        model.optimizer.build(model.trainable_variables)
+        self._fresh_optimizer = get_optimizer_state(model)
+        self._held = None  # a minibatch read ahead that belongs to the next epoch
+        self._taken = 0  # samples taken from the feed
+
+    def optimize(self):
+        state = self._exchange(networking.ACTION_PULL)
+        for epoch in range(self.num_epoch):
+            if state["stop"]:
+                return
+            if epoch < state["epochs_done"]:  # averaged before this task started
+                while self._take_of_epoch(epoch, self.STEPS_PER_CALL):
+                    pass
+                self._trained_samples = self._taken
+                continue
+            self.model.set_optimizer_state(self._fresh_optimizer)
+            self.model.set_weights(state["center"])
+            while batches := self._take_of_epoch(epoch, self.STEPS_PER_CALL):
+                self.train_steps(batches)
+                if self.history_due():
+                    self.flush_history()
+            self.flush_history()  # the epoch's records reach the driver before its end
+            self.send_commit(self.model.get_weights(), epoch=epoch)
+            state = self._exchange()
+
+    def _exchange(self, action=None):
+        """The server's reply (after sending ``action``, if given)."""
+        if action is not None:
+            networking.send_action(self.socket, action)
+        state = networking.recv_data(self.socket)
+        if not {"center", "epochs_done", "stop"} <= set(state):
+            raise networking.ProtocolError("The averaging server's reply is incomplete.")
+        return state
+
+    def _take_of_epoch(self, epoch, count):
+        """Up to ``count`` next minibatches of ``epoch`` (from 0); none once it is spent."""
+        batches = []
+        while len(batches) < count:
+            batch, self._held = self._held, None
+            if batch is None:
+                try:
+                    batch = self.get_next_minibatch()
+                except StopIteration:
+                    break
+            if self._feed.epoch_of(self._taken) != epoch:
+                self._held = batch
+                break
+            self._taken += _batch_size(batch[0])
+            batches.append(batch)
+        return batches

@@ -128,23 +128,28 @@ def test_single_trainer_shows_its_progress_too(fashion_train, capsys):
                for line in lines)
 
 
-def test_averaging_trainer_shows_each_epochs_progress(fashion_train, capsys):
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_averaging_trainer_shows_its_progress(fashion_train, capsys, num_workers):
     from distkeras.trainers import AveragingTrainer
 
     trainer = AveragingTrainer(build_mlp(), "adam", "categorical_crossentropy",
-                               num_workers=2, num_epoch=2)
+                               num_workers=num_workers, num_epoch=2)
     trainer.train(fashion_train.limit(1000), verbose=2)
     lines = capsys.readouterr().err.splitlines()
-    for epoch in (1, 2):
-        progress = [line for line in lines
-                    if line.startswith(f"AveragingTrainer epoch {epoch}/2: ")]
-        assert progress and progress[-1].startswith(
-            f"AveragingTrainer epoch {epoch}/2: 1000/1000 samples, ")
+    if num_workers == 2:  # a slot for each worker: every epoch in one job, one line
+        progress = [line for line in lines if line.startswith("AveragingTrainer: ")]
+        assert progress and progress[-1].startswith("AveragingTrainer: 2000/2000 samples, ")
+    else:  # more workers than local[2]'s slots: a Spark job, and a line, per epoch
+        for epoch in (1, 2):
+            progress = [line for line in lines
+                        if line.startswith(f"AveragingTrainer epoch {epoch}/2: ")]
+            assert progress and progress[-1].startswith(
+                f"AveragingTrainer epoch {epoch}/2: 1000/1000 samples, ")
     history = trainer.get_history()
     assert sum(record["batch_size"] for record in history) == 2000
     assert {record["epoch"] for record in history} == {0, 1}
-    assert {record["worker_id"] for record in history} == {0, 1}
-    for worker in (0, 1):  # steps count on across epochs, as for the other trainers
+    assert {record["worker_id"] for record in history} == set(range(num_workers))
+    for worker in range(num_workers):  # steps count on across epochs, as for the others
         iterations = [record["iteration"] for record in trainer.get_executor_history(worker)]
         assert iterations == list(range(1, len(iterations) + 1))
     averaged = trainer.get_averaged_history()

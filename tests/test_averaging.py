@@ -1,0 +1,214 @@
+"""AveragingTrainer's epochs in one Spark job: the `AveragingServer` over real loopback
+sockets (golden means), and the trainer on the shared local Spark session against its
+one-job-per-epoch path."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import accuracy, build_mlp
+from test_parameter_server import Client, assert_weights_equal, expect_closed_by_server, layers
+
+
+# -- the server ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def averaging_server():
+    from distkeras.parameter_servers import AveragingServer
+    from ps_support import make_model
+
+    ends = []
+
+    def on_average(epochs_done, center):
+        ends.append((epochs_done, [np.array(layer) for layer in center]))
+        return epochs_done >= 2  # stop after the second epoch
+
+    server = AveragingServer(make_model(), num_workers=2, on_average=on_average)
+    server.start()
+    yield server, ends
+    server.stop()
+
+
+def _commit_and_wait(client, weights, epoch, replies):
+    client.commit(weights, epoch=epoch)
+    replies.append(_recv(client))
+
+
+def _recv(client):
+    from distkeras.networking import recv_data
+
+    return recv_data(client.sock)
+
+
+def test_server_answers_each_worker_with_the_mean_once_all_have_sent(averaging_server):
+    server, ends = averaging_server
+    first, second = Client(server, 0), Client(server, 1)
+    joined = first.pull()
+    assert joined["epochs_done"] == 0 and joined["stop"] is False
+
+    replies = []
+    waiting = threading.Thread(target=_commit_and_wait,
+                               args=(first, layers(1.0, 2.0), 0, replies))
+    waiting.start()
+    waiting.join(timeout=0.5)
+    assert waiting.is_alive() and ends == []  # the first waits for the second
+    second.commit(layers(3.0, -4.0), epoch=0)
+    reply = _recv(second)
+    waiting.join(timeout=5)
+
+    mean = layers(2.0, -1.0)  # (1 + 3) / 2 and (2 - 4) / 2
+    for answer in (reply, replies[0]):
+        assert answer["epochs_done"] == 1 and answer["stop"] is False
+        assert_weights_equal(answer["center"], mean)
+    assert [epochs for epochs, _ in ends] == [1]
+    assert_weights_equal(ends[0][1], mean)
+    assert server.epochs_done == 1 and server.num_updates == 2
+
+    # The hook asks to stop after epoch 2: both workers hear it with the mean.
+    thread = threading.Thread(target=_commit_and_wait,
+                              args=(first, layers(0.0, 0.0), 1, replies))
+    thread.start()
+    second.commit(layers(1.0, 1.0), epoch=1)
+    reply = _recv(second)
+    thread.join(timeout=5)
+    for answer in (reply, replies[1]):
+        assert answer["stop"] is True and answer["epochs_done"] == 2
+        assert_weights_equal(answer["center"], layers(0.5, 0.5))
+    # A worker (re)joining later hears where the training is.
+    late = Client(server, 1).pull()
+    assert late["epochs_done"] == 2 and late["stop"] is True
+    for client in (first, second):
+        client.quit()
+
+
+def test_a_restarted_workers_weights_replace_its_earlier_ones(averaging_server):
+    server, ends = averaging_server
+    killed = Client(server, 0)
+    killed.commit(layers(9.0, 9.0), epoch=0)  # then its task dies, waiting
+    killed.close()
+    restarted, other = Client(server, 0), Client(server, 1)
+    replies = []
+    thread = threading.Thread(target=_commit_and_wait,
+                              args=(restarted, layers(1.0, 1.0), 0, replies))
+    thread.start()
+    thread.join(timeout=0.5)
+    other.commit(layers(3.0, 3.0), epoch=0)
+    reply = _recv(other)
+    thread.join(timeout=5)
+    assert_weights_equal(reply["center"], layers(2.0, 2.0))
+    assert len(ends) == 1
+
+
+def test_an_epoch_sent_ahead_of_the_others_closes_that_connection(averaging_server):
+    server, ends = averaging_server
+    before = [np.array(layer) for layer in server.center_variable]
+    client = Client(server, 0)
+    client.commit(layers(1.0, 1.0), epoch=1)  # epoch 1 was not averaged: a confused peer
+    expect_closed_by_server(client.sock)
+    assert ends == [] and server.epochs_done == 0
+    assert_weights_equal(server.center_variable, before)
+
+
+def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
+    from distkeras.parameter_servers import AveragingServer
+    from ps_support import make_model
+
+    def on_average(epochs_done, center):
+        raise RuntimeError("callback broke")
+
+    server = AveragingServer(make_model(), num_workers=1, on_average=on_average)
+    server.start()
+    try:
+        client = Client(server, 0)
+        client.commit(layers(1.0, 1.0), epoch=0)
+        reply = _recv(client)
+        assert reply["stop"] is True
+        assert server.errors == ["RuntimeError: callback broke"]
+    finally:
+        server.stop()
+
+
+# -- the trainer on Spark ------------------------------------------------------------------
+
+
+def _train(frame, monkeypatch=None, one_job=True, **settings):
+    from distkeras import affinity
+    from distkeras.trainers import AveragingTrainer
+
+    if not one_job:  # Spark "cannot say" how many tasks run at once: a job per epoch
+        monkeypatch.setattr(affinity, "concurrent_task_slots", lambda context: None)
+    options = dict(num_workers=2, num_epoch=3, batch_size=32)
+    options.update(settings)
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy", **options)
+    model = trainer.train(frame, verbose=0)
+    return trainer, model
+
+
+def test_one_job_trains_as_one_job_per_epoch_does(spark, fashion_train, monkeypatch):
+    import keras
+
+    frame = fashion_train.limit(1300).repartition(2).cache()
+    keras.utils.set_random_seed(11)
+    trainer, model = _train(frame)
+    keras.utils.set_random_seed(11)
+    reference_trainer, reference = _train(frame, monkeypatch, one_job=False)
+
+    assert trainer.parameter_server.epochs_done == 3
+    assert reference_trainer.parameter_server is None
+    # Same rows, same starts, a fresh optimizer each epoch: the same weights.
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    history = trainer.get_history()
+    assert [sum(record["batch_size"] for record in history if record["epoch"] == epoch)
+            for epoch in range(3)] == [1300, 1300, 1300]
+    for worker in (0, 1):
+        iterations = [record["iteration"] for record in trainer.get_executor_history(worker)]
+        assert iterations == list(range(1, len(iterations) + 1))
+
+
+def test_a_worker_with_no_rows_still_takes_part(spark, fashion_train, fashion_test):
+    from pyspark.sql import functions as F
+
+    frame = fashion_train.limit(2000).withColumn("key", F.lit(0)).repartition(2, "key") \
+        .drop("key").cache()
+    sizes = frame.rdd.glom().map(len).collect()
+    assert sorted(sizes) == [0, 2000]
+    trainer, model = _train(frame, num_epoch=2)
+    assert trainer.parameter_server.epochs_done == 2
+    # The empty replica counts in the mean (as in one job per epoch): still learns.
+    assert accuracy(model, fashion_test) > 0.5
+
+
+def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_train,
+                                                              fashion_test, tmp_path):
+    from distkeras import workers
+    from distkeras.trainers import AveragingTrainer
+
+    marker = str(tmp_path / "died")
+
+    class DyingWorker(workers.AveragingWorker):
+        def train_steps(self, batches):
+            # Dies once, in the second epoch: Spark restarts the whole barrier stage.
+            ends = self._feed.epoch_ends
+            if self.worker_id == 1 and ends and self._taken > ends[0] \
+                    and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(17)  # no cleanup, no goodbye: like a killed Python worker
+            super().train_steps(batches)
+
+    class DyingAveragingTrainer(AveragingTrainer):
+        def allocate_averaging_worker(self):
+            return DyingWorker(self.master_model)
+
+    trainer = DyingAveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                                    num_workers=2, num_epoch=3)
+    model = trainer.train(fashion_train.limit(2000), verbose=0)
+    assert os.path.exists(marker)
+    assert trainer.parameter_server.epochs_done == 3
+    history = trainer.get_history()
+    # The restarted workers skipped epoch 1 (averaged before they started) or redid it.
+    assert {record["epoch"] for record in history} == {0, 1, 2}
+    assert accuracy(model, fashion_test) > 0.6
