@@ -18,7 +18,7 @@ def main():
 
     from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
     from distkeras.predictors import ModelPredictor
-    from distkeras.trainers import ADAG, SingleTrainer
+    from distkeras.trainers import ADAG, AveragingTrainer, SingleTrainer
 
     train = load_fashion_mnist(spark, "train", limit=3000).cache()
     test = load_fashion_mnist(spark, "test", limit=1000)
@@ -32,7 +32,10 @@ def main():
                "executors": sorted({worker.split(":")[1] for worker in executors})}
     for trainer in (SingleTrainer(mlp(), "adam", "categorical_crossentropy", num_epoch=2),
                     ADAG(mlp(), "adam", "categorical_crossentropy", num_workers=2,
-                         communication_window=4, num_epoch=2)):
+                         communication_window=4, num_epoch=2),
+                    # Both epochs in one job: the workers' optimizers reset at the average.
+                    AveragingTrainer(mlp(), "adam", "categorical_crossentropy",
+                                     num_workers=2, num_epoch=2)):
         model = trainer.train(train, verbose=0, validation_data=test.limit(200))
         # Prediction on the executors too, in the test set's order.
         predicted = ModelPredictor(model).predict(test).select("prediction").collect()
@@ -43,6 +46,7 @@ def main():
             "validation_epochs": [record["epoch"]
                                   for record in trainer.get_validation_history()],
             "compiled": bool(model.compiled),
+            "one_job": getattr(trainer, "parameter_server", None) is not None,
         }
     spark.stop()
     sys.stdout.write(json.dumps(results) + "\n")
