@@ -83,6 +83,7 @@ def check_known_inputs(model):
     and distkeras reads the shapes of its rows from them.
     """
     if getattr(model, "inputs", None) and getattr(model, "outputs", None):
+        _check_fixed_shapes(model)
         return
     raise ValueError(
         f"distkeras needs a model with known inputs and outputs (a Sequential or functional "
@@ -90,6 +91,21 @@ def check_known_inputs(model):
         "it: `inputs = keras.Input(shape=(...)); model = keras.Model(inputs, "
         "your_model(inputs))`, and give your class a `get_config()` for its constructor "
         "arguments so that the executors can rebuild it.")
+
+
+def _check_fixed_shapes(model):
+    """Raises a clear error for an input or output with a dimension Keras leaves open
+    (``keras.Input((None,))``): distkeras reads the shape of each row from the model."""
+    for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
+        for tensor in tensors:
+            shape = tuple(tensor.shape[1:])
+            if any(dim is None for dim in shape):
+                raise ValueError(
+                    f"The model's {kind} {getattr(tensor, 'name', '')!r} has shape {shape}, "
+                    "with a dimension of unknown size (None); distkeras reads the shape of "
+                    "each row from the model, so every dimension but the batch must be "
+                    "fixed. Give keras.Input the length of your (padded) rows, for example "
+                    "keras.Input((10,), dtype='int32') for sequences padded to 10 tokens.")
 
 
 def check_spark_dataframe(dataframe, role="training data"):
@@ -152,6 +168,8 @@ def validate(dataframe, model, features_col, label_col):
     row = rows[0]
     for name, shape in zip(features_cols, _model_shapes(model.inputs)):
         size = _sample_size(row[name])
+        if size == 0 and not isinstance(row[name], (list, tuple)):
+            size = 1  # a number per row: an input of one value (as ModelPredictor reads it)
         if size != _flat_size(shape):
             raise ValueError(
                 f"Column {name!r} holds {size} values per row but the model's input expects "

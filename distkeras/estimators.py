@@ -190,24 +190,32 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             (Param ``validation``; ``trainer.get_validation_history()``), or None.
         callbacks: Keras callbacks for `train()` (kept with the estimator, not saved with
             the Pipeline: pass them again after loading).
+        shuffle: Whether to shuffle the rows before each epoch (Param ``shuffle``; the
+            ``shuffle`` of `train()`), as Keras's ``fit`` does by default.
     """
 
     validation = Param(Params._dummy(), "validation",
                        "fraction of the rows to hold out for validation (0 < v < 1)",
                        typeConverter=TypeConverters.toFloat)
 
+    shuffle = Param(Params._dummy(), "shuffle",
+                    "whether to shuffle the rows before each epoch (trainer.train's shuffle)",
+                    typeConverter=TypeConverters.toBoolean)
+
     classWeight = Param(Params._dummy(), "classWeight",
                         "weight of each class's rows, by class index",
                         typeConverter=_to_class_weight)
 
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
-                 weight_col=None, validation=None, callbacks=None, class_weight=None):
+                 weight_col=None, validation=None, callbacks=None, class_weight=None,
+                 shuffle=False):
         super().__init__()
         self.trainer = trainer
         self.callbacks = list(callbacks or [])
         self._init_params(output_col, batch_size)
+        self._setDefault(shuffle=False)
         _set_given(self, weightCol=weight_col, validation=validation,
-                   classWeight=class_weight)
+                   classWeight=class_weight, shuffle=shuffle)
 
     def _given(self, param):
         return self.getOrDefault(param) if self.isDefined(param) else None
@@ -219,7 +227,7 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             raise TypeError("KerasEstimator needs a distkeras trainer, for example "
                             f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
         _check_batch_size(self.getOrDefault(self.batchSize))
-        model = self.trainer.train(dataset,
+        model = self.trainer.train(dataset, shuffle=self.getOrDefault(self.shuffle),
                                    sample_weight_col=self._given(self.weightCol) or None,
                                    class_weight=self._given(self.classWeight),
                                    validation_data=self._given(self.validation),

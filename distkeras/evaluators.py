@@ -32,10 +32,15 @@ LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
 
 
 def _class_index(dataset, name, role):
-    """A column as a class index: numbers as they are, arrays and vectors by their argmax."""
+    """A column as a class index: numbers as they are, arrays and vectors by their argmax,
+    except one-element arrays (a sigmoid output, a binary label): 1 above 0.5, else 0, as
+    Keras's binary accuracy reads them."""
     if _kind(dataset, name, role) == "scalar":
         return column(name).cast(T.DoubleType())
-    return _argmax(_double_array(dataset, name, role)).cast(T.DoubleType())
+    values = _double_array(dataset, name, role)
+    return F.when(F.size(values) == 1,
+                  (F.element_at(values, 1) > 0.5).cast(T.DoubleType())) \
+        .otherwise(_argmax(values).cast(T.DoubleType()))
 
 
 def _mean_of(dataset, per_row, what):
@@ -60,8 +65,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     """The fraction of rows whose predicted class equals the label.
 
     Each column may hold class indices (numbers) or vectors (arrays or Spark ML vectors,
-    one-hot labels or predicted probabilities), which count by their argmax. Rows with a
-    null prediction or label count as wrong.
+    one-hot labels or predicted probabilities), which count by their argmax; a vector of
+    one value (a sigmoid output) is class 1 above 0.5, else class 0, as in Keras's binary
+    accuracy. Rows with a null prediction or label count as wrong.
 
     Args:
         prediction_col: Predicted classes (default ``"prediction_index"``).

@@ -146,3 +146,21 @@ def test_a_module_run_as_main_lends_none_of_its_functions(monkeypatch, spark):
     objects, unresolved = find(build_mlp(), ("adam", loss, []))
 
     assert objects == {} and unresolved == ["helper"]
+
+
+def test_variable_length_input_gets_a_clear_error(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    frame = spark.createDataFrame([([1, 2, 3], 0), ([4, 5, 6], 1)],
+                                  "tokens array<int>, label int")
+    inputs = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(8, 2)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
+    with pytest.raises(ValueError, match="unknown size"):
+        ModelPredictor(model, features_col="tokens").predict(frame)
+    with pytest.raises(ValueError, match="unknown size"):
+        SingleTrainer(model, worker_optimizer="adam", loss="sparse_categorical_crossentropy",
+                      features_col="tokens").train(frame, verbose=0)

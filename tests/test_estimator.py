@@ -219,3 +219,26 @@ def test_estimator_copies_fitted_in_parallel_threads_train_one_at_a_time(spark, 
     assert second_start >= first_end  # one after the other, never overlapping
     # Each run trained with its own copy's class weights.
     assert sorted(table is None for _, _, table in spans) == [False, True]
+
+
+def test_estimator_passes_shuffle_to_the_trainer(spark, tmp_path):
+    import keras
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    frame = spark.createDataFrame([([float(i)], i % 2) for i in range(16)],
+                                  "features array<double>, label int")
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, activation="softmax")])
+    trainer = SingleTrainer(model, worker_optimizer="sgd",
+                            loss="sparse_categorical_crossentropy")
+    seen = []
+    original = trainer.train
+    trainer.train = lambda dataframe, **options: seen.append(options["shuffle"]) or \
+        original(dataframe, **options)
+    KerasEstimator(trainer).fit(frame)
+    estimator = KerasEstimator(trainer, shuffle=True)
+    estimator.fit(frame)
+    assert seen == [False, True]
+    estimator.save(str(tmp_path / "estimator"))
+    assert KerasEstimator.load(str(tmp_path / "estimator")).getOrDefault("shuffle") is True

@@ -246,6 +246,18 @@ def test_accuracy_evaluator(scored):
         AccuracyEvaluator().evaluate(scored.limit(0))
 
 
+def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
+    from distkeras.evaluators import AccuracyEvaluator
+
+    # A Dense(1, "sigmoid") model's predictions (1-element arrays) against 0/1 labels, as
+    # scalars and as 1-element arrays: Keras's binary accuracy (threshold 0.5), not argmax.
+    rows = [([0.9], 1, [1.0]), ([0.8], 1, [1.0]), ([0.7], 0, [0.0]), ([0.2], 0, [0.0])]
+    frame = spark.createDataFrame(rows, "prediction array<float>, label int, "
+                                        "label_array array<float>")
+    assert AccuracyEvaluator("prediction", "label").evaluate(frame) == 0.75
+    assert AccuracyEvaluator("prediction", "label_array").evaluate(frame) == 0.75
+
+
 def test_loss_evaluator_matches_hand_computed_values(scored, spark):
     from distkeras.evaluators import LossEvaluator
 

@@ -172,3 +172,26 @@ def test_adag_center_keeps_the_batch_norm_statistics_its_workers_measure(fashion
     # window like the parameters, it would stay near its initial 1.0 (errors of 100%+).
     error = np.abs(norm.moving_variance.numpy() - before_norm.var(axis=0))
     assert np.mean(error) / np.mean(before_norm.var(axis=0)) < 0.3
+
+
+def test_a_number_column_trains_a_one_value_input_as_fit_does(spark):
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    x = np.linspace(0.0, 1.0, 64, dtype=np.float32)
+    frame = spark.createDataFrame([(float(v), 2.0 * float(v)) for v in x],
+                                  "x double, y double").coalesce(1)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    initial = model.get_weights()
+    trained = SingleTrainer(model, worker_optimizer="sgd", loss="mse", metrics=[],
+                            features_col="x", label_col="y", batch_size=16,
+                            num_epoch=2).train(frame, verbose=0)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(initial)
+    reference.compile("sgd", "mse")
+    reference.fit(x.reshape(-1, 1), 2.0 * x, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
