@@ -227,6 +227,11 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             raise TypeError("KerasEstimator needs a distkeras trainer, for example "
                             f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
         _check_batch_size(self.getOrDefault(self.batchSize))
+        from distkeras.trainers import EnsembleTrainer
+
+        if isinstance(self.trainer, EnsembleTrainer):  # refused before it trains, not after
+            raise TypeError("EnsembleTrainer returns several models; KerasEstimator supports "
+                            "trainers that return one keras.Model.")
         model = self.trainer.train(dataset, shuffle=self.getOrDefault(self.shuffle),
                                    sample_weight_col=self._given(self.weightCol) or None,
                                    class_weight=self._given(self.classWeight),

@@ -242,3 +242,13 @@ def test_estimator_passes_shuffle_to_the_trainer(spark, tmp_path):
     assert seen == [False, True]
     estimator.save(str(tmp_path / "estimator"))
     assert KerasEstimator.load(str(tmp_path / "estimator")).getOrDefault("shuffle") is True
+
+
+def test_estimator_refuses_an_ensemble_before_training(spark, fashion_train):
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import EnsembleTrainer
+
+    trainer = EnsembleTrainer(build_mlp(16), "adam", "categorical_crossentropy")
+    with pytest.raises(TypeError, match="EnsembleTrainer returns several models"):
+        KerasEstimator(trainer).fit(fashion_train.limit(64))
+    assert trainer.get_history() == []  # nothing trained
