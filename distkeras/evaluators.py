@@ -132,6 +132,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
         else:
             scalars = prediction_kind == "scalar"
             mismatched = scalars != (label_kind == "scalar")
+            if mismatched and label_kind == "scalar" and loss != "categorical_crossentropy":
+                # A one-unit output's predictions (arrays of one value, as ModelPredictor
+                # writes them) against numbers: Keras reads the labels as (n, 1) too.
+                return _mean_of(dataset, self._one_value_term(
+                    dataset, loss, prediction_col, label_col), f"the {loss} loss")
             if mismatched or (scalars and loss == "categorical_crossentropy"):
                 raise TypeError(
                     f"{loss} needs prediction column {prediction_col!r} and label column "
@@ -151,6 +156,15 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
             p = _clip(p)
             return -(y * F.log(p) + (1.0 - y) * F.log(1.0 - p))
         return (y - p) * (y - p)
+
+    def _one_value_term(self, dataset, loss, prediction_col, label_col):
+        predictions = _double_array(dataset, prediction_col, "prediction column")
+        per_row = self._term(loss, column(label_col).cast(T.DoubleType()),
+                             F.element_at(predictions, 1))
+        return F.when(F.size(predictions) == 1, per_row).otherwise(_fail(
+            f"LossEvaluator: label column {label_col!r} holds numbers, so prediction column "
+            f"{prediction_col!r} must hold one value per row (a one-unit output); some row "
+            "holds another number of values."))
 
     def _elementwise(self, dataset, loss, prediction_col, label_col):
         predictions = _double_array(dataset, prediction_col, "prediction column")

@@ -307,6 +307,27 @@ def test_loss_evaluator_agrees_with_keras(scored):
         assert LossEvaluator(name).evaluate(scored) == pytest.approx(expected, rel=1e-4)
 
 
+def test_loss_evaluator_reads_one_unit_outputs_against_number_labels_as_keras(spark):
+    import keras
+
+    from distkeras.evaluators import LossEvaluator
+
+    # A sigmoid output's predictions (one value per row) against 0/1 labels as numbers.
+    predictions = np.array([[0.9], [0.2], [0.6], [0.05]], dtype="float32")
+    labels = np.array([1.0, 0.0, 0.0, 1.0], dtype="float32")
+    frame = spark.createDataFrame(
+        [(row.tolist(), float(label)) for row, label in zip(predictions, labels)],
+        "prediction array<float>, label double")
+    for name in ("binary_crossentropy", "mse"):
+        # fit reads (n,) labels against (n, 1) outputs as (n, 1).
+        expected = float(keras.ops.mean(keras.losses.get(name)(labels[:, None], predictions)))
+        assert LossEvaluator(name).evaluate(frame) == pytest.approx(expected, rel=1e-5)
+    two_values = spark.createDataFrame([([0.1, 0.9], 1.0)], "prediction array<float>, "
+                                                             "label double")
+    with pytest.raises(Exception, match="must hold one value per row"):
+        LossEvaluator("binary_crossentropy").evaluate(two_values)
+
+
 def test_loss_evaluator_errors(scored):
     from distkeras.evaluators import LossEvaluator
 
