@@ -529,7 +529,8 @@ class LabelIndexTransformer(_ColumnTransformer):
 
     As in dist-keras: the first position whose value reaches ``activation_threshold``;
     when none does, the position of the largest value (ties: the first); ``default_index``
-    when no value is positive.
+    when no value is positive. With ``output_dim=1`` (one sigmoid unit) the class is 1
+    when the value is above 0.5, else 0, as Keras's binary accuracy reads it.
 
     Args:
         output_dim: Length of the prediction vectors (checked on every row).
@@ -562,6 +563,8 @@ class LabelIndexTransformer(_ColumnTransformer):
         index = F.when(first_above > 0, first_above - 1) \
             .when(F.array_max(values) > 0, _argmax(values)) \
             .otherwise(F.lit(self.getOrDefault(self.defaultIndex)))
+        if size == 1:  # one sigmoid unit: a position would always be 0
+            index = F.when(F.element_at(values, 1) > 0.5, 1).otherwise(0)
         return _null_or(values).when(
             F.size(values) == size, index.cast(T.DoubleType())).otherwise(_fail(
             f"LabelIndexTransformer: column {input_col!r} holds a prediction whose length is "

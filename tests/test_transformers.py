@@ -147,6 +147,11 @@ def test_label_index(tiny):
     assert _column(strict.transform(zeros), "o") == [2.0]  # nothing positive: default
     with pytest.raises(Exception, match="not output_dim=4"):
         LabelIndexTransformer(4, input_col="p").transform(tiny).collect()
+    # One sigmoid unit: class 1 above 0.5 (a position would always be 0).
+    sigmoid = tiny.sparkSession.createDataFrame([(0, [0.9]), (1, [0.3]), (2, [0.52])],
+                                                ["id", "p"])
+    assert _column(LabelIndexTransformer(1, input_col="p").transform(sigmoid),
+                   "prediction_index") == [1.0, 0.0, 1.0]
 
 
 def test_binary_label(tiny):
