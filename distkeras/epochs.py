@@ -13,7 +13,10 @@ Memory stays bounded by one record batch: the file is read batch by batch, not m
 """
 
 import dataclasses
+import fcntl
+import glob
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -49,8 +52,10 @@ class Replay:
             return
         import pyarrow as pa
 
-        with tempfile.TemporaryDirectory(prefix="distkeras-epochs-",
-                                         dir=_local_directory()) as directory:
+        local = _local_directory()
+        remove_abandoned(local)
+        with tempfile.TemporaryDirectory(prefix=PREFIX, dir=local) as directory, \
+                _held_lock(directory):
             path = os.path.join(directory, "partition.arrow")
             with pa.OSFile(path, "wb") as sink:
                 writer = None
@@ -80,6 +85,50 @@ class Replay:
                     if self.shuffle:
                         batch = batch.take(generator.permutation(batch.num_rows))
                     yield batch
+
+
+PREFIX = "distkeras-epochs-"
+LOCK_NAME = ".owner.lock"
+
+
+class _held_lock:
+    """Holds an exclusive lock on ``directory``'s lock file while a worker replays from it.
+
+    The lock ends with the process: a worker that Spark killed (a cancelled job, with
+    EarlyStopping, a callback's error or ``worker_timeout``) leaves an unlocked directory
+    that `remove_abandoned` deletes.
+    """
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.handle = None
+
+    def __enter__(self):
+        self.handle = open(self.path, "w")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        # Written once locked: `remove_abandoned` leaves an empty lock file alone, so it
+        # cannot take the lock in the instant between its creation and the flock.
+        self.handle.write(str(os.getpid()))
+        self.handle.flush()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.handle.close()  # releases the lock
+
+
+def remove_abandoned(local=None):
+    """Deletes the replay directories of workers that died before they could (their lock
+    is free); ones being written or read, or whose lock is not taken yet, are left alone."""
+    base = local or tempfile.gettempdir()
+    for directory in glob.glob(os.path.join(base, PREFIX + "*")):
+        try:
+            with open(os.path.join(directory, LOCK_NAME), "r+") as handle:
+                if not handle.read():  # its owner has not locked it yet
+                    continue
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(directory, ignore_errors=True)
+        except OSError:  # locked by a live worker, not locked yet, or gone meanwhile
+            continue
 
 
 def _local_directory():

@@ -421,7 +421,8 @@ class AveragingServer(SocketParameterServer):
     """Model averaging at every epoch's end, for AveragingTrainer's workers in one job.
 
     Each worker sends its weights when it finishes an epoch and waits; once all
-    ``num_workers`` have sent theirs for that epoch, the center becomes their mean,
+    ``num_workers`` have sent theirs for that epoch, the center becomes the mean of those
+    that trained on some rows (a replica of an empty partition would pull it back),
     ``on_average(epochs_done, center)`` runs (the driver's end of the epoch: validation and
     callbacks; it returns whether to stop) and every waiting worker gets the mean back.
 
@@ -444,7 +445,7 @@ class AveragingServer(SocketParameterServer):
         self.on_average = on_average
         self.epochs_done = 0
         self.stop_requested = False
-        self._epoch_weights = {}  # worker id -> weights sent for epoch ``epochs_done``
+        self._epoch_weights = {}  # worker id -> (weights, samples) of epoch ``epochs_done``
         self._averaged = threading.Condition(self.mutex)
 
     def handle_pull(self, conn, addr):
@@ -461,13 +462,16 @@ class AveragingServer(SocketParameterServer):
         epoch = data.get("epoch")
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise networking.ProtocolError("An averaging commit must carry its epoch.")
+        samples = data.get("samples")
+        if isinstance(samples, bool) or not isinstance(samples, int):
+            raise networking.ProtocolError("An averaging commit must carry its samples.")
         with self._averaged:
             if epoch > self.epochs_done:
                 raise networking.ProtocolError(
                     f"Worker {conn.worker_id} sent epoch {epoch + 1} before epoch "
                     f"{self.epochs_done + 1} was averaged.")
             if epoch == self.epochs_done and not self.stop_requested:
-                self._epoch_weights[conn.worker_id] = weights
+                self._epoch_weights[conn.worker_id] = (weights, samples)
                 if len(self._epoch_weights) >= self.num_workers:
                     self._average()
                 while self.epochs_done == epoch and not self.stop_requested \
@@ -479,8 +483,10 @@ class AveragingServer(SocketParameterServer):
 
     def _average(self):
         """Averages the epoch's weights (in worker order); call under the lock."""
-        ordered = [self._epoch_weights[worker] for worker in sorted(self._epoch_weights)]
-        self.center_variable = update_rules.average_weights(ordered)
+        trained = [weights for _, (weights, samples) in sorted(self._epoch_weights.items())
+                   if samples > 0]
+        if trained:
+            self.center_variable = update_rules.average_weights(trained)
         self._epoch_weights = {}
         self.epochs_done += 1
         try:

@@ -88,6 +88,12 @@ def warn_if_uneven(messages):
     fewest, most = min(counts.values()), max(counts.values())
     if most <= (1 + UNEVEN_TOLERANCE) * fewest:
         return False
+    if fewest == 0:
+        logger.warning(
+            "Worker(s) %s had no rows to train on (an empty partition): AveragingTrainer "
+            "leaves them out of the average; an EnsembleTrainer member keeps its initial "
+            "weights.", ", ".join(str(worker_id) for worker_id, count in sorted(counts.items())
+                                  if count == 0))
     logger.warning(
         "The workers trained on uneven partitions (samples per worker: %s); the one with "
         "the most sets the wall time. Spread the rows evenly once, for example "
@@ -125,6 +131,16 @@ def _worker_error_message(error):
     return cause
 
 
+def _one_line(error):
+    """An exception's message on one line: the driver shows the line of a failed Spark job
+    that names the worker's exception, and Keras's layer errors put their cause on the
+    lines after "Exception encountered when calling ..." (in bold: ANSI codes)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    return " ".join(text.split())
+
+
 def _register_user_module(obj):
     """Lets Spark ship a user's worker class by value when its module is not installed."""
     module_name = type(obj).__module__
@@ -152,7 +168,7 @@ def _arrow_training_job(worker, label_shapes, replay):
         except Exception as error:
             raise workers.WorkerFailure(
                 f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                f"{type(error).__name__}: {error}") from error
+                f"{type(error).__name__}: {_one_line(error)}") from error
         frame = networking.encode_message(message)
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition], "payload": [frame]},
@@ -203,8 +219,19 @@ class Trainer:
         self._run_lock = threading.Lock()
 
     def __getstate__(self):
+        import types
+
         state = dict(self.__dict__)
         state.pop("_run_lock", None)  # a lock cannot be copied or pickled: a new one
+        # The last run's validator and parameter server hold locks, sockets and threads:
+        # a copy keeps what `get_validation_history()` and `get_staleness()` return.
+        validator = state.get("_validator")
+        if validator is not None:
+            state["_validator"] = types.SimpleNamespace(records=list(validator.records))
+        server = state.get("parameter_server")
+        if server is not None:
+            state["parameter_server"] = types.SimpleNamespace(
+                staleness=list(getattr(server, "staleness", [])))
         return state
 
     def __setstate__(self, state):
@@ -1192,8 +1219,12 @@ class AveragingTrainer(DistributedTrainer):
                 messages = self._run_workers(layout, self.num_partitions(), worker,
                                              label_shapes, f"distkeras {description}",
                                              job_group)
-            model.set_weights(list(update_rules.average_weights(
-                weights_array(message["weights"]) for message in messages)))
+            # A replica whose partition was empty trained on nothing: it would pull the
+            # average back to the epoch's starting weights.
+            trained = [message for message in messages if message.get("samples") != 0]
+            if trained:
+                model.set_weights(list(update_rules.average_weights(
+                    weights_array(message["weights"]) for message in trained)))
             epoch_records.extend(record for message in messages for record in
                                  workers.history_records(workers.unpack_history(message)))
             for record in epoch_records:

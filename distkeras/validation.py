@@ -250,6 +250,10 @@ class Validator:
         self.batch_size = batch_size
         self.records = []
         self.callbacks = keras_callback_list(callbacks, model, num_epoch)
+        # TerminateOnNaN watches each batch's loss, and no batch ends here: it is shown the
+        # epoch's mean step loss instead (NaN as soon as one step's loss was).
+        self._batch_loss_callbacks = [callback for callback in callbacks or ()
+                                      if type(callback).__name__ == "TerminateOnNaN"]
         self.num_epoch = num_epoch
         self.stopped_epoch = None
         # The monitor's thread evaluates epoch ends while the trainer's may end the run.
@@ -288,6 +292,9 @@ class Validator:
             if loss is not None:
                 logs["loss"] = float(loss)
             if self.callbacks is not None:
+                if loss is not None:
+                    for callback in self._batch_loss_callbacks:
+                        callback.on_batch_end(0, {"loss": float(loss)})
                 self.callbacks.on_epoch_end(epoch - 1, logs)  # Keras counts epochs from 0
                 if self.stop_requested and self.stopped_epoch is None:
                     self.stopped_epoch = epoch

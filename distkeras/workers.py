@@ -980,12 +980,14 @@ class AveragingWorker(NetworkWorker):
                 continue
             self.model.set_optimizer_state(self._fresh_optimizer)
             self.model.set_weights(state["center"])
+            taken = self._taken
             while batches := self._take_of_epoch(epoch, self.STEPS_PER_CALL):
                 self.train_steps(batches)
                 if self.history_due():
                     self.flush_history()
             self.flush_history()  # the epoch's records reach the driver before its end
-            self.send_commit(self.model.get_weights(), epoch=epoch)
+            self.send_commit(self.model.get_weights(), epoch=epoch,
+                             samples=self._taken - taken)
             state = self._exchange()
 
     def _exchange(self, action=None):

@@ -126,3 +126,29 @@ def test_each_worker_trains_on_its_own_rows_in_every_epoch(spark, tmp_path, shuf
         shares[message["worker_id"]] = set(epochs[0])
     assert shares[0].isdisjoint(shares[1])
     assert shares[0] | shares[1] == set(range(2000))
+
+
+def test_replay_files_of_a_killed_worker_are_removed_by_the_next_replay(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    # A worker killed mid-replay (Spark cancelling a job): its generator never closes.
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, pyarrow as pa\n"
+        "from distkeras.epochs import Replay\n"
+        "batch = pa.RecordBatch.from_pydict({'label': list(range(4))})\n"
+        "replayed = Replay(2).batches(iter([batch]))\n"
+        "next(replayed)\n"
+        "os._exit(9)\n")], env=dict(os.environ))
+    assert killed.returncode == 9
+    assert len(os.listdir(tmp_path)) == 1
+    live = Replay(2).batches(_batches(list(range(12))))
+    next(live)  # a running worker's directory is kept; the dead one's is removed
+    (kept,) = os.listdir(tmp_path)
+    from distkeras.epochs import remove_abandoned
+
+    remove_abandoned(str(tmp_path))
+    assert os.listdir(tmp_path) == [kept]
+    live.close()
+    assert os.listdir(tmp_path) == []

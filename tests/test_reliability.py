@@ -363,3 +363,23 @@ def test_ctrl_c_stops_everything_and_the_next_training_works(tmp_path):
                             timeout=400)
     assert "INTERRUPTED threads=0 running=False" in result.stdout, result.stderr[-3000:]
     assert "SECOND OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_keras_layer_error_names_its_cause_in_the_training_error(fashion_train):
+    import os
+
+    import keras
+
+    class Refusing(keras.layers.Layer):
+        def call(self, inputs):
+            if os.environ.get("SPARK_LOCAL_DIRS"):  # on the executor only
+                raise ValueError("the cause: pixel 42 out of range")
+            return inputs
+
+    model = keras.Sequential([keras.Input((784,)), Refusing(),
+                              keras.layers.Dense(10, activation="softmax")])
+    trainer = ADAG(keras_model=model, worker_optimizer="adam",
+                   loss="categorical_crossentropy", num_workers=2)
+    with pytest.raises(TrainingError, match=r"ValueError: Exception encountered when calling "
+                                            r"Refusing.call\(\)\..* the cause: pixel 42 out"):
+        trainer.train(fashion_train.limit(200), verbose=0)

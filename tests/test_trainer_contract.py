@@ -348,3 +348,28 @@ def test_one_column_may_feed_two_outputs_and_names_with_dots_work(two_target_fra
     for head in ("a_loss", "b_loss"):
         losses = [record[head] for record in history]
         assert np.mean(losses[-15:]) < np.mean(losses[:15]), head
+
+
+@pytest.mark.parametrize("trainer_name", ["ADAG", "SingleTrainer"])
+def test_a_trained_trainer_pickles_and_copies_with_its_results(trainer_name, fashion_train,
+                                                               fashion_test):
+    import copy
+    import pickle
+
+    import numpy as np
+    from conftest import build_mlp
+    from distkeras import trainers
+
+    cls = getattr(trainers, trainer_name)
+    options = {"num_workers": 2} if trainer_name == "ADAG" else {}
+    trainer = cls(keras_model=build_mlp(), worker_optimizer="adam",
+                  loss="categorical_crossentropy", **options)
+    x_val = np.zeros((8, 784), np.float32)
+    y_val = np.eye(10, dtype=np.float32)[np.arange(8)]
+    trainer.train(fashion_train.limit(500), verbose=0, validation_data=(x_val, y_val))
+    for twin in (pickle.loads(pickle.dumps(trainer)), copy.deepcopy(trainer)):
+        assert twin.get_validation_history() == trainer.get_validation_history()
+        assert twin.get_history() == trainer.get_history()
+        if hasattr(trainer, "get_staleness"):
+            assert twin.get_staleness() == trainer.get_staleness()
+        twin.train(fashion_train.limit(500), verbose=0)  # and trains again

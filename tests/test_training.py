@@ -195,3 +195,26 @@ def test_a_number_column_trains_a_one_value_input_as_fit_does(spark):
     reference.fit(x.reshape(-1, 1), 2.0 * x, batch_size=16, epochs=2, shuffle=False, verbose=0)
     for got, expected in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_averaging_ignores_the_replica_of_an_empty_partition(fashion_train):
+    import keras
+    from pyspark.sql import functions as F
+
+    from distkeras.trainers import AveragingTrainer
+
+    rows = fashion_train.limit(600)
+    one_sided = rows.repartition(2, F.lit(0)).cache()  # every row in one partition
+    assert sorted(one_sided.rdd.glom().map(len).collect()) == [0, 600]
+    start = build_mlp()
+
+    def moved(frame, num_workers):
+        trainer = AveragingTrainer(keras_model=start, worker_optimizer=keras.optimizers.SGD(0.1),
+                                   loss="categorical_crossentropy", num_workers=num_workers)
+        model = trainer.train(frame, verbose=0)
+        return [trained - initial for trained, initial in
+                zip(model.get_weights(), start.get_weights())]
+
+    # One epoch (a job of its own): the empty replica changes nothing.
+    for with_empty, alone in zip(moved(one_sided, 2), moved(one_sided.coalesce(1), 1)):
+        np.testing.assert_allclose(with_empty, alone, atol=1e-5)

@@ -564,3 +564,18 @@ def test_every_trainer_calls_each_epochs_begin_and_end(trainer_name, fashion_tra
                                               "categorical_crossentropy", num_epoch=3)
     trainer.train(fashion_train.limit(500), verbose=0, callbacks=[order])
     assert order.calls == ["begin 0", "end 0", "begin 1", "end 1", "begin 2", "end 2"]
+
+
+def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
+    import keras
+
+    from distkeras.validation import Validator
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    validator = Validator(model, callbacks=[keras.callbacks.TerminateOnNaN()], num_epoch=5)
+    validator.begin()
+    validator.evaluate(model.get_weights(), 1, 10, loss=0.5)
+    assert not validator.stop_requested
+    validator.evaluate(model.get_weights(), 2, 20, loss=float("nan"))
+    assert validator.stop_requested and validator.stopped_epoch == 2
