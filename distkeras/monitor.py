@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from distkeras.validation import epoch_logs
+
 logger = logging.getLogger(__name__)
 
 VERBOSE_CHOICES = (0, 1, 2, "auto")
@@ -145,7 +147,7 @@ class TrainingMonitor(threading.Thread):
         self.num_tasks = num_tasks
         self._worker_epochs = {}  # per worker id, the latest epoch it reported a step of
         self._validated_epochs = 0
-        self._epoch_losses = []
+        self._epoch_records = []
         self.stopped_by_callback = None
         self.end_of_epoch_error = None  # (epoch, exception) when validation or a callback failed
 
@@ -175,8 +177,8 @@ class TrainingMonitor(threading.Thread):
                                                   int(record["epoch"]))
             if "loss" in record:
                 self._recent_losses.append(record["loss"])
-                if self.validator is not None:  # emptied at each epoch's end
-                    self._epoch_losses.append(record["loss"])
+            if self.validator is not None:  # emptied at each epoch's end
+                self._epoch_records.append(record)
         del self._recent_losses[:-50]
         return len(new)
 
@@ -226,15 +228,15 @@ class TrainingMonitor(threading.Thread):
             return
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             weights = [np.array(weight) for weight in self.server.center_variable]
-        # The mean loss of the steps reported since the last epoch's end.
-        loss = float(np.mean(self._epoch_losses)) if self._epoch_losses else None
-        self._epoch_losses = []
+        # The mean loss and metrics of the steps reported since the last epoch's end.
+        logs = epoch_logs(self._epoch_records)
+        self._epoch_records = []
         # Records arrive a few times a second: when they show several epochs done at once
         # (short epochs, or the last ones ending together), each still ends, on the center
         # reached, so the callbacks count every epoch (EarlyStopping's patience).
         for epoch in range(self._validated_epochs + 1, finished + 1):
             self._validated_epochs = epoch
-            if not self._end_epoch(weights, epoch, loss):
+            if not self._end_epoch(weights, epoch, logs):
                 return
 
     def _finished_epochs(self):
@@ -246,10 +248,13 @@ class TrainingMonitor(threading.Thread):
         return min(self.num_epoch if worker in done else self._worker_epochs.get(worker, 0)
                    for worker in range(self.num_tasks))
 
-    def _end_epoch(self, weights, epoch, loss):
-        """Validates and calls back one epoch's end; returns whether training goes on."""
+    def _end_epoch(self, weights, epoch, logs):
+        """Validates and calls back one epoch's end (``logs``: the steps' mean loss and
+        metrics); returns whether training goes on."""
+        logs = dict(logs)
         try:
-            self.validator.evaluate(weights, epoch, self._samples, loss)
+            self.validator.evaluate(weights, epoch, self._samples, logs.pop("loss", None),
+                                    logs)
             if not self.validator.stop_requested:
                 self.validator.epoch_begin(epoch + 1)
         except Exception as error:  # any: the user's callbacks run here; re-raised by train()

@@ -115,12 +115,6 @@ def _check_number(name, value):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
-def _mean_loss(records):
-    """The mean ``loss`` of history records, or None when none has one."""
-    losses = [record["loss"] for record in records if "loss" in record]
-    return float(np.mean(losses)) if losses else None
-
-
 def _worker_error_message(error):
     """The most telling line of a failed Spark job: the worker's own exception."""
     text = str(error)
@@ -444,15 +438,16 @@ class Trainer:
         return x, y
 
     def _trained_so_far(self, worker_id=None, epochs=1):
-        """Samples in the history (of one worker, if given) and the mean step loss of its
-        last ``1 / epochs`` of them (the last epoch's, in time order)."""
+        """Samples in the history (of one worker, if given) and the mean loss and metrics
+        (`validation.epoch_logs`) of its last ``1 / epochs`` of them (the last epoch's, in
+        time order)."""
         records = [record for record in self.history
                    if worker_id is None or record["worker_id"] == worker_id]
         counts = np.cumsum([record.get("batch_size", 0) for record in records])
         total = int(counts[-1]) if len(counts) else 0
         start = total * (epochs - 1) / epochs
-        return total, _mean_loss(record for record, count in zip(records, counts)
-                                 if count > start)
+        return total, validation.epoch_logs(
+            record for record, count in zip(records, counts) if count > start)
 
     def _begin_epoch(self, epoch):
         """Calls the callbacks' ``on_epoch_begin`` before ``epoch`` (1-based), where the
@@ -471,8 +466,9 @@ class Trainer:
         if self._validator is None:
             return False
         samples, _ = self._trained_so_far()
+        logs = validation.epoch_logs(epoch_records)
         try:
-            self._validator.evaluate(weights, epoch, samples, _mean_loss(epoch_records))
+            self._validator.evaluate(weights, epoch, samples, logs.pop("loss", None), logs)
         except Exception as cause:  # the user's callback: say where it failed, keep its error
             raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
                                 f"{type(cause).__name__}: {cause}") from cause
@@ -488,8 +484,8 @@ class Trainer:
                 self._validator.evaluate_model(each, self.num_epoch, samples, member=member)
             return
         epochs = self._validator.stopped_epoch or self.num_epoch
-        samples, loss = self._trained_so_far(epochs=epochs)
-        self._validator.end(model, samples, loss)
+        samples, logs = self._trained_so_far(epochs=epochs)
+        self._validator.end(model, samples, logs.pop("loss", None), logs)
 
     def get_validation_history(self):
         """One record per evaluation of the validation data in the last `train()`:

@@ -223,6 +223,22 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
     return callbacks
 
 
+# Keys of a step record that describe the step rather than measure it.
+_STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "epoch"})
+
+
+def epoch_logs(records):
+    """The mean of each measured value (``loss`` and the metrics) over step records, as
+    ``fit``'s epoch logs hold them; a value that is NaN in one step is NaN."""
+    values = {}
+    for record in records:
+        for name, value in record.items():
+            if name not in _STEP_KEYS and isinstance(value, (int, float, np.number)) \
+                    and not isinstance(value, bool):
+                values.setdefault(name, []).append(float(value))
+    return {name: float(np.mean(series)) for name, series in values.items()}
+
+
 class Validator:
     """Runs at the end of each epoch on the driver: evaluates the weights reached on the
     validation rows (one record each) and calls the Keras callbacks with the logs.
@@ -276,8 +292,16 @@ class Validator:
             if self.callbacks is not None:
                 self.callbacks.on_epoch_begin(epoch - 1)
 
-    def evaluate(self, weights, epoch, samples, loss=None):
+    def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
         """Evaluates ``weights`` reached after ``epoch`` (1-based) and calls the callbacks.
+
+        Args:
+            weights: The weights reached.
+            epoch: The epoch that ended (1-based).
+            samples: Samples trained so far.
+            loss: The epoch's mean step loss, or None.
+            metrics: The epoch's mean step value of each other training metric (``fit``'s
+                logs hold them too: ``EarlyStopping(monitor="accuracy")``), or None.
 
         Returns:
             The validation record, or None without validation rows.
@@ -287,8 +311,9 @@ class Validator:
             extra = {} if loss is None else {"loss": float(loss)}  # the epoch's training loss
             record = None if self.x is None else \
                 self.evaluate_model(self.model, epoch, samples, **extra)
-            logs = {key: value for key, value in (record or {}).items()
-                    if key.startswith("val_")}
+            logs = {name: float(value) for name, value in (metrics or {}).items()}
+            logs.update({key: value for key, value in (record or {}).items()
+                         if key.startswith("val_")})
             if loss is not None:
                 logs["loss"] = float(loss)
             if self.callbacks is not None:
@@ -301,7 +326,7 @@ class Validator:
                     logger.info("A callback stopped the training after epoch %d", epoch)
             return record
 
-    def end(self, model, samples, loss=None):
+    def end(self, model, samples, loss=None, metrics=None):
         """Ends the training: evaluates the trained ``model`` as the last epoch's result,
         calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave.
 
@@ -312,7 +337,7 @@ class Validator:
         """
         with self._lock:
             if self.stopped_epoch is None:
-                self.evaluate(model.get_weights(), self.num_epoch, samples, loss)
+                self.evaluate(model.get_weights(), self.num_epoch, samples, loss, metrics)
             if self.callbacks is not None:
                 self.callbacks.on_train_end()
                 model.set_weights(self.model.get_weights())

@@ -48,15 +48,17 @@ class _Validator:
         self.begun = []
         self.records = []
         self.losses = []
+        self.metrics = []
         self.stop_after = stop_after
         self.stop_requested = False
 
     def epoch_begin(self, epoch):
         self.begun.append(epoch)
 
-    def evaluate(self, weights, epoch, samples, loss=None):
+    def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
         self.calls.append((float(weights[0][0]), epoch, samples))
         self.losses.append(loss)
+        self.metrics.append(metrics)
         self.records.append({"val_loss": 1.0 / epoch})
         self.stop_requested = epoch == self.stop_after
 
@@ -173,7 +175,7 @@ def test_monitor_stops_the_workers_when_validation_or_a_callback_fails():
     from distkeras.monitor import TrainingMonitor
 
     class Failing(_Validator):
-        def evaluate(self, weights, epoch, samples, loss=None):
+        def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
             raise OSError("disk full")
 
     server, context = _Server(), _SparkContext()
@@ -491,7 +493,7 @@ def test_too_many_validation_rows_are_refused_before_training(spark, fashion_tra
     assert trainer.get_history() == []
 
 
-def test_monitor_keeps_no_per_step_losses_without_validation():
+def test_monitor_keeps_no_per_step_records_without_validation():
     from distkeras.monitor import TrainingMonitor
 
     server = _Server()
@@ -500,7 +502,7 @@ def test_monitor_keeps_no_per_step_losses_without_validation():
         server.history.append({"batch_size": 32, "loss": 1.0})
     monitor._update(None, 0.0)
 
-    assert monitor._epoch_losses == [] and len(monitor._recent_losses) <= 50
+    assert monitor._epoch_records == [] and len(monitor._recent_losses) <= 50
 
 
 def test_numpy_arrays_validate_as_in_keras_fit(spark, fashion_train, fashion_test):
@@ -579,3 +581,46 @@ def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
     assert not validator.stop_requested
     validator.evaluate(model.get_weights(), 2, 20, loss=float("nan"))
     assert validator.stop_requested and validator.stopped_epoch == 2
+
+
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "AveragingTrainer", "ADAG"])
+def test_callbacks_see_the_training_metrics_as_fit_gives_them(trainer_name, fashion_train):
+    import keras
+
+    from distkeras import trainers
+
+    class Logs(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append(dict(logs))
+
+    callback = Logs()
+    trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
+                                              "categorical_crossentropy",
+                                              metrics=["accuracy"], num_epoch=2)
+    trainer.train(fashion_train.limit(640), verbose=0, validation_data=0.25,
+                  callbacks=[callback])
+    seen = callback.seen
+    # fit's epoch logs: the training loss and metrics, and their val_ twins.
+    assert [set(logs) for logs in seen] == [{"loss", "accuracy", "val_loss",
+                                             "val_accuracy"}] * 2
+    if trainer_name != "ADAG":  # epochs that end exactly: the means of their steps
+        first = [record for record in trainer.get_history() if record["epoch"] == 0]
+        assert seen[0]["accuracy"] == pytest.approx(
+            np.mean([record["accuracy"] for record in first]))
+        assert seen[0]["loss"] == pytest.approx(np.mean([record["loss"] for record in first]))
+
+
+def test_epoch_logs_average_each_measured_value():
+    from distkeras.validation import epoch_logs
+
+    records = [{"worker_id": 0, "iteration": 1, "timestamp": 5.0, "batch_size": 32,
+                "epoch": 0, "loss": 1.0, "accuracy": 0.5},
+               {"worker_id": 1, "iteration": 1, "timestamp": 6.0, "batch_size": 32,
+                "epoch": 0, "loss": 3.0, "accuracy": 0.25, "mae": 2.0}]
+    assert epoch_logs(records) == {"loss": 2.0, "accuracy": 0.375, "mae": 2.0}
+    assert np.isnan(epoch_logs([{"loss": float("nan")}, {"loss": 1.0}])["loss"])
+    assert epoch_logs([]) == {}
