@@ -45,6 +45,12 @@ def _to_training_column(dataframe, name):
             f"Column {name!r} is not in the DataFrame. Available columns: "
             f"{dataframe.columns}. Pass the right name as features_col / label_col."
         )
+    if dataframe.columns.count(name) > 1:
+        raise ValueError(
+            f"The DataFrame has {dataframe.columns.count(name)} columns named {name!r} (a "
+            "join of two frames that both have it?): Spark cannot tell which to read. "
+            "Rename or drop the others first, for example with withColumnRenamed before "
+            "the join.")
     data_type = dataframe.schema[name].dataType
     if isinstance(data_type, VectorUDT):
         return vector_to_array(column(name), "float32").alias(name)

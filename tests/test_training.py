@@ -105,6 +105,16 @@ def test_bad_input_fails_before_training(kwargs, message, fashion_train):
     assert trainer.get_history() == []
 
 
+def test_a_column_name_held_twice_is_named(fashion_train):
+    from distkeras.trainers import SingleTrainer
+
+    rows = fashion_train.limit(10)
+    joined = rows.select("features", "label").crossJoin(rows.select("label").limit(1))
+    assert joined.columns.count("label") == 2
+    with pytest.raises(ValueError, match="2 columns named 'label'"):
+        _trainer(SingleTrainer).train(joined)
+
+
 def test_wrong_feature_size_is_named(spark):
     from distkeras.trainers import SingleTrainer
 
