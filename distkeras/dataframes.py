@@ -239,3 +239,28 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
             .repartition(num_partitions)
             .sortWithinPartitions("__distkeras_order")
             .drop("__distkeras_order"))
+
+
+def barrier_compatible(dataframe, num_partitions):
+    """Whether Spark can run ``dataframe``'s partitions as a barrier stage of
+    ``num_partitions`` tasks: every RDD the stage computes (back to its shuffles) must have
+    that many partitions, which a ``coalesce()`` or a ``union()`` breaks (Spark's check,
+    SPARK-24820, done here on the driver: Spark 4 stops the SparkContext when it fails).
+    False where the RDD chain cannot be read."""
+    try:
+        stack, seen = [dataframe.rdd._jrdd.rdd()], set()
+        while stack:
+            rdd = stack.pop()
+            if rdd.id() in seen:
+                continue
+            seen.add(rdd.id())
+            if rdd.getNumPartitions() != num_partitions:
+                return False
+            dependencies = rdd.dependencies()
+            for index in range(dependencies.size()):
+                dependency = dependencies.apply(index)
+                if dependency.getClass().getName() != "org.apache.spark.ShuffleDependency":
+                    stack.append(dependency.rdd())
+        return True
+    except Exception:  # py4j internals another Spark may lack: not a barrier stage then
+        return False

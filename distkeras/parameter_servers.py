@@ -443,6 +443,10 @@ class AveragingServer(SocketParameterServer):
         super().__init__(model, master_port)
         self.num_workers = num_workers
         self.on_average = on_average
+        # Weights that hold NaN or infinite values still take part in the mean, as in one
+        # Spark job per epoch (the driver averages whatever the workers return): a refused
+        # commit would get no reply and every worker would wait for it forever.
+        self.allow_nonfinite = True
         self.epochs_done = 0
         self.stop_requested = False
         self._epoch_weights = {}  # worker id -> (weights, samples) of epoch ``epochs_done``

@@ -1118,7 +1118,8 @@ class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
     Every epoch starts all replicas from the last average, each with a fresh optimizer.
-    With several epochs and a slot for every worker, all epochs run in one Spark job:
+    With several epochs and a slot for every worker (and one more for a Spark job that
+    a callback of the user's own might start), all epochs run in one Spark job:
     each worker replays its partition from local disk and the workers meet at each epoch's
     end on the driver's `AveragingServer` (a barrier stage, so they run at once);
     otherwise each epoch is a Spark job of its own and the driver averages the results.
@@ -1135,13 +1136,38 @@ class AveragingTrainer(DistributedTrainer):
     def _train(self, frame, label_shapes, shuffle):
         self.parameter_server = None  # the one job's `AveragingServer`, when it runs
         slots = affinity.concurrent_task_slots(frame.sparkSession.sparkContext)
-        if self.num_epoch > 1 and slots is not None and slots >= self.num_partitions():
-            return self._train_in_one_job(frame, label_shapes, shuffle)
+        # Callbacks run while the workers wait, holding their task slots: one of the
+        # user's own might start a Spark job, which needs a slot more (Keras's don't).
+        needed = self.num_partitions() + (1 if self._own_callbacks() else 0)
+        if self.num_epoch > 1 and slots is not None and slots >= needed:
+            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+            if self._runs_as_barrier_stage(frame, layout, shuffle):
+                return self._train_in_one_job(frame, layout, label_shapes, shuffle)
+            logger.info("AveragingTrainer: the DataFrame's partitions cannot run as one "
+                        "barrier stage (coalesce() or union() before the training): one "
+                        "Spark job per epoch.")
         return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
 
-    def _train_in_one_job(self, frame, label_shapes, shuffle):
+    def _own_callbacks(self):
+        """The user's callbacks that are not Keras's own (LambdaCallback counts as own)."""
+        callbacks = getattr(self._validator, "user_callbacks", ())
+        return [callback for callback in callbacks
+                if not type(callback).__module__.startswith("keras.")
+                or type(callback).__name__ == "LambdaCallback"]
+
+    def _runs_as_barrier_stage(self, frame, layout, shuffle):
+        """Whether Spark accepts ``layout`` (`dataframes.lay_out` of ``frame``) as the
+        input of a barrier stage. It refuses a stage whose RDDs do not all have the
+        stage's number of partitions (a ``coalesce``, a ``union``), and the refusal
+        stops the whole SparkContext (Spark 4)."""
+        if shuffle or (layout is not frame and self.num_partitions() > 1):
+            return True  # laid out by a shuffle of its own
+        if layout is not frame:
+            return False  # coalesce(1)
+        return dataframes.barrier_compatible(layout, self.num_partitions())
+
+    def _train_in_one_job(self, frame, layout, label_shapes, shuffle):
         spark = frame.sparkSession
-        layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
         failures = []
 
         def end_epoch(epoch, center):

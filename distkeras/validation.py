@@ -265,6 +265,7 @@ class Validator:
         self.y = y
         self.batch_size = batch_size
         self.records = []
+        self.user_callbacks = list(callbacks or ())
         self.callbacks = keras_callback_list(callbacks, model, num_epoch)
         # TerminateOnNaN watches each batch's loss, and no batch ends here: it is shown the
         # epoch's mean step loss instead (NaN as soon as one step's loss was).

@@ -240,3 +240,80 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
     # The restarted workers skipped epoch 1 (averaged before they started) or redid it.
     assert {record["epoch"] for record in history} == {0, 1, 2}
     assert accuracy(model, fashion_test) > 0.6
+
+
+def test_weights_with_nan_still_make_the_epochs_mean():
+    """A diverged replica's weights (NaN) are averaged as one job per epoch averages them:
+    refused, they got no reply and every worker waited forever."""
+    from distkeras.parameter_servers import AveragingServer
+    from ps_support import make_model
+
+    server = AveragingServer(make_model(), num_workers=2)
+    server.start()
+    try:
+        first, second = Client(server, 0), Client(server, 1)
+        replies = []
+        thread = threading.Thread(target=_commit_and_wait,
+                                  args=(first, layers(float("nan"), 1.0), 0, replies))
+        thread.start()
+        second.commit(layers(1.0, 3.0), epoch=0, samples=32)
+        reply = _recv(second)
+        thread.join(timeout=10)
+        assert not thread.is_alive() and reply["epochs_done"] == 1
+        assert np.isnan(np.asarray(reply["center"][0])).all()
+        np.testing.assert_array_equal(reply["center"][1], np.full(2, 2.0, np.float32))
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("case", ["coalesced", "one_worker"])
+def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
+        spark, fashion_train, case):
+    """A coalesce() (the user's, or lay_out's coalesce(1) for one worker) in the barrier
+    stage's RDD chain made Spark refuse the job and stop the SparkContext."""
+    from distkeras import dataframes
+
+    frame = fashion_train.limit(600).repartition(4).cache()
+    if case == "coalesced":
+        frame = frame.coalesce(2)
+    workers = 2 if case == "coalesced" else 1
+    assert not dataframes.barrier_compatible(
+        dataframes.lay_out(frame, workers), workers)
+    trainer, model = _train(frame, num_workers=workers, num_epoch=2)
+    assert trainer.parameter_server is None  # one job per epoch
+    assert [sum(record["batch_size"] for record in trainer.get_history()
+                if record["epoch"] == epoch) for epoch in range(2)] == [600, 600]
+    assert spark.range(3).count() == 3  # the session still runs
+
+
+def test_partitions_as_they_are_run_as_a_barrier_stage(spark, fashion_train):
+    from distkeras import dataframes
+
+    frame = fashion_train.limit(600).repartition(2).cache()
+    assert dataframes.barrier_compatible(frame, 2)
+
+
+def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):
+    """Callbacks run while the one job's workers wait holding their slots: a Spark job
+    started there would wait for them for ever. With a callback of the user's own and no
+    spare slot, every epoch is a job of its own; Keras's callbacks keep the one job."""
+    import keras
+
+    from distkeras.trainers import AveragingTrainer
+
+    class CountsRows(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.counts = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.counts.append(spark.range(10).count())
+
+    frame = fashion_train.limit(600).repartition(2).cache()
+    counting = CountsRows()
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=2)
+    trainer.train(frame, verbose=0, callbacks=[counting])
+    assert counting.counts == [10, 10] and trainer.parameter_server is None
+    trainer.train(frame, verbose=0, callbacks=[keras.callbacks.EarlyStopping("loss")])
+    assert trainer.parameter_server is not None
