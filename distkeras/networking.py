@@ -38,6 +38,8 @@ ACTION_QUIT = b"q"
 # Pull, but answer {"unchanged": True} when every update since this connection's last pull
 # was its own commit applied as sent: the worker then knows the center already.
 ACTION_PULL_UNLESS_OWN = b"u"
+# A worker reports the error that stops it (one a restart would repeat), then closes.
+ACTION_FAILURE = b"f"
 
 
 class ProtocolError(Exception):

@@ -87,6 +87,8 @@ class SocketParameterServer(ParameterServer):
         self.finished_workers = set()  # ids of the workers that said goodbye
         self.staleness = []
         self.errors = []
+        self.worker_failures = []  # (worker id, error) that workers reported before failing
+        self.on_worker_failure = None  # called with (worker id, error) as one arrives
         self.allow_nonfinite = False
         self.refused = 0
         self._history_lock = threading.Lock()
@@ -243,6 +245,9 @@ class SocketParameterServer(ParameterServer):
                         self.next_update(conn)
             elif action == networking.ACTION_HISTORY:
                 self.handle_history(conn, addr)
+            elif action == networking.ACTION_FAILURE:
+                self.handle_failure(conn, addr)
+                return
             elif action == networking.ACTION_QUIT:
                 with self._history_lock:  # after its last history: its records are all in
                     self.finished_workers.add(conn.worker_id)
@@ -335,6 +340,19 @@ class SocketParameterServer(ParameterServer):
         records = history_records(columns)
         with self._history_lock:
             self.history.extend(records)
+
+
+    MAX_FAILURE_CHARS = 4000
+
+    def handle_failure(self, conn, addr):
+        """Receives the error that stops a worker (text, shown to the user, never run);
+        keeps it and calls ``on_worker_failure``."""
+        data = recv_data(conn)
+        error = str(data.get("error", "an error it did not describe"))[:self.MAX_FAILURE_CHARS]
+        with self._history_lock:
+            self.worker_failures.append((conn.worker_id, error))
+        if self.on_worker_failure is not None:
+            self.on_worker_failure(conn.worker_id, error)
 
 
 class HistoryServer(SocketParameterServer):

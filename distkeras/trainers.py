@@ -1196,6 +1196,8 @@ class AveragingTrainer(DistributedTrainer):
         server.start()
         worker.master_host, worker.master_port = driver_address(spark), server.port
         worker.token = server.token
+        server.on_worker_failure = \
+            lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         monitor = TrainingMonitor(
             server, spark.sparkContext, job_group, self._progress_total, self.verbose,
             name=type(self).__name__,
@@ -1207,6 +1209,12 @@ class AveragingTrainer(DistributedTrainer):
                               f"{self.num_epoch} epochs)", job_group,
                               Replay(self.num_epoch, shuffle), barrier=True)
             server.wait_for_goodbyes(timeout=10.0)
+        except TrainingError as error:
+            if not server.worker_failures:
+                raise
+            worker_id, cause = server.worker_failures[0]
+            raise TrainingError(f"Training failed on an executor: partition {worker_id} "
+                                f"failed: {cause}") from error
         finally:
             monitor.stop()
             server.stop()

@@ -969,6 +969,26 @@ class AveragingWorker(NetworkWorker):
         self._taken = 0  # samples taken from the feed
 
     def optimize(self):
+        try:
+            self._train_epochs()
+        except (OSError, networking.ProtocolError):
+            raise  # the link to the driver: a restart may get through
+        except Exception as error:
+            # Spark restarts a failed barrier stage whole (up to 4 times), and this error
+            # would come back each time: the driver hears it now and stops the job.
+            self._report_failure(error)
+            raise
+
+    def _report_failure(self, error):
+        message = " ".join(f"{type(error).__name__}: {error}".split())
+        try:
+            networking.send_action(self.socket, networking.ACTION_FAILURE)
+            networking.send_data(self.socket, {"error": message})
+        except OSError as cause:
+            logger.warning("Worker %s could not report its failure: %s", self.worker_id,
+                           cause)
+
+    def _train_epochs(self):
         state = self._exchange(networking.ACTION_PULL)
         for epoch in range(self.num_epoch):
             if state["stop"]:

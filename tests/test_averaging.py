@@ -317,3 +317,55 @@ def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):
     assert counting.counts == [10, 10] and trainer.parameter_server is None
     trainer.train(frame, verbose=0, callbacks=[keras.callbacks.EarlyStopping("loss")])
     assert trainer.parameter_server is not None
+
+
+def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
+    from distkeras import networking
+    from distkeras.networking import send_data
+    from distkeras.parameter_servers import AveragingServer
+    from ps_support import make_model
+
+    heard = []
+    server = AveragingServer(make_model(), num_workers=2)
+    server.on_worker_failure = lambda worker_id, error: heard.append((worker_id, error))
+    server.start()
+    try:
+        client = Client(server, 1)
+        networking.send_action(client.sock, networking.ACTION_FAILURE)
+        send_data(client.sock, {"error": "ValueError: row 17 is not an image"})
+        expect_closed_by_server(client.sock)
+        assert heard == [(1, "ValueError: row 17 is not an image")]
+        assert server.worker_failures == heard and server.epochs_done == 0
+    finally:
+        server.stop()
+
+
+def test_a_worker_error_stops_the_one_job_at_once_with_its_cause(spark, fashion_train,
+                                                                 tmp_path):
+    from distkeras import workers
+    from distkeras.trainers import AveragingTrainer, TrainingError
+
+    attempts = str(tmp_path / "attempts")
+
+    class FailingWorker(workers.AveragingWorker):
+        def train_steps(self, batches):
+            if self.worker_id == 1:  # a bad row, say: every restart would fail again
+                with open(attempts, "a") as log:
+                    log.write("attempt\n")
+                raise ValueError("row 17 is not an image")
+            super().train_steps(batches)
+
+    class FailingAveragingTrainer(AveragingTrainer):
+        def allocate_averaging_worker(self):
+            return FailingWorker(self.master_model)
+
+    trainer = FailingAveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                                      num_workers=2, num_epoch=2)
+    frame = fashion_train.limit(600).repartition(2).cache()
+    with pytest.raises(TrainingError, match="partition 1 failed: ValueError: row 17 is not "
+                                            "an image"):
+        trainer.train(frame, verbose=0)
+    # Not restarted: Spark retries a failed barrier stage whole, up to 4 times.
+    with open(attempts) as log:
+        assert log.read().count("attempt") == 1
+    assert spark.range(3).count() == 3
