@@ -86,7 +86,9 @@ def _train_parser(trainer_class=None, add_help=True):
                         help="worker optimizer (default: the model's compiled one, else adam)")
     parser.add_argument("--loss", default=None,
                         help="loss (default: the model's compiled loss; required otherwise)")
-    parser.add_argument("--metrics", default="accuracy", help="comma-separated metrics")
+    parser.add_argument("--metrics", default=None,
+                        help="comma-separated metrics (default: the model's compiled ones, "
+                             "else accuracy for one output and none for several)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle rows each epoch")
     parser.add_argument("--validation", default=None,
                         help="a fraction of the rows to hold out (0.1), or a Parquet path, "
@@ -175,7 +177,8 @@ def _compile_settings(model, args):
     if loss is None:
         raise CommandError("--loss is required: the model file has no compiled loss")
     optimizer = args.optimizer or (model.optimizer if compiled else "adam")
-    metrics = [name for name in args.metrics.split(",") if name]
+    metrics = None if args.metrics is None else \
+        [name for name in args.metrics.split(",") if name]
     return optimizer, loss, metrics
 
 

@@ -228,14 +228,16 @@ class TrainingMonitor(threading.Thread):
             return
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             weights = [np.array(weight) for weight in self.server.center_variable]
-        # The mean loss and metrics of the steps reported since the last epoch's end.
-        logs = epoch_logs(self._epoch_records)
-        self._epoch_records = []
         # Records arrive a few times a second: when they show several epochs done at once
         # (short epochs, or the last ones ending together), each still ends, on the center
-        # reached, so the callbacks count every epoch (EarlyStopping's patience).
+        # reached, so the callbacks count every epoch (EarlyStopping's patience), each with
+        # the mean loss and metrics of its own steps (records say their epoch).
         for epoch in range(self._validated_epochs + 1, finished + 1):
             self._validated_epochs = epoch
+            logs = epoch_logs(record for record in self._epoch_records
+                              if record.get("epoch", epoch - 1) == epoch - 1)
+            self._epoch_records = [record for record in self._epoch_records
+                                   if record.get("epoch", epoch - 1) > epoch - 1]
             if not self._end_epoch(weights, epoch, logs):
                 return
 

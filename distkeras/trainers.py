@@ -90,10 +90,9 @@ def warn_if_uneven(messages):
         return False
     if fewest == 0:
         logger.warning(
-            "Worker(s) %s had no rows to train on (an empty partition): AveragingTrainer "
-            "leaves them out of the average; an EnsembleTrainer member keeps its initial "
-            "weights.", ", ".join(str(worker_id) for worker_id, count in sorted(counts.items())
-                                  if count == 0))
+            "Worker(s) %s had no rows to train on (an empty partition).",
+            ", ".join(str(worker_id) for worker_id, count in sorted(counts.items())
+                      if count == 0))
     logger.warning(
         "The workers trained on uneven partitions (samples per worker: %s); the one with "
         "the most sets the wall time. Spread the rows evenly once, for example "

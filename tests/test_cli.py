@@ -124,3 +124,19 @@ def test_predict_writes_parquet(spark, parquet_data, model_file, tmp_path, capsy
     assert len(first) == 10 and abs(sum(first) - 1.0) < 1e-4
     assert cli.main(argv) == 1  # the output exists: refused without --overwrite
     assert "already exists" in capsys.readouterr().err.lower()
+
+
+def test_metrics_default_to_the_compiled_models(spark):
+    from distkeras import cli
+    from distkeras.trainers import ADAG
+
+    model = build_mlp(16)
+    model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["mae"])
+    parser = cli._train_parser(ADAG)
+    args = parser.parse_args(["--data", "d", "--model", "m", "--output", "o"])
+    trainer = cli.build_trainer(ADAG, model, args)
+    trainer._use_compiled_settings()  # as train() does
+    assert trainer.metrics == ["mae"]  # was ["accuracy"], replacing the model's
+    given = cli.build_trainer(ADAG, model, parser.parse_args(
+        ["--data", "d", "--model", "m", "--output", "o", "--metrics", "accuracy"]))
+    assert given.metrics == ["accuracy"]

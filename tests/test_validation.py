@@ -109,6 +109,25 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
         [None, "1.0000", "1.0000", "0.5000", "0.5000"]
 
 
+def test_monitor_gives_each_epoch_the_loss_and_metrics_of_its_own_steps():
+    """Two epochs ended between two looks: each gets its own steps' means (they were one
+    mean of every step since the last look)."""
+    from distkeras.monitor import TrainingMonitor
+
+    server, validator = _Server(), _Validator()
+    monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
+                              validator=validator, num_epoch=4, num_tasks=1)
+    server.history.extend([
+        {"worker_id": 0, "epoch": 0, "batch_size": 100, "loss": 4.0, "accuracy": 0.5},
+        {"worker_id": 0, "epoch": 1, "batch_size": 100, "loss": 2.0, "accuracy": 0.75},
+        {"worker_id": 0, "epoch": 2, "batch_size": 50, "loss": 1.0, "accuracy": 1.0}])
+    monitor._update(None, 0.0)
+    assert [call[1] for call in validator.calls] == [1, 2]
+    assert validator.losses == [4.0, 2.0]
+    assert validator.metrics == [{"accuracy": 0.5}, {"accuracy": 0.75}]
+    assert [record["epoch"] for record in monitor._epoch_records] == [2]  # kept for later
+
+
 def test_monitor_ends_every_epoch_when_several_end_between_two_looks():
     """Short epochs (or the last ones ending together) are each ended, on the center
     reached: a callback counts every epoch."""
