@@ -77,7 +77,7 @@ def _train_parser(trainer_class=None, add_help=True):
     parser.add_argument("--epochs", type=int, default=1, help="passes over the data")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per minibatch")
     parser.add_argument("--window", type=int, default=None,
-                        help="communication window (default: the trainer's own)")
+                        help="communication window (default: %(default)s, the trainer's own)")
     parser.add_argument("--features", default="features",
                         help="feature column(s), comma-separated for several inputs")
     parser.add_argument("--label", default="label",
@@ -280,6 +280,7 @@ def _train_options(args):
 
 def _train(trainer_class, args):
     write_status(args.status, "starting")
+    options = _train_options(args)  # the flags' mistakes, before Spark starts
     spark = _spark(args.master)
     # The executors' Python workers start (and import Keras) while the driver loads the
     # model and reads the data's schema: seconds saved on every job.
@@ -287,14 +288,17 @@ def _train(trainer_class, args):
     warm_up.start()
     from distkeras import utils
 
-    dataframe = _read_parquet(spark, args.data)
-    model = _load_model(args.model)
-    if args.trainer_config:
-        trainer = _trainer_from_config(trainer_class, model, args.trainer_config)
-    else:
-        trainer = build_trainer(trainer_class, model, args)
-    options = _train_options(args)
-    warm_up.join()
+    try:
+        dataframe = _read_parquet(spark, args.data)
+        model = _load_model(args.model)
+        if args.trainer_config:
+            trainer = _trainer_from_config(trainer_class, model, args.trainer_config)
+        else:
+            trainer = build_trainer(trainer_class, model, args)
+    finally:
+        # Even on a mistake: exiting while the warm-up job runs kills its Python workers,
+        # and Spark logs their "crash" after our one-line error.
+        warm_up.join()
     write_status(args.status, "training")
     trained = trainer.train(dataframe, **train_options.train_arguments(options, spark))
     if isinstance(trained, list):
@@ -331,6 +335,14 @@ def command_predict(argv):
     spark = _spark(args.master)
     from distkeras.predictors import ModelPredictor
 
+    if not args.overwrite:
+        from distkeras.datasets import _check_not_there
+
+        try:
+            _check_not_there(spark, args.output, "error")
+        except FileExistsError:
+            raise CommandError(f"{args.output} already exists: pass --overwrite to replace "
+                               "it, or another --output") from None
     dataframe = _read_parquet(spark, args.data)
     if args.features not in dataframe.columns:
         raise CommandError(f"column {args.features!r} is not in {args.data}; columns: "

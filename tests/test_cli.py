@@ -123,7 +123,8 @@ def test_predict_writes_parquet(spark, parquet_data, model_file, tmp_path, capsy
     first = predictions.select("prediction").first()["prediction"]
     assert len(first) == 10 and abs(sum(first) - 1.0) < 1e-4
     assert cli.main(argv) == 1  # the output exists: refused without --overwrite
-    assert "already exists" in capsys.readouterr().err.lower()
+    assert "already exists: pass --overwrite" in capsys.readouterr().err.lower()
+    assert cli.main(argv + ["--overwrite"]) == 0
 
 
 def test_metrics_default_to_the_compiled_models(spark):
