@@ -31,6 +31,10 @@ def spark_startup_seconds():
 
 
 def main():
+    import argparse
+
+    # No options: --help says what the run does instead of starting it.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import waitress
 
     import report
