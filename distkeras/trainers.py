@@ -124,16 +124,6 @@ def _worker_error_message(error):
     return cause
 
 
-def _one_line(error):
-    """An exception's message on one line: the driver shows the line of a failed Spark job
-    that names the worker's exception, and Keras's layer errors put their cause on the
-    lines after "Exception encountered when calling ..." (in bold: ANSI codes)."""
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    return " ".join(text.split())
-
-
 def _register_user_module(obj):
     """Lets Spark ship a user's worker class by value when its module is not installed."""
     module_name = type(obj).__module__
@@ -161,7 +151,7 @@ def _arrow_training_job(worker, label_shapes, replay):
         except Exception as error:
             raise workers.WorkerFailure(
                 f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                f"{type(error).__name__}: {_one_line(error)}") from error
+                f"{workers.one_line(error)}") from error
         frame = networking.encode_message(message)
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition], "payload": [frame]},

@@ -8,6 +8,7 @@ server on the driver with `pull()` and `commit()`.
 
 import logging
 import os
+import re
 import time
 
 import numpy as np
@@ -54,6 +55,15 @@ def _enable_compilation_cache():
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     except (AttributeError, ValueError) as error:  # an older JAX without these options
         logger.info("JAX compilation cache not enabled: %s", error)
+
+
+def one_line(error):
+    """``"Type: message"`` of an exception on one line: the driver shows the line of a
+    failed Spark job that names the worker's exception, and Keras's layer errors put their
+    cause on the lines after "Exception encountered when calling ..." (in bold: ANSI
+    codes)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(error).__name__}: {error}")
+    return " ".join(text.split())
 
 
 def _ensure_backend(backend):
@@ -980,7 +990,7 @@ class AveragingWorker(NetworkWorker):
             raise
 
     def _report_failure(self, error):
-        message = " ".join(f"{type(error).__name__}: {error}".split())
+        message = one_line(error)
         try:
             networking.send_action(self.socket, networking.ACTION_FAILURE)
             networking.send_data(self.socket, {"error": message})

@@ -210,10 +210,21 @@ def test_a_worker_with_no_rows_is_left_out_of_the_averages(spark, fashion_train)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _trainer_with_worker(worker_class, num_epoch):
+    """A 2-worker AveragingTrainer whose one job runs ``worker_class``."""
+    from distkeras.trainers import AveragingTrainer
+
+    class Trainer(AveragingTrainer):
+        def allocate_averaging_worker(self):
+            return worker_class(self.master_model)
+
+    return Trainer(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                   num_epoch=num_epoch)
+
+
 def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_train,
                                                               fashion_test, tmp_path):
     from distkeras import workers
-    from distkeras.trainers import AveragingTrainer
 
     marker = str(tmp_path / "died")
 
@@ -227,12 +238,7 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
                 os._exit(17)  # no cleanup, no goodbye: like a killed Python worker
             super().train_steps(batches)
 
-    class DyingAveragingTrainer(AveragingTrainer):
-        def allocate_averaging_worker(self):
-            return DyingWorker(self.master_model)
-
-    trainer = DyingAveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
-                                    num_workers=2, num_epoch=3)
+    trainer = _trainer_with_worker(DyingWorker, num_epoch=3)
     model = trainer.train(fashion_train.limit(2000), verbose=0)
     assert os.path.exists(marker)
     assert trainer.parameter_server.epochs_done == 3
@@ -343,7 +349,7 @@ def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
 def test_a_worker_error_stops_the_one_job_at_once_with_its_cause(spark, fashion_train,
                                                                  tmp_path):
     from distkeras import workers
-    from distkeras.trainers import AveragingTrainer, TrainingError
+    from distkeras.trainers import TrainingError
 
     attempts = str(tmp_path / "attempts")
 
@@ -355,12 +361,7 @@ def test_a_worker_error_stops_the_one_job_at_once_with_its_cause(spark, fashion_
                 raise ValueError("row 17 is not an image")
             super().train_steps(batches)
 
-    class FailingAveragingTrainer(AveragingTrainer):
-        def allocate_averaging_worker(self):
-            return FailingWorker(self.master_model)
-
-    trainer = FailingAveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
-                                      num_workers=2, num_epoch=2)
+    trainer = _trainer_with_worker(FailingWorker, num_epoch=2)
     frame = fashion_train.limit(600).repartition(2).cache()
     with pytest.raises(TrainingError, match="partition 1 failed: ValueError: row 17 is not "
                                             "an image"):
