@@ -78,12 +78,16 @@ class Connection:
         max_frame_bytes: Frames announcing a larger header plus body are refused.
         weight_spec: Optional list of ``(shape, dtype)``; every list of arrays received on
             this connection must match it exactly.
+        field_specs: Optional ``{field: list of (shape, dtype)}``: the lists of arrays of
+            these fields must match their own spec instead (an optimizer's state).
     """
 
-    def __init__(self, sock, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, weight_spec=None):
+    def __init__(self, sock, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, weight_spec=None,
+                 field_specs=None):
         self.sock = sock
         self.max_frame_bytes = max_frame_bytes
         self.weight_spec = weight_spec
+        self.field_specs = field_specs
 
     def sendall(self, data):
         self.sock.sendall(data)
@@ -276,13 +280,15 @@ def _check_weight_spec(key, indices, specs, weight_spec):
             )
 
 
-def decode_frame(raw_header, body, weight_spec=None):
+def decode_frame(raw_header, body, weight_spec=None, field_specs=None):
     """Decodes a frame's header and body into a message dict.
 
     Args:
         raw_header: The header bytes.
         body: The body bytes (a writable buffer keeps the arrays writable).
         weight_spec: Optional list of ``(shape, dtype)`` that lists of arrays must match.
+        field_specs: Optional ``{field: spec}`` for fields whose lists of arrays have
+            their own spec (see `Connection`).
 
     Returns:
         The message dict; lists of arrays come back as numpy object arrays.
@@ -290,10 +296,10 @@ def decode_frame(raw_header, body, weight_spec=None):
     Raises:
         ProtocolError: If anything in the frame is inconsistent.
     """
-    return _decode_parsed(_parse_header(raw_header), body, weight_spec)
+    return _decode_parsed(_parse_header(raw_header), body, weight_spec, field_specs)
 
 
-def _decode_parsed(parsed_header, body, weight_spec):
+def _decode_parsed(parsed_header, body, weight_spec, field_specs=None):
     fields, specs = parsed_header
     if sum(spec[3] for spec in specs) != len(body):
         raise ProtocolError("Frame body length does not match the arrays it describes.")
@@ -327,8 +333,9 @@ def _decode_parsed(parsed_header, body, weight_spec):
         if kind == "array":
             message[key] = arrays[indices[0]]
             continue
-        if weight_spec is not None:
-            _check_weight_spec(key, indices, specs, weight_spec)
+        spec = (field_specs or {}).get(key, weight_spec)
+        if spec is not None:
+            _check_weight_spec(key, indices, specs, spec)
         message[key] = weights_array(arrays[i] for i in indices)
     if len(used) != len(arrays):
         raise ProtocolError("Frame carries arrays that no field refers to.")
@@ -352,7 +359,8 @@ def recv_data(conn):
     if sum(spec[3] for spec in parsed_header[1]) != body_len:
         raise ProtocolError("Frame body length does not match the arrays it describes.")
     body = recv_exact(conn, body_len)
-    return _decode_parsed(parsed_header, body, getattr(conn, "weight_spec", None))
+    return _decode_parsed(parsed_header, body, getattr(conn, "weight_spec", None),
+                          getattr(conn, "field_specs", None))
 
 
 def encode_message(obj):

@@ -90,6 +90,8 @@ class SocketParameterServer(ParameterServer):
         self.worker_failures = []  # (worker id, error) that workers reported before failing
         self.on_worker_failure = None  # called with (worker id, error) as one arrives
         self.allow_nonfinite = False
+        # Fields whose lists of arrays are not shaped like the weights (their own spec).
+        self.field_specs = None
         self.refused = 0
         self._history_lock = threading.Lock()
         self._server_socket = None
@@ -176,7 +178,8 @@ class SocketParameterServer(ParameterServer):
             except OSError:
                 break  # the listening socket was closed by stop()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec)
+            conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec,
+                                         self.field_specs)
             thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                                       name=f"distkeras-ps-conn-{addr[1]}")
             with self._history_lock:  # started under the lock: a listed thread can be joined
@@ -493,7 +496,8 @@ class AveragingServer(SocketParameterServer):
                     f"Worker {conn.worker_id} sent epoch {epoch + 1} before epoch "
                     f"{self.epochs_done + 1} was averaged.")
             if epoch == self.epochs_done and not self.stop_requested:
-                self._epoch_weights[conn.worker_id] = (weights, samples)
+                self._epoch_weights[conn.worker_id] = self._epoch_entry(data, weights,
+                                                                        samples)
                 if len(self._epoch_weights) >= self.num_workers:
                     self._average()
                 while self.epochs_done == epoch and not self.stop_requested \
@@ -503,6 +507,10 @@ class AveragingServer(SocketParameterServer):
             reply = self._reply()
         send_data(conn, reply)
 
+    def _epoch_entry(self, data, weights, samples):
+        """What a worker's commit of an epoch keeps until the epoch ends."""
+        return weights, samples
+
     def _average(self):
         """Averages the epoch's weights (in worker order); call under the lock."""
         trained = [weights for _, (weights, samples) in sorted(self._epoch_weights.items())
@@ -510,12 +518,15 @@ class AveragingServer(SocketParameterServer):
         if trained:
             self.center_variable = update_rules.average_weights(trained)
         self._epoch_weights = {}
+        self._end_epoch()
+
+    def _end_epoch(self):
+        """Counts the epoch done, runs the driver's end of it and wakes the waiting
+        workers; call under the lock."""
         self.epochs_done += 1
         try:
-            if self.on_average is not None:
-                # The workers wait meanwhile, as they would between two Spark jobs.
-                self.stop_requested = bool(self.on_average(self.epochs_done,
-                                                           self.center_variable))
+            # The workers wait meanwhile, as they would between two Spark jobs.
+            self.stop_requested = bool(self._run_epoch_hook())
         except Exception as error:  # the driver's hook: stop the workers, keep its error
             logger.exception("The end of epoch %s failed on the driver", self.epochs_done)
             with self._history_lock:
@@ -524,6 +535,70 @@ class AveragingServer(SocketParameterServer):
         finally:
             self._averaged.notify_all()
 
+    def _run_epoch_hook(self):
+        """Runs ``on_average``; returns whether to stop."""
+        if self.on_average is None:
+            return False
+        return self.on_average(self.epochs_done, self.center_variable)
+
     def _reply(self):
         return {"center": self.center_variable, "epochs_done": self.epochs_done,
                 "stop": self.stop_requested}
+
+
+class EpochServer(AveragingServer):
+    """SingleTrainer's driver end when every epoch runs in one Spark task and the driver
+    validates or calls back at each epoch's end.
+
+    The one worker sends its weights and its optimizer's state at each epoch's end and
+    waits while ``on_epoch_end(epochs_done, weights, optimizer_state)`` runs on the driver;
+    the hook returns ``(stop, optimizer_state)``, the state to go on with (a callback may
+    have changed its learning rate), or None to keep the worker's. Replies carry the
+    weights and that state, so a task that Spark restarted goes on from the last epoch's
+    end, as the next task of a job per epoch would.
+
+    Args:
+        model: The master `keras.Model` (its weights: where training starts).
+        optimizer_state: The optimizer's state to start from (`workers.get_optimizer_state`
+            of the compiled model whose optimizer the worker builds).
+        on_epoch_end: The driver's end of an epoch, or None.
+    """
+
+    FIELD = "optimizer_state"
+
+    def __init__(self, model, optimizer_state, on_epoch_end=None, master_port=0):
+        super().__init__(model, 1, master_port=master_port)
+        self.optimizer_state = weights_array(optimizer_state)
+        self.field_specs = {self.FIELD: [(value.shape, value.dtype)
+                                         for value in self.optimizer_state]}
+        self.max_frame_bytes += sum(value.nbytes for value in self.optimizer_state)
+        self.on_epoch_end = on_epoch_end
+
+    def _epoch_entry(self, data, weights, samples):
+        state = data.get(self.FIELD)
+        if not (isinstance(state, np.ndarray) and state.dtype == object
+                and len(state) == len(self.optimizer_state)):
+            raise networking.ProtocolError(
+                "An epoch's commit must carry the optimizer's state.")
+        return weights, samples, state
+
+    def _average(self):
+        """Takes the one worker's weights and optimizer state; call under the lock."""
+        ((weights, _, state),) = self._epoch_weights.values()
+        self._epoch_weights = {}
+        self.center_variable, self.optimizer_state = weights, state
+        self._end_epoch()
+
+    def _run_epoch_hook(self):
+        if self.on_epoch_end is None:
+            return False
+        stop, state = self.on_epoch_end(self.epochs_done, self.center_variable,
+                                        self.optimizer_state)
+        if state is not None:
+            self.optimizer_state = weights_array(state)
+        return stop
+
+    def _reply(self):
+        reply = super()._reply()
+        reply[self.FIELD] = self.optimizer_state
+        return reply

@@ -499,6 +499,82 @@ class Trainer:
     def _train(self, frame, label_shapes, shuffle):
         raise NotImplementedError
 
+    def _own_callbacks(self):
+        """The user's callbacks that are not Keras's own (LambdaCallback counts as own)."""
+        callbacks = getattr(self._validator, "user_callbacks", ())
+        return [callback for callback in callbacks
+                if not type(callback).__module__.startswith("keras.")
+                or type(callback).__name__ == "LambdaCallback"]
+
+    def _slots_for_one_job(self, frame, num_tasks):
+        """Whether Spark can run ``num_tasks`` tasks at once and keep them waiting at the
+        epochs' ends: callbacks run meanwhile, and one of the user's own might start a
+        Spark job, which needs a slot more (Keras's don't)."""
+        slots = affinity.concurrent_task_slots(frame.sparkSession.sparkContext)
+        needed = num_tasks + (1 if self._own_callbacks() else 0)
+        return slots is not None and slots >= needed
+
+    def _end_epoch_in_job(self, server, epoch, weights, failures):
+        """The driver's end of ``epoch`` (1-based) while the workers of one job wait on
+        ``server``: validation and callbacks, then the next epoch's start. Returns
+        whether to stop; an error is kept in ``failures`` (and stops)."""
+        if epoch >= self.num_epoch:
+            return False  # the last: the returned model is validated at the end
+        self.history = server.history_snapshot()
+        records = [record for record in self.history if record.get("epoch") == epoch - 1]
+        try:
+            if self._validate_epoch(list(weights), epoch, records):
+                return True
+            self._begin_epoch(epoch + 1)
+        except TrainingError as error:
+            failures.append(error)
+            return True
+        return False
+
+    def _run_epoch_server(self, server, worker, layout, num_tasks, label_shapes,
+                          description, replay, failures, barrier=False):
+        """Runs every epoch in one Spark job whose workers meet ``server`` (an
+        `AveragingServer`) at each epoch's end (the first epoch begun by the caller); the
+        history ends up in ``self.history``.
+
+        Raises:
+            TrainingError: A worker's error, the driver's end of an epoch (kept in
+                ``failures``) or the server's.
+        """
+        spark = layout.sparkSession
+        server.host = bind_address(spark)
+        self.parameter_server = server
+        self._configure_worker(worker)
+        job_group = self._new_job_group()
+        server.start()
+        worker.master_host, worker.master_port = driver_address(spark), server.port
+        worker.token = server.token
+        server.on_worker_failure = \
+            lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
+        monitor = TrainingMonitor(
+            server, spark.sparkContext, job_group, self._progress_total, self.verbose,
+            name=type(self).__name__,
+            validation_records=getattr(self._validator, "records", None))
+        monitor.start()
+        try:
+            self._run_workers(layout, num_tasks, worker, label_shapes, description,
+                              job_group, replay, barrier=barrier)
+            server.wait_for_goodbyes(timeout=10.0)
+        except TrainingError as error:
+            if not server.worker_failures:
+                raise
+            worker_id, cause = server.worker_failures[0]
+            raise TrainingError(f"Training failed on an executor: partition {worker_id} "
+                                f"failed: {cause}") from error
+        finally:
+            monitor.stop()
+            server.stop()
+        if failures:
+            raise failures[0]
+        if server.errors:
+            raise TrainingError(f"The {type(server).__name__} failed: {server.errors[0]}")
+        self.history = list(server.history)
+
     def _new_job_group(self):
         """A Spark job group of its own for one run of workers (to cancel them as one)."""
         return f"distkeras-{id(self)}-{time.time_ns()}"
@@ -616,11 +692,13 @@ class Trainer:
 class SingleTrainer(Trainer):
     """One replica trained on all the data in one Spark task: the baseline.
 
-    With validation data or callbacks, each epoch is a Spark task of its own that goes on
-    from the last one's weights and optimizer state (the same training as in one task, as
-    Keras's ``fit`` does it): the driver evaluates and calls back at every epoch's exact
-    end, ``EarlyStopping`` stops before the next epoch starts, and a learning rate that
-    ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
+    With validation data or callbacks the driver evaluates and calls back at every epoch's
+    exact end, as Keras's ``fit`` does: the task waits there on an `EpochServer` and goes
+    on with its weights and optimizer state (or, with no task slot to spare for a
+    callback of the user's own, each epoch is a Spark task of its own that goes on from
+    the last one's). ``EarlyStopping`` stops before the next epoch starts, and a learning
+    rate that ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next
+    epoch.
     """
 
     def allocate_worker(self):
@@ -631,6 +709,7 @@ class SingleTrainer(Trainer):
 
         model = deserialize_model(serialize_model(self.master_model))
         self._optimizer_state = None
+        self.parameter_server = None  # the one task's `EpochServer`, when it runs
         lent_state = self._lent_optimizer_state()
         if self._validator is None:
             layout = dataframes.lay_out(frame, 1, shuffle)
@@ -644,7 +723,44 @@ class SingleTrainer(Trainer):
             return model
         if lent_state is not None:
             workers.set_optimizer_state(self._validator.model, lent_state)
+        if self.num_epoch > 1 and type(self).allocate_worker is SingleTrainer.allocate_worker \
+                and self._slots_for_one_job(frame, 1):
+            return self._train_in_one_task(frame, label_shapes, shuffle)
         return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
+
+    def allocate_epoch_worker(self):
+        """The worker of the one task that runs every epoch when the driver acts at epoch
+        ends (a `workers.SequentialEpochWorker`)."""
+        return workers.SequentialEpochWorker(self.master_model)
+
+    def _train_in_one_task(self, frame, label_shapes, shuffle):
+        """Every epoch in one Spark task that replays its data from local disk; at each
+        epoch's end the worker waits on an `EpochServer` while the driver validates and
+        calls back, with the optimizer's state on the validator's model (callbacks see it,
+        and may change its learning rate)."""
+        driver_model = self._validator.model
+        if not driver_model.optimizer.built:
+            driver_model.optimizer.build(driver_model.trainable_variables)
+
+        def end_epoch(epoch, weights, optimizer_state):
+            """The driver's end of ``epoch`` (1-based): whether to stop, and the optimizer
+            state to go on with."""
+            workers.set_optimizer_state(driver_model, list(optimizer_state))
+            stop = self._end_epoch_in_job(server, epoch, weights, failures)
+            return stop, workers.get_optimizer_state(driver_model)
+
+        failures = []
+        self._begin_epoch(1)  # before the state is read: a callback may set the learning rate
+        server = parameter_servers.EpochServer(
+            self.master_model, workers.get_optimizer_state(driver_model),
+            on_epoch_end=end_epoch)
+        self._run_epoch_server(
+            server, self.allocate_epoch_worker(), dataframes.lay_out(frame, 1, shuffle), 1,
+            label_shapes, f"distkeras {type(self).__name__} ({self.num_epoch} epochs)",
+            Replay(self.num_epoch, shuffle), failures)
+        self._optimizer_state = list(server.optimizer_state)
+        workers.set_optimizer_state(driver_model, self._optimizer_state)
+        return server.get_model()
 
     def _lent_optimizer_state(self):
         """The state of the optimizer a compiled model lent, when it has taken steps (a
@@ -1124,11 +1240,7 @@ class AveragingTrainer(DistributedTrainer):
 
     def _train(self, frame, label_shapes, shuffle):
         self.parameter_server = None  # the one job's `AveragingServer`, when it runs
-        slots = affinity.concurrent_task_slots(frame.sparkSession.sparkContext)
-        # Callbacks run while the workers wait, holding their task slots: one of the
-        # user's own might start a Spark job, which needs a slot more (Keras's don't).
-        needed = self.num_partitions() + (1 if self._own_callbacks() else 0)
-        if self.num_epoch > 1 and slots is not None and slots >= needed:
+        if self.num_epoch > 1 and self._slots_for_one_job(frame, self.num_partitions()):
             layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
             if self._runs_as_barrier_stage(frame, layout, shuffle):
                 return self._train_in_one_job(frame, layout, label_shapes, shuffle)
@@ -1136,13 +1248,6 @@ class AveragingTrainer(DistributedTrainer):
                         "barrier stage (coalesce() or union() before the training): one "
                         "Spark job per epoch.")
         return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
-
-    def _own_callbacks(self):
-        """The user's callbacks that are not Keras's own (LambdaCallback counts as own)."""
-        callbacks = getattr(self._validator, "user_callbacks", ())
-        return [callback for callback in callbacks
-                if not type(callback).__module__.startswith("keras.")
-                or type(callback).__name__ == "LambdaCallback"]
 
     def _runs_as_barrier_stage(self, frame, layout, shuffle):
         """Whether Spark accepts ``layout`` (`dataframes.lay_out` of ``frame``) as the
@@ -1156,62 +1261,19 @@ class AveragingTrainer(DistributedTrainer):
         return dataframes.barrier_compatible(layout, self.num_partitions())
 
     def _train_in_one_job(self, frame, layout, label_shapes, shuffle):
-        spark = frame.sparkSession
-        failures = []
-
         def end_epoch(epoch, center):
             """The driver's end of ``epoch`` (1-based); returns whether to stop."""
-            if epoch >= self.num_epoch:
-                return False  # the last: the returned model is validated at the end
-            self.history = server.history_snapshot()
-            records = [record for record in self.history if record.get("epoch") == epoch - 1]
-            try:
-                if self._validate_epoch(list(center), epoch, records):
-                    return True
-                self._begin_epoch(epoch + 1)
-            except TrainingError as error:
-                failures.append(error)
-                return True
-            return False
+            return self._end_epoch_in_job(server, epoch, center, failures)
 
+        failures = []
+        self._begin_epoch(1)
         server = parameter_servers.AveragingServer(self.master_model, self.num_partitions(),
                                                    on_average=end_epoch)
-        server.host = bind_address(spark)
-        self.parameter_server = server
-        worker = self.allocate_averaging_worker()
-        self._configure_worker(worker)
-        job_group = self._new_job_group()
-        self._begin_epoch(1)
-        server.start()
-        worker.master_host, worker.master_port = driver_address(spark), server.port
-        worker.token = server.token
-        server.on_worker_failure = \
-            lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
-        monitor = TrainingMonitor(
-            server, spark.sparkContext, job_group, self._progress_total, self.verbose,
-            name=type(self).__name__,
-            validation_records=getattr(self._validator, "records", None))
-        monitor.start()
-        try:
-            self._run_workers(layout, self.num_partitions(), worker, label_shapes,
-                              f"distkeras AveragingTrainer ({self.num_workers} workers, "
-                              f"{self.num_epoch} epochs)", job_group,
-                              Replay(self.num_epoch, shuffle), barrier=True)
-            server.wait_for_goodbyes(timeout=10.0)
-        except TrainingError as error:
-            if not server.worker_failures:
-                raise
-            worker_id, cause = server.worker_failures[0]
-            raise TrainingError(f"Training failed on an executor: partition {worker_id} "
-                                f"failed: {cause}") from error
-        finally:
-            monitor.stop()
-            server.stop()
-        if failures:
-            raise failures[0]
-        if server.errors:
-            raise TrainingError(f"The averaging server failed: {server.errors[0]}")
-        self.history = list(server.history)
+        self._run_epoch_server(
+            server, self.allocate_averaging_worker(), layout, self.num_partitions(),
+            label_shapes, f"distkeras AveragingTrainer ({self.num_workers} workers, "
+            f"{self.num_epoch} epochs)", Replay(self.num_epoch, shuffle), failures,
+            barrier=True)
         return server.get_model()
 
     def _train_epoch_by_epoch(self, frame, label_shapes, shuffle):

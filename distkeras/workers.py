@@ -1008,8 +1008,7 @@ class AveragingWorker(NetworkWorker):
                     pass
                 self._trained_samples = self._taken
                 continue
-            self.model.set_optimizer_state(self._fresh_optimizer)
-            self.model.set_weights(state["center"])
+            self._start_epoch(state)
             taken = self._taken
             while batches := self._take_of_epoch(epoch, self.STEPS_PER_CALL):
                 self.train_steps(batches)
@@ -1017,8 +1016,17 @@ class AveragingWorker(NetworkWorker):
                     self.flush_history()
             self.flush_history()  # the epoch's records reach the driver before its end
             self.send_commit(self.model.get_weights(), epoch=epoch,
-                             samples=self._taken - taken)
+                             samples=self._taken - taken, **self._epoch_extras())
             state = self._exchange()
+
+    def _start_epoch(self, state):
+        """Starts an epoch from the server's reply: the mean, with a fresh optimizer."""
+        self.model.set_optimizer_state(self._fresh_optimizer)
+        self.model.set_weights(state["center"])
+
+    def _epoch_extras(self):
+        """Fields sent with the weights at an epoch's end, beyond epoch and samples."""
+        return {}
 
     def _exchange(self, action=None):
         """The server's reply (after sending ``action``, if given)."""
@@ -1045,3 +1053,25 @@ class AveragingWorker(NetworkWorker):
             self._taken += _batch_size(batch[0])
             batches.append(batch)
         return batches
+
+
+class SequentialEpochWorker(AveragingWorker):
+    """SingleTrainer's worker when every epoch runs in one Spark task and the driver acts
+    at each epoch's end (validation, callbacks).
+
+    Trains epoch by epoch, as `fit` does; at each epoch's end it sends its weights and its
+    optimizer's state to the driver's `EpochServer` and waits for the go-ahead, which
+    carries the optimizer state to go on with (a callback may have changed the learning
+    rate). The first reply holds the state to start from; a task that Spark restarted
+    skips the epochs already done and goes on from the last one's end.
+    """
+
+    def _start_epoch(self, state):
+        if "optimizer_state" not in state:
+            raise networking.ProtocolError("The epoch server's reply carries no optimizer "
+                                           "state.")
+        self.model.set_optimizer_state(list(state["optimizer_state"]))
+        self.model.set_weights(state["center"])
+
+    def _epoch_extras(self):
+        return {"optimizer_state": weights_array(get_optimizer_state(self.model))}
