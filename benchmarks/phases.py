@@ -2,11 +2,13 @@
 
 Trains the 784-500-500-10 MLP on the full Fashion-MNIST training set (packed features,
 2 even partitions, executors warmed) with SingleTrainer, ADAG (2 workers, window 6, the
-main job's setting) and AveragingTrainer (2 workers, 3 epochs: all in one Spark job, and
-the path it takes without a task slot for every worker, one Spark job per epoch), each
-``--repeat`` times in turns. From the per-step history timestamps: the time before
-the first step (job start, model rebuilt and compiled on the executors), the span of the
-steps, the gaps between AveragingTrainer's epochs, and the time after the last step.
+main job's setting), AveragingTrainer (2 workers, 3 epochs: all in one Spark job, and
+the path it takes without a task slot for every worker, one Spark job per epoch) and
+SingleTrainer validating on the 10,000 test images after each of 3 epochs (all in one
+Spark task, and the path it takes without a slot to spare for a callback, a task per
+epoch), each ``--repeat`` times in turns. From the per-step history timestamps: the time
+before the first step (job start, model rebuilt and compiled on the executors), the span
+of the steps, the gaps between epochs, and the time after the last step.
 
     python benchmarks/phases.py [--repeat 2]
 """
@@ -21,10 +23,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 
-def timed_train(trainer, frame):
-    """Runs ``trainer.train(frame)``; returns its phases in seconds."""
+def timed_train(trainer, frame, **options):
+    """Runs ``trainer.train(frame, **options)``; returns its phases in seconds."""
     started = time.time()
-    trainer.train(frame, verbose=0)
+    trainer.train(frame, verbose=0, **options)
     ended = started + trainer.get_training_time()
     history = trainer.get_history()
     first = min(record["timestamp"] for record in history)
@@ -52,13 +54,25 @@ def averaging_epoch_by_epoch():
     return AveragingEpochByEpoch
 
 
+def single_epoch_by_epoch():
+    """SingleTrainer held to one Spark task per epoch when validating (its path when
+    Spark has no task slot to spare for a callback of the user's own)."""
+    from distkeras.trainers import SingleTrainer
+
+    class SingleEpochByEpoch(SingleTrainer):
+        def _slots_for_one_job(self, frame, num_tasks):
+            return False
+
+    return SingleEpochByEpoch
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     import report
 
-    spark, frame, _ = report.fashion_mnist_setup("local[2]", packed=True)
+    spark, frame, test = report.fashion_mnist_setup("local[2]", packed=True)
     from fashion_mnist import build_mlp
 
     from distkeras.trainers import ADAG, AveragingTrainer, SingleTrainer
@@ -74,11 +88,19 @@ def main():
         "AveragingTrainer, 2 workers, 3 epochs (a job per epoch)":
             lambda: averaging_epoch_by_epoch()(build_mlp(), num_workers=2, num_epoch=3,
                                                **common),
+        "SingleTrainer, 3 epochs, validating (one task)":
+            lambda: SingleTrainer(build_mlp(), num_epoch=3, **common),
+        "SingleTrainer, 3 epochs, validating (a task per epoch)":
+            lambda: single_epoch_by_epoch()(build_mlp(), num_epoch=3, **common),
     }
+    import numpy as np
+
+    validation = (test[0], np.eye(10, dtype="float32")[test[1]])
     results = {name: [] for name in runs}
     for _ in range(args.repeat):
         for name, make in runs.items():
-            results[name].append(timed_train(make(), frame))
+            options = {"validation_data": validation} if "validating" in name else {}
+            results[name].append(timed_train(make(), frame, **options))
     rows = []
     for name, phases in results.items():
         def median(key, phases=phases):
@@ -91,8 +113,8 @@ def main():
             f"{args.repeat} runs taken in turns. From the history's step timestamps: "
             "'before' is train() start to the first step, 'after' the last step to "
             "train()'s end (the driver's model rebuilt from the weights included), 'gaps' "
-            "the time between AveragingTrainer's epochs (a new Spark job each, or in one "
-            "job the wait for the average), the last column "
+            "the time between epochs (a new Spark job or task each, or in one "
+            "job the wait for the driver: the average, the validation), the last column "
             "the samples per second while steps run.\n\n"
             + report.table(["run", "train() s", "before s", "steps s", "gaps s", "after s",
                             "samples/s in steps"], rows))
