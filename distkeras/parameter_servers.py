@@ -474,8 +474,18 @@ class AveragingServer(SocketParameterServer):
         self._averaged = threading.Condition(self.mutex)
 
     def handle_pull(self, conn, addr):
-        """A worker joins (or rejoins): the center and the epochs averaged so far."""
+        """A worker joins (or rejoins): the center and the epochs averaged so far.
+
+        A rejoining worker redoes the epochs not averaged yet: the steps its lost task
+        recorded in them are dropped, so the history counts each epoch's steps once.
+        """
         with self.mutex:
+            with self._history_lock:
+                # (A monitor reading by position skips as many new records as were
+                # dropped: the samples it counted for them stand for the redone ones.)
+                self.history = [record for record in self.history
+                                if record["worker_id"] != conn.worker_id
+                                or record.get("epoch", 0) < self.epochs_done]
             reply = self._reply()
         send_data(conn, reply)
 

@@ -1004,8 +1004,8 @@ class AveragingWorker(NetworkWorker):
             if state["stop"]:
                 return
             if epoch < state["epochs_done"]:  # averaged before this task started
-                while self._take_of_epoch(epoch, self.STEPS_PER_CALL):
-                    pass
+                while skipped := self._take_of_epoch(epoch, self.STEPS_PER_CALL):
+                    self.iteration += len(skipped)  # its steps are in the history
                 self._trained_samples = self._taken
                 continue
             self._start_epoch(state)

@@ -203,4 +203,10 @@ def test_a_lost_task_goes_on_from_the_last_epochs_end(spark, fashion_test, tmp_p
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_array_equal(got, want)
     assert seen.steps == [30, 60, 90]
-    assert [r["epoch"] for r in trainer.get_validation_history()] == [1, 2, 3]
+    # The lost task's steps in the epoch it did not finish are dropped: each epoch's
+    # steps counted once, numbered on.
+    records = trainer.get_validation_history()
+    assert [(r["epoch"], r["samples"]) for r in records] == [(1, 960), (2, 1920), (3, 2880)]
+    history = trainer.get_history()
+    assert [record["iteration"] for record in history] == list(range(1, 91))
+    assert [record["epoch"] for record in history] == [0] * 30 + [1] * 30 + [2] * 30
