@@ -401,20 +401,23 @@ class Trainer:
         if callbacks and isinstance(self, EnsembleTrainer):
             raise ValueError("EnsembleTrainer trains independent models: callbacks, which "
                              "watch one model, do not apply. Use validation_data alone.")
-        x = y = None
+        x = y = weights = None
         if isinstance(validation_frame, tuple):
-            x, y = self._validation_arrays(validation_frame)
+            x, y, weights = self._validation_arrays(validation_frame)
         elif validation_frame is not None:
-            x, y = validation.collect(validation_frame, self.master_model, self.features_col,
-                                      self.label_col)
+            x, y, weights = validation.collect(validation_frame, self.master_model,
+                                               self.features_col, self.label_col,
+                                               self._sample_weight_col)
         # Trainer's own: EnsembleTrainer's compiles a list.
         model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
-        return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch)
+        return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch,
+                                    sample_weight=weights)
 
     def _validation_arrays(self, arrays):
-        """Keras-style ``(x, y)`` validation arrays, checked against the model and the
-        loss (class indices with a one-hot loss would fail at the first epoch's end)."""
-        x, y = validation.from_arrays(arrays, self.master_model)
+        """Keras-style ``(x, y[, sample_weight])`` validation arrays as ``(x, y,
+        sample_weight)``, checked against the model and the loss (class indices with a
+        one-hot loss would fail at the first epoch's end)."""
+        x, y, weights = validation.from_arrays(arrays, self.master_model)
         labels = y if isinstance(y, list) else [y]
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         label_shapes = [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
@@ -424,7 +427,7 @@ class Trainer:
                                     label_shapes, output_shapes)
         except ValueError as error:
             raise ValueError(f"In validation_data: {error}") from error
-        return x, y
+        return x, y, weights
 
     def _trained_so_far(self, worker_id=None, epochs=1):
         """Samples in the history (of one worker, if given) and the mean loss and metrics

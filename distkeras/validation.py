@@ -99,22 +99,23 @@ def _fit_arrays(arrays, shapes, what):
 
 
 def from_arrays(data, model):
-    """Keras-style validation arrays ``(x, y)`` checked against ``model``, as ``(x, y)``.
+    """Keras-style validation arrays ``(x, y)`` or ``(x, y, sample_weight)`` checked
+    against ``model``, as ``(x, y, sample_weight)`` (None when not given).
 
     ``x`` (and ``y``) are a numpy array, or a list of them for a model with several inputs
     (outputs). Flat rows are reshaped to the model's shapes; labels may be class indices
-    for an output of several classes.
+    for an output of several classes. ``sample_weight`` holds one number per row.
 
     Raises:
         ValueError: Naming what does not fit the model.
     """
     from distkeras.feed import check_class_indices
 
-    if len(data) != 2:
+    if len(data) not in (2, 3):
         raise ValueError(
-            "`validation_data` as arrays must be a tuple (x, y); validation sample weights "
-            f"are not supported. Received a tuple of {len(data)}.")
-    x, y = data
+            "`validation_data` as arrays must be a tuple (x, y) or (x, y, sample_weight), "
+            f"as for Keras's fit. Received a tuple of {len(data)}.")
+    x, y = data[:2]
     xs = list(x) if isinstance(x, (list, tuple)) else [x]
     ys = list(y) if isinstance(y, (list, tuple)) else [y]
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
@@ -142,11 +143,33 @@ def from_arrays(data, model):
                          f"{sorted(rows)}.")
     if rows == {0}:
         raise ValueError("The validation data has no rows.")
-    return (xs[0] if len(xs) == 1 else xs), (labels[0] if len(labels) == 1 else labels)
+    weights = None if len(data) == 2 or data[2] is None else \
+        _validation_weights(data[2], rows.pop())
+    return (xs[0] if len(xs) == 1 else xs), (labels[0] if len(labels) == 1 else labels), \
+        weights
 
 
-def collect(validation, model, features_col, label_col):
-    """The validation rows as numpy arrays ``(x, y)`` shaped for ``model``.
+def _validation_weights(sample_weight, rows):
+    """``sample_weight`` of ``validation_data`` as float32, one finite number >= 0 per row."""
+    weights = np.asarray(sample_weight)
+    if weights.dtype == object or not (np.issubdtype(weights.dtype, np.number)
+                                       or weights.dtype == bool):
+        raise TypeError("validation_data's sample_weight must be a numeric numpy array. "
+                        f"Received dtype {weights.dtype}.")
+    if weights.shape not in ((rows,), (rows, 1)):
+        raise ValueError(f"validation_data's sample_weight must hold one number per row "
+                         f"({rows} rows). Received shape {weights.shape}.")
+    weights = weights.reshape(rows).astype(np.float32)
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("validation_data's sample_weight must be finite numbers >= 0.")
+    return weights
+
+
+def collect(validation, model, features_col, label_col, sample_weight_col=None):
+    """The validation rows as numpy arrays ``(x, y, sample_weight)`` shaped for ``model``.
+
+    ``sample_weight`` is the rows' ``sample_weight_col`` where the validation rows have
+    that column (as Keras's ``validation_split`` keeps the training weights), else None.
 
     Raises:
         ValueError: When the rows do not fit the model (see `dataframes.validate`) or
@@ -158,8 +181,12 @@ def collect(validation, model, features_col, label_col):
         raise type(error)(f"In the validation data: {error}") from error
     features = dataframes.as_column_list(features_col)
     labels = dataframes.as_column_list(label_col)
-    table = dataframes.training_frame(validation, features_col, label_col) \
-        .limit(MAX_ROWS + 1).toArrow()
+    if sample_weight_col is not None and sample_weight_col not in validation.columns:
+        logger.info("The validation data has no %r column: its rows are not weighted.",
+                    sample_weight_col)
+        sample_weight_col = None
+    table = dataframes.training_frame(validation, features_col, label_col,
+                                      sample_weight_col).limit(MAX_ROWS + 1).toArrow()
     if table.num_rows == 0:
         raise ValueError("The validation data has no rows.")
     if table.num_rows > MAX_ROWS:
@@ -176,8 +203,13 @@ def collect(validation, model, features_col, label_col):
          for name, given, shape in zip(labels, label_shapes, output_shapes)]
     single_input = not isinstance(features_col, (list, tuple))
     single_output = not isinstance(label_col, (list, tuple))
+    weights = None
+    if sample_weight_col is not None:
+        weights = _validation_weights(
+            table.column(arrow_name(sample_weight_col)).to_numpy(zero_copy_only=False),
+            table.num_rows)
     logger.info("Validating on %d rows held on the driver", table.num_rows)
-    return (x[0] if single_input else x), (y[0] if single_output else y)
+    return (x[0] if single_input else x), (y[0] if single_output else y), weights
 
 
 # Callbacks that change the optimizer's learning rate between epochs: only where the
@@ -257,12 +289,15 @@ class Validator:
         batch_size: Rows per model call.
         callbacks: `keras.callbacks.Callback` instances (see `check_callbacks`).
         num_epoch: Epochs of the training (the callbacks' ``params``).
+        sample_weight: The validation rows' weights, or None.
     """
 
-    def __init__(self, model, x=None, y=None, batch_size=1024, callbacks=(), num_epoch=1):
+    def __init__(self, model, x=None, y=None, batch_size=1024, callbacks=(), num_epoch=1,
+                 sample_weight=None):
         self.model = model
         self.x = x
         self.y = y
+        self.sample_weight = sample_weight
         self.batch_size = batch_size
         self.records = []
         self.user_callbacks = list(callbacks or ())
@@ -346,7 +381,7 @@ class Validator:
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""
         logs = model.evaluate(self.x, self.y, batch_size=self.batch_size, verbose=0,
-                              return_dict=True)
+                              sample_weight=self.sample_weight, return_dict=True)
         record = {"epoch": epoch, "samples": int(samples), "timestamp": time.time(), **extra}
         record.update({f"val_{name}": float(np.asarray(value)) for name, value in logs.items()})
         self.records.append(record)

@@ -538,10 +538,48 @@ def test_numpy_arrays_validate_as_in_keras_fit(spark, fashion_train, fashion_tes
     assert records[-1]["val_loss"] == pytest.approx(expected["loss"], rel=1e-5)
 
 
+def test_validation_sample_weights_weigh_the_validation_loss_as_in_keras(spark, fashion_train,
+                                                                      fashion_test):
+    from pyspark.sql import functions as F
+
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test[0][:300], fashion_test[1][:300]
+    y = np.eye(10)[labels]
+    weights = np.where(labels < 5, 3.0, 0.5)  # half the classes count 6 times the others
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
+    model = trainer.train(fashion_train.limit(1000), verbose=0,
+                          validation_data=(images, y, weights))
+    (record,) = trainer.get_validation_history()
+    weighted = model.evaluate(images, y, sample_weight=weights, verbose=0, return_dict=True)
+    plain = model.evaluate(images, y, verbose=0, return_dict=True)
+    assert record["val_loss"] == pytest.approx(weighted["loss"], rel=1e-5)
+    assert abs(weighted["loss"] - plain["loss"]) > 1e-3  # the weights changed the loss
+
+    # A DataFrame's rows are weighted by the training's sample_weight_col, where they have
+    # it (as Keras's validation_split keeps the training weights).
+    frame = _frame(spark, images, labels).withColumn(
+        "weight", F.when(F.array_position("label", 1.0) <= 5, 3.0).otherwise(0.5))
+    training = fashion_train.limit(1000).withColumn("weight", F.lit(1.0))
+    model = trainer.train(training, verbose=0, validation_data=frame,
+                          sample_weight_col="weight")
+    (record,) = trainer.get_validation_history()
+    weighted = model.evaluate(images, y, sample_weight=weights, verbose=0, return_dict=True)
+    assert record["val_loss"] == pytest.approx(weighted["loss"], rel=1e-5)
+    model = trainer.train(training, verbose=0, validation_data=frame.drop("weight"),
+                          sample_weight_col="weight")
+    (record,) = trainer.get_validation_history()
+    plain = model.evaluate(images, y, verbose=0, return_dict=True)
+    assert record["val_loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
 @pytest.mark.parametrize("data, error, message", [
-    ((np.zeros((4, 784)),), ValueError, r"must be a tuple \(x, y\); validation sample weights"),
-    ((np.zeros((4, 784)), np.zeros((4, 10)), np.ones(4)), ValueError,
-     "a tuple of 3"),
+    ((np.zeros((4, 784)),), ValueError,
+     r"must be a tuple \(x, y\) or \(x, y, sample_weight\).*a tuple of 1"),
+    ((np.zeros((4, 784)), np.zeros((4, 10)), np.ones(3)), ValueError,
+     r"sample_weight must hold one number per row \(4 rows\)"),
+    ((np.zeros((4, 784)), np.zeros((4, 10)), np.array([1.0, -1.0, 1.0, 1.0])), ValueError,
+     "sample_weight must be finite numbers >= 0"),
     ((np.zeros((4, 783)), np.zeros((4, 10))), ValueError,
      r"x has rows of shape \(783,\); the model expects \(784,\)"),
     ((np.zeros((4, 784)), np.zeros((3, 10))), ValueError, r"different numbers of rows: \[3, 4\]"),
