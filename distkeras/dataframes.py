@@ -17,6 +17,13 @@ def column(name):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def vector_values(name, dtype="float32"):
+    """The Spark ML vectors of column ``name`` as arrays of ``dtype``, a null row staying
+    null (Spark's ``vector_to_array`` fails the whole job on one, with a JVM error that
+    names neither the column nor the null)."""
+    return F.when(column(name).isNotNull(), vector_to_array(column(name), dtype))
+
+
 def as_column_list(value):
     """A column name or a list of names, as a list."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -53,7 +60,7 @@ def _to_training_column(dataframe, name):
             "the join.")
     data_type = dataframe.schema[name].dataType
     if isinstance(data_type, VectorUDT):
-        return vector_to_array(column(name), "float32").alias(name)
+        return vector_values(name).alias(name)
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return column(name)

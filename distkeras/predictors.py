@@ -21,7 +21,8 @@ import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import check_known_inputs, check_spark_dataframe, column
+from distkeras.dataframes import (check_known_inputs, check_spark_dataframe, column,
+                                  vector_values)
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -264,14 +265,13 @@ class ModelPredictor:
             TypeError: For a feature column that is not numeric.
         """
         import keras
-        from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
 
         from distkeras import custom_objects
         from distkeras.utils import serialize_model
 
         features, kinds, outputs = self._validate(dataframe)
-        columns = [vector_to_array(column(name), "float32") if kind == "vector" else column(name)
+        columns = [vector_values(name) if kind == "vector" else column(name)
                    for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
                         for tensor in self.model.inputs]

@@ -25,7 +25,7 @@ import numbers
 
 import numpy as np
 from pyspark.ml import Estimator, Transformer
-from pyspark.ml.functions import array_to_vector, vector_to_array
+from pyspark.ml.functions import array_to_vector
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasOutputCol
@@ -33,7 +33,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import column
+from distkeras.dataframes import column, vector_values
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _double_array(dataset, name, role="input column"):
     """
     kind = _kind(dataset, name, role)
     if kind == "vector":
-        return vector_to_array(column(name), "float64")
+        return vector_values(name, "float64")
     if kind == "array":
         return column(name).cast(T.ArrayType(T.DoubleType()))
     raise TypeError(
@@ -519,8 +519,7 @@ class PackedTensorTransformer(_ColumnTransformer):
             raise TypeError(
                 f"Column {input_col!r} holds single numbers; PackedTensorTransformer packs "
                 "arrays of numbers or vectors.")
-        values = (vector_to_array(column(input_col), "float32") if kind == "vector"
-                  else column(input_col))
+        values = vector_values(input_col) if kind == "vector" else column(input_col)
         return pack_udf()(values)
 
 

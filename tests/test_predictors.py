@@ -145,6 +145,21 @@ def test_predicts_every_output_of_a_multi_output_model_in_one_call(spark):
         ModelPredictor(model).predict(frame.withColumn("prediction_score", frame.id))
 
 
+def test_a_null_vector_is_named_not_a_jvm_error(spark):
+    """Spark's vector_to_array failed the job on a null vector with a JVM UDF error; the
+    null now reaches the check that names the column."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from distkeras.predictors import ModelPredictor
+
+    frame = spark.createDataFrame([(0, Vectors.dense([1.0] * 6)), (1, None)],
+                                  StructType([StructField("id", IntegerType()),
+                                              StructField("features", VectorUDT())]))
+    with pytest.raises(Exception, match="Column 'features' has 1 null values"):
+        ModelPredictor(_mlp((6,), seed=1)).predict(frame).collect()
+
+
 def test_executors_follow_new_weights_of_the_same_model(spark):
     """The executors keep the model between calls; changed weights must still reach them."""
     from distkeras.predictors import ModelPredictor

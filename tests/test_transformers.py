@@ -225,6 +225,29 @@ def test_null_rows_stay_null_through_every_element_wise_transformer(spark):
         assert rows[0]["out"] is not None and rows[1]["out"] is None, type(stage).__name__
 
 
+def test_null_vectors_stay_null_through_every_element_wise_transformer(spark):
+    """Spark's vector_to_array fails the job on a null vector (a JVM UDF error): every
+    transformer that reads vectors failed so on a null row."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from distkeras.transformers import (DenseTransformer, LabelIndexTransformer,
+                                        MinMaxTransformer, ReshapeTransformer,
+                                        StandardTransformer)
+
+    frame = spark.createDataFrame([(0, Vectors.sparse(2, [1], [3.0])), (1, None)],
+                                  StructType([StructField("id", IntegerType()),
+                                              StructField("v", VectorUDT())]))
+    stages = [DenseTransformer("v", "out"), ReshapeTransformer("v", "out", (2, 1)),
+              LabelIndexTransformer(2, "v", "out"), MinMaxTransformer(0, 4, 0, 1, "v", "out"),
+              StandardTransformer("v", "out", mean=[1.0, 1.0], std=[2.0, 2.0])]
+    for stage in stages:
+        rows = sorted(stage.transform(frame).collect())
+        assert rows[0]["out"] is not None and rows[1]["out"] is None, type(stage).__name__
+    assert sorted(MinMaxTransformer(0, 4, 0, 1, "v", "out").transform(frame).collect())[0][
+        "out"] == [0.0, 0.75]
+
+
 def test_numpy_numbers_are_taken_as_parameters(spark):
     from distkeras.transformers import (MinMaxTransformer, OneHotTransformer,
                                         ReshapeTransformer, StandardTransformer)
