@@ -102,6 +102,8 @@ def _predict_in_chunks(model, inputs, batch_size):
     Returns:
         One ``(rows, values)`` float32 matrix per model output.
     """
+    import keras
+
     rows = len(inputs[0])
     chunks = []  # per call, the list of its outputs
     for start in range(0, rows, batch_size):
@@ -111,7 +113,9 @@ def _predict_in_chunks(model, inputs, batch_size):
             chunk = [np.concatenate([array, np.zeros((batch_size - count, *array.shape[1:]),
                                                      array.dtype)]) for array in chunk]
         prediction = model.predict_on_batch(chunk[0] if len(chunk) == 1 else chunk)
-        outputs = prediction if isinstance(prediction, (list, tuple)) else [prediction]
+        # A list, a tuple or a dict by output name (flattened in the order of
+        # `model.output_names`, the keys sorted) for several outputs; else one array.
+        outputs = keras.tree.flatten(prediction)
         chunks.append([np.asarray(output)[:count] for output in outputs])
     return [np.concatenate(parts).reshape(rows, -1).astype(np.float32, copy=False)
             for parts in zip(*chunks)]

@@ -145,6 +145,30 @@ def test_predicts_every_output_of_a_multi_output_model_in_one_call(spark):
         ModelPredictor(model).predict(frame.withColumn("prediction_score", frame.id))
 
 
+def test_predicts_a_model_whose_outputs_are_a_dict(spark):
+    """predict_on_batch returns a dict for `keras.Model(inputs, {name: output})`: it was
+    taken for one output and failed on the executors with an IndexError."""
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4)(inputs)
+    model = keras.Model(inputs, {"zeta": keras.layers.Dense(2, name="zeta")(hidden),
+                                 "alpha": keras.layers.Dense(1, name="alpha")(hidden)})
+    a = _features(5, 3)
+    frame = spark.createDataFrame([(i, a[i].tolist()) for i in range(ROWS)],
+                                  ["id", "features"]).coalesce(1)
+    expected = model.predict(a, verbose=0)
+    out = ModelPredictor(model, batch_size=8).predict(frame)
+    assert out.columns == ["id", "features", "prediction_alpha", "prediction_zeta"]
+    _, alpha = _predictions(out, "prediction_alpha")
+    _, zeta = _predictions(out, "prediction_zeta")
+    np.testing.assert_allclose(alpha, expected["alpha"], atol=1e-5)
+    np.testing.assert_allclose(zeta, expected["zeta"], atol=1e-5)
+
+
 def test_a_null_vector_is_named_not_a_jvm_error(spark):
     """Spark's vector_to_array failed the job on a null vector with a JVM UDF error; the
     null now reaches the check that names the column."""
