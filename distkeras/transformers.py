@@ -401,6 +401,12 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
         # Summarizer's variance is the sample variance; the population one divides by n.
         variance = summary["variance"].toArray() * ((count - 1) / count)
         std = [float(value) ** 0.5 if value > 0 else 1.0 for value in variance]
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError(
+                f"StandardEstimator: column {input_col!r} holds NaN or infinite values (or "
+                "values too large to square), so its mean or standard deviation is not a "
+                "number; replace or drop those values first, for example with "
+                "pyspark.ml.feature.Imputer or a filter on isnan().")
         logger.info("StandardEstimator fitted %d means on %d rows of %r",
                     len(mean), count, input_col)
         return StandardTransformer(input_col=input_col, output_col=output_col,

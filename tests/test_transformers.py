@@ -278,6 +278,10 @@ def test_standard_estimator_skips_nulls_and_names_what_it_cannot_fit(spark):
         ([([1.0, None],)], "a array<double>", "null values inside its arrays"),
         ([], "a array<double>", "has no rows"),
         ([(None,)], "a double", "has no rows"),
+        # Spark's summarizer gives a NaN mean, which the fitted transformer refused as
+        # "Invalid param value given for param mean. Expected a finite number".
+        ([([1.0, float("nan")],), ([2.0, 3.0],)], "a array<double>", "NaN or infinite"),
+        ([(1.0,), (float("inf"),)], "a double", "NaN or infinite"),
     ]:
         with pytest.raises(ValueError, match=message):
             estimator.fit(spark.createDataFrame(rows, schema))
