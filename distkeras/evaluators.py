@@ -34,9 +34,15 @@ LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
 def _class_index(dataset, name, role):
     """A column as a class index: numbers as they are, arrays and vectors by their argmax,
     except one-element arrays (a sigmoid output, a binary label): 1 above 0.5, else 0, as
-    Keras's binary accuracy reads them."""
+    Keras's binary accuracy reads them. A fractional number is no class index (a
+    probability taken out of its array would never equal a label): it stops the job."""
     if _kind(dataset, name, role) == "scalar":
-        return column(name).cast(T.DoubleType())
+        value = column(name).cast(T.DoubleType())
+        return F.when(value.isNull() | (value == F.floor(value)), value).otherwise(_fail(
+            f"AccuracyEvaluator: the {role} {name!r} holds a fractional number, not a class "
+            "index. For the probability of one sigmoid unit, pass its one-value array "
+            "(ModelPredictor's prediction column, thresholded at 0.5) or threshold it "
+            "first; for class probabilities, pass the arrays or vectors (argmax)."))
     values = _double_array(dataset, name, role)
     return F.when(F.size(values) == 1,
                   (F.element_at(values, 1) > 0.5).cast(T.DoubleType())) \

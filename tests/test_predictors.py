@@ -295,6 +295,11 @@ def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
                                         "label_array array<float>")
     assert AccuracyEvaluator("prediction", "label").evaluate(frame) == 0.75
     assert AccuracyEvaluator("prediction", "label_array").evaluate(frame) == 0.75
+    # The same probabilities as numbers are no class indices: they never equalled a label
+    # (an accuracy of 0.0, silently), and now stop with the column named.
+    numbers = frame.withColumn("probability", frame.prediction[0])
+    with pytest.raises(Exception, match="'probability' holds a fractional number"):
+        AccuracyEvaluator("probability", "label").evaluate(numbers)
 
 
 def test_loss_evaluator_matches_hand_computed_values(scored, spark):
