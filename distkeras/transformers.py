@@ -598,7 +598,19 @@ class BinaryLabelTransformer(_ColumnTransformer):
 
     def _expression(self, dataset, input_col):
         label = _require(self, self.label)
-        _column_type(dataset, input_col)
-        matches = F.coalesce(column(input_col) == F.lit(label), F.lit(False))
+        data_type = _column_type(dataset, input_col)
+        values = column(input_col)
+        if isinstance(label, str) != isinstance(data_type, T.StringType):
+            # Spark would cast the strings to numbers, and fail on the first that is not one
+            # (or compare "1" with 1.0 as unequal).
+            raise TypeError(
+                f"BinaryLabelTransformer: column {input_col!r} has type "
+                f"{data_type.simpleString()} but label={label!r} is "
+                f"{'a string' if isinstance(label, str) else 'a number'}; pass the label as "
+                f"{'a string' if isinstance(data_type, T.StringType) else 'a number'}, "
+                "of the column's own type.")
+        if isinstance(data_type, T.BooleanType):
+            values = values.cast(T.DoubleType())  # True is 1, False 0
+        matches = F.coalesce(values == F.lit(label), F.lit(False))
         return F.when(matches, F.array(F.lit(1.0), F.lit(0.0))) \
             .otherwise(F.array(F.lit(0.0), F.lit(1.0))).cast(FLOAT_ARRAY)

@@ -164,6 +164,22 @@ def test_binary_label(tiny):
     assert _column(numeric, "o") == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
 
 
+def test_binary_label_names_a_label_of_another_type_than_its_column(tiny):
+    """Spark cast the strings to numbers to compare them with a number, and failed the job
+    on the first one that was not (CAST_INVALID_INPUT, naming neither column nor label)."""
+    from pyspark.sql import functions as F
+
+    from distkeras.transformers import BinaryLabelTransformer
+
+    with pytest.raises(TypeError, match="column 'c' has type string but label=1 is a number"):
+        BinaryLabelTransformer(input_col="c", output_col="o", label=1).transform(tiny)
+    with pytest.raises(TypeError, match="column 'idx' has type bigint but label='cat'"):
+        BinaryLabelTransformer(input_col="idx", output_col="o", label="cat").transform(tiny)
+    flags = tiny.withColumn("flag", F.col("idx") == 0)  # booleans: True is 1
+    out = BinaryLabelTransformer(input_col="flag", output_col="o", label=1).transform(flags)
+    assert _column(out, "o") == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+
+
 def test_missing_columns_and_params_are_named(tiny):
     from distkeras.transformers import DenseTransformer, OneHotTransformer
 
