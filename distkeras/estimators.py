@@ -83,6 +83,23 @@ def _model_path(path):
     return path.rstrip("/") + "/" + MODEL_FILE
 
 
+def _load_keras_model(spark, path, compile=False):
+    """The Keras model saved in the stage folder ``path``, or an error that says how to
+    load one that needs custom objects (Keras's own names neither the path nor the fix)."""
+    from distkeras.utils import deserialize_model
+
+    data = _read_bytes(spark, _model_path(path))
+    try:
+        return deserialize_model(data, compile=compile)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"Could not rebuild the Keras model saved at {_model_path(path)}: {error}\n"
+            "A model with custom layers, losses, metrics or activations needs them in this "
+            "session: define or import them, then load inside `with keras.saving."
+            "custom_object_scope({'MyLayer': MyLayer, 'my_loss': my_loss}):`, or register "
+            "them with `@keras.saving.register_keras_serializable()`.") from error
+
+
 class _HasKerasParams(HasPredictionCol):
     batchSize = Param(Params._dummy(), "batchSize", "rows per model call when predicting",
                       typeConverter=TypeConverters.toInt)
@@ -159,14 +176,11 @@ class _KerasModelReader(MLReader):
         self.cls = cls
 
     def load(self, path):
-        from distkeras.utils import deserialize_model
-
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        instance.keras_model = deserialize_model(
-            _read_bytes(self.sparkSession, _model_path(path)), compile=True)
+        instance.keras_model = _load_keras_model(self.sparkSession, path, compile=True)
         return instance
 
 
@@ -285,7 +299,6 @@ class _KerasEstimatorReader(MLReader):
 
     def load(self, path):
         from distkeras.trainers import Trainer
-        from distkeras.utils import deserialize_model
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         module_name, _, class_name = metadata["trainer"]["class"].rpartition(".")
@@ -293,7 +306,7 @@ class _KerasEstimatorReader(MLReader):
         if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
             raise TypeError(f"{metadata['trainer']['class']} (saved at {path}) is not a "
                             "distkeras trainer class.")
-        keras_model = deserialize_model(_read_bytes(self.sparkSession, _model_path(path)))
+        keras_model = _load_keras_model(self.sparkSession, path)
         instance = self.cls(trainer_class.from_config(metadata["trainer"]["config"],
                                                       keras_model=keras_model))
         instance._resetUid(metadata["uid"])

@@ -113,6 +113,29 @@ def test_settings_a_compiled_model_lends_are_saved_with_the_estimator(spark, tmp
     assert trainer.get_config()["loss"] == "categorical_crossentropy"
 
 
+def test_a_model_needing_custom_objects_says_how_to_load_it(spark, tmp_path):
+    """Keras's own error named neither the saved stage nor the fix (a scope or a
+    registration): a Pipeline saved in one session and loaded in another hit it."""
+    import keras
+    from pyspark.ml import Pipeline, PipelineModel
+
+    from distkeras.estimators import KerasModel
+
+    class Halve(keras.layers.Layer):  # not registered, not at a module's top level
+        def call(self, inputs):
+            return inputs / 2
+
+    model = keras.Sequential([keras.Input((3,)), Halve(), keras.layers.Dense(2)])
+    path = str(tmp_path / "custom")
+    Pipeline(stages=[KerasModel(model)]).fit(spark.range(1)).save(path)
+    with pytest.raises(ValueError, match=r"Could not rebuild the Keras model saved at .*"
+                                         r"model\.keras(.|\n)*custom_object_scope"):
+        PipelineModel.load(path)
+    with keras.saving.custom_object_scope({"Halve": Halve}):
+        loaded = PipelineModel.load(path).stages[0]
+    assert isinstance(loaded.keras_model.layers[0], Halve)
+
+
 def test_estimator_errors(spark):
     from distkeras.estimators import KerasEstimator, KerasModel
 
