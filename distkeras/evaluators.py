@@ -141,19 +141,27 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
             if mismatched and label_kind == "scalar" and loss != "categorical_crossentropy":
                 # A one-unit output's predictions (arrays of one value, as ModelPredictor
                 # writes them) against numbers: Keras reads the labels as (n, 1) too.
-                return _mean_of(dataset, self._one_value_term(
-                    dataset, loss, prediction_col, label_col), f"the {loss} loss")
-            if mismatched or (scalars and loss == "categorical_crossentropy"):
+                per_row = self._one_value_term(dataset, loss, prediction_col, label_col)
+            elif mismatched or (scalars and loss == "categorical_crossentropy"):
                 raise TypeError(
                     f"{loss} needs prediction column {prediction_col!r} and label column "
                     f"{label_col!r} to both hold arrays (or vectors)"
                     + ("" if loss == "categorical_crossentropy" else ", or both numbers")
                     + f"; they hold {prediction_kind} and {label_kind} values.")
-            if scalars:
+            elif scalars:
                 per_row = self._term(loss, column(label_col).cast(T.DoubleType()),
                                      column(prediction_col).cast(T.DoubleType()))
             else:
                 per_row = self._elementwise(dataset, loss, prediction_col, label_col)
+        # A null row is no loss of 0, nor one to leave out of the mean unsaid (Spark's avg
+        # skips it), nor a label out of range or a length mismatch (what the checks above
+        # would call it): it is named.
+        nulls = column(prediction_col).isNull() | column(label_col).isNull()
+        per_row = F.when(nulls, _fail(
+            f"LossEvaluator: prediction column {prediction_col!r} or label column "
+            f"{label_col!r} holds a null row; drop those rows first (for example "
+            f"dataset.dropna(subset=[{prediction_col!r}, {label_col!r}]))."
+        )).otherwise(per_row)
         return _mean_of(dataset, per_row, f"the {loss} loss")
 
     @staticmethod

@@ -338,6 +338,27 @@ def test_loss_evaluator_refuses_fractional_class_indices(spark):
         sparse.evaluate(frame)  # truncating 1.7 to class 1 would score a wrong label
 
 
+def test_loss_evaluator_names_null_rows(spark):
+    """A null row was left out of the mean unsaid (numbers), or blamed on the label
+    (a null prediction: "a class index that is null, fractional or outside...") or on the
+    lengths (arrays)."""
+    from distkeras.evaluators import LossEvaluator
+
+    numbers = spark.createDataFrame([(0.5, 1.0), (None, 0.0), (0.25, None)],
+                                    "prediction double, label double")
+    arrays = spark.createDataFrame([([0.2, 0.8], [0.0, 1.0], 1), (None, [1.0, 0.0], 0)],
+                                   "prediction array<float>, one_hot array<float>, label int")
+    for evaluator, frame in [(LossEvaluator("mse"), numbers),
+                             (LossEvaluator("sparse_categorical_crossentropy"), arrays),
+                             (LossEvaluator("categorical_crossentropy", label_col="one_hot"),
+                              arrays),
+                             (LossEvaluator("binary_crossentropy"), arrays)]:
+        with pytest.raises(Exception, match="'prediction' or label column .* holds a null "
+                                            "row; drop those rows first"):
+            evaluator.evaluate(frame)
+    assert LossEvaluator("mse").evaluate(numbers.dropna()) == 0.25
+
+
 def test_loss_evaluator_agrees_with_keras(scored):
     import keras
 
