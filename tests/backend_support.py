@@ -30,6 +30,7 @@ def main():
 
     results = {"driver": keras.backend.backend(),
                "executors": sorted({worker.split(":")[1] for worker in executors})}
+    # Validating: SingleTrainer's one task goes on with its optimizer state at the epoch end.
     for trainer in (SingleTrainer(mlp(), "adam", "categorical_crossentropy", num_epoch=2),
                     ADAG(mlp(), "adam", "categorical_crossentropy", num_workers=2,
                          communication_window=4, num_epoch=2),
