@@ -53,10 +53,14 @@ def trainer_options(trainer_class):
 def _add_trainer_options(parser, trainer_class):
     group = parser.add_argument_group(f"options of {trainer_class.__name__}")
     for name, default in trainer_options(trainer_class).items():
-        kind = type(default) if isinstance(default, (int, float)) and \
-            not isinstance(default, bool) else _option_value
-        group.add_argument(f"--{name.replace('_', '-')}", dest=f"trainer_{name}", type=kind,
-                           metavar=name.upper(),
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(default, bool):  # a switch: --overlap-communication / --no-...
+            group.add_argument(flag, dest=f"trainer_{name}", default=default,
+                               action=argparse.BooleanOptionalAction,
+                               help=f"{trainer_class.__name__}'s {name}")
+            continue
+        kind = type(default) if isinstance(default, (int, float)) else _option_value
+        group.add_argument(flag, dest=f"trainer_{name}", type=kind, metavar=name.upper(),
                            default=default if default is not inspect.Parameter.empty else None,
                            help=f"{trainer_class.__name__}'s {name}")
 

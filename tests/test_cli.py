@@ -141,3 +141,22 @@ def test_metrics_default_to_the_compiled_models(spark):
     given = cli.build_trainer(ADAG, model, parser.parse_args(
         ["--data", "d", "--model", "m", "--output", "o", "--metrics", "accuracy"]))
     assert given.metrics == ["accuracy"]
+
+
+def test_boolean_trainer_options_are_switches(spark):
+    from distkeras import cli
+    from distkeras.trainers import ADAG
+
+    parser = cli._train_parser(ADAG)
+    required = ["--data", "d", "--model", "m", "--output", "o",
+                "--loss", "categorical_crossentropy"]
+
+    def overlap(*flags):
+        args = parser.parse_args(required + list(flags))
+        return cli.build_trainer(ADAG, build_mlp(16), args).overlap_communication
+
+    assert overlap() is False
+    assert overlap("--overlap-communication") is True  # took a value before: "true"
+    assert overlap("--overlap-communication", "--no-overlap-communication") is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(required + ["--overlap-communication", "yes"])
