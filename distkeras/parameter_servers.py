@@ -445,7 +445,8 @@ class AveragingServer(SocketParameterServer):
     ``num_workers`` have sent theirs for that epoch, the center becomes the mean of those
     that trained on some rows (a replica of an empty partition would pull it back),
     ``on_average(epochs_done, center)`` runs (the driver's end of the epoch: validation and
-    callbacks; it returns whether to stop) and every waiting worker gets the mean back.
+    callbacks; it returns whether to stop) and every waiting worker gets the mean back,
+    with ``learning_rate`` when the driver sets one for the next epoch.
 
     Replies carry ``epochs_done``: a worker that Spark restarted (a barrier stage restarts
     them all) joins with a pull and skips the epochs already averaged. A worker's weights
@@ -470,6 +471,7 @@ class AveragingServer(SocketParameterServer):
         self.allow_nonfinite = True
         self.epochs_done = 0
         self.stop_requested = False
+        self.learning_rate = None  # the next epoch's, when the driver sets one
         self._epoch_weights = {}  # worker id -> (weights, samples) of epoch ``epochs_done``
         self._averaged = threading.Condition(self.mutex)
 
@@ -552,8 +554,11 @@ class AveragingServer(SocketParameterServer):
         return self.on_average(self.epochs_done, self.center_variable)
 
     def _reply(self):
-        return {"center": self.center_variable, "epochs_done": self.epochs_done,
-                "stop": self.stop_requested}
+        reply = {"center": self.center_variable, "epochs_done": self.epochs_done,
+                 "stop": self.stop_requested}
+        if self.learning_rate is not None:
+            reply["learning_rate"] = float(self.learning_rate)
+        return reply
 
 
 class EpochServer(AveragingServer):

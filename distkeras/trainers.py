@@ -352,7 +352,7 @@ class Trainer:
         dataframes.check_spark_dataframe(dataframe)
         callbacks = validation.check_callbacks(
             callbacks, type(self).__name__,
-            learning_rate_callbacks=isinstance(self, SingleTrainer))
+            learning_rate_callbacks=isinstance(self, (SingleTrainer, AveragingTrainer)))
         dataframe, validation_frame = (dataframe, None) if validation_data is None \
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
@@ -1225,7 +1225,8 @@ class Experimental(AsynchronousDistributedTrainer):
 class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
-    Every epoch starts all replicas from the last average, each with a fresh optimizer.
+    Every epoch starts all replicas from the last average, each with a fresh optimizer (at
+    the learning rate a ``LearningRateScheduler`` or ``ReduceLROnPlateau`` callback set).
     With several epochs and a slot for every worker (and one more for a Spark job that
     a callback of the user's own might start), all epochs run in one Spark job:
     each worker replays its partition from local disk and the workers meet at each epoch's
@@ -1263,15 +1264,28 @@ class AveragingTrainer(DistributedTrainer):
             return False  # coalesce(1)
         return dataframes.barrier_compatible(layout, self.num_partitions())
 
+    def _learning_rate_of_callbacks(self):
+        """The learning rate that ``LearningRateScheduler`` or ``ReduceLROnPlateau`` left
+        on the driver's model (the next epoch's replicas start with it), or None without
+        such a callback."""
+        callbacks = getattr(self._validator, "user_callbacks", ())
+        if not any(type(callback).__name__ in validation.LEARNING_RATE_CALLBACKS
+                   for callback in callbacks):
+            return None
+        return float(np.asarray(self._validator.model.optimizer.learning_rate))
+
     def _train_in_one_job(self, frame, layout, label_shapes, shuffle):
         def end_epoch(epoch, center):
             """The driver's end of ``epoch`` (1-based); returns whether to stop."""
-            return self._end_epoch_in_job(server, epoch, center, failures)
+            stop = self._end_epoch_in_job(server, epoch, center, failures)
+            server.learning_rate = self._learning_rate_of_callbacks()
+            return stop
 
         failures = []
         self._begin_epoch(1)
         server = parameter_servers.AveragingServer(self.master_model, self.num_partitions(),
                                                    on_average=end_epoch)
+        server.learning_rate = self._learning_rate_of_callbacks()
         self._run_epoch_server(
             server, self.allocate_averaging_worker(), layout, self.num_partitions(),
             label_shapes, f"distkeras AveragingTrainer ({self.num_workers} workers, "
@@ -1282,7 +1296,7 @@ class AveragingTrainer(DistributedTrainer):
     def _train_epoch_by_epoch(self, frame, label_shapes, shuffle):
         from distkeras import update_rules
         from distkeras.networking import weights_array
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.utils import deserialize_model, serialize_keras_object, serialize_model
 
         model = deserialize_model(serialize_model(self.master_model))
         for epoch in range(self.num_epoch):
@@ -1291,6 +1305,9 @@ class AveragingTrainer(DistributedTrainer):
                                         seed=None if not shuffle else epoch)
             worker = self.allocate_worker(model)
             self._configure_worker(worker)
+            if self._learning_rate_of_callbacks() is not None:
+                # The driver's optimizer: the worker's config, at the rate a callback set.
+                worker.optimizer = serialize_keras_object(self._validator.model.optimizer)
             # Each worker's steps count on from the last epoch's (the averaged history
             # lines steps up by iteration).
             worker.iteration = 1 + max((record["iteration"] for record in self.history),

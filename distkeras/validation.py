@@ -213,8 +213,8 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
 
 
 # Callbacks that change the optimizer's learning rate between epochs: only where the
-# driver holds the optimizer's state between epochs (SingleTrainer).
-_LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
+# driver starts each epoch's optimizers (SingleTrainer, AveragingTrainer).
+LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
 # Callbacks that act on `fit`'s own loop or on the optimizer's internals.
 _REFUSED_CALLBACKS = ("BackupAndRestore", "SwapEMAWeights")
 
@@ -246,12 +246,12 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
         if name == "ProgbarLogger":
             raise ValueError("ProgbarLogger draws Keras's own progress bar, per step: "
                              "train() draws its own (verbose=1 for a bar, 2 for lines).")
-        if name in _LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
+        if name in LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(
                 f"{name} changes the learning rate, but {trainer_name}'s optimizers live in "
                 "its workers: it would change nothing here. Use a learning rate schedule in "
-                "`worker_optimizer` (keras.optimizers.schedules), or SingleTrainer, which "
-                "applies it.")
+                "`worker_optimizer` (keras.optimizers.schedules), or SingleTrainer or "
+                "AveragingTrainer, which apply it.")
     return callbacks
 
 

@@ -1020,8 +1020,15 @@ class AveragingWorker(NetworkWorker):
             state = self._exchange()
 
     def _start_epoch(self, state):
-        """Starts an epoch from the server's reply: the mean, with a fresh optimizer."""
+        """Starts an epoch from the server's reply: the mean, with a fresh optimizer (at
+        the learning rate the driver set, if it did)."""
         self.model.set_optimizer_state(self._fresh_optimizer)
+        rate = state.get("learning_rate")
+        if rate is not None:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+                raise networking.ProtocolError("The averaging server's learning rate is not "
+                                               "a number.")
+            self.model.optimizer.learning_rate = rate
         self.model.set_weights(state["center"])
 
     def _epoch_extras(self):

@@ -460,6 +460,42 @@ def test_averaging_trainer_returns_the_weights_a_callback_restores(spark, fashio
         np.testing.assert_array_equal(returned, first)
 
 
+@pytest.mark.parametrize("one_job", [True, False])
+def test_averaging_trainer_starts_each_epoch_at_the_rate_a_callback_set(
+        one_job, spark, fashion_train, monkeypatch):
+    import keras
+
+    from distkeras import affinity
+    from distkeras.trainers import AveragingTrainer
+
+    # One job keeps a slot for a Spark job of the user's own callback, which this one does
+    # not start (local[2] has none to spare); with None Spark "cannot say": a job per epoch.
+    monkeypatch.setattr(affinity, "concurrent_task_slots",
+                        lambda context: 3 if one_job else None)
+
+    class WeightsAtEpochEnds(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.weights = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.weights.append(self.model.get_weights())
+
+    seen = WeightsAtEpochEnds()
+    # Epoch 2 at learning rate 0: every replica of plain SGD stays at the first average.
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: [0.1, 0.0, 0.05][epoch])
+    trainer = AveragingTrainer(build_mlp(32), keras.optimizers.SGD(0.5),
+                               "categorical_crossentropy", num_workers=2, num_epoch=3)
+    model = trainer.train(fashion_train.limit(1000), verbose=0, callbacks=[schedule, seen])
+
+    assert (trainer.parameter_server is not None) == one_job
+    for first, second in zip(seen.weights[0], seen.weights[1]):
+        np.testing.assert_array_equal(first, second)
+    moved = max(float(np.abs(last - second).max())
+                for last, second in zip(model.get_weights(), seen.weights[1]))
+    assert moved > 1e-3  # epoch 3 trained again, at 0.05
+
+
 def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train):
     import keras
 
@@ -478,8 +514,8 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
 @pytest.mark.parametrize("callback, trainer_name, error, message", [
     ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
     ("ReduceLROnPlateau", "ADAG", ValueError,
-     "ADAG's optimizers live in its workers: .*or SingleTrainer, which applies it"),
-    ("ReduceLROnPlateau", "AveragingTrainer", ValueError, "learning rate schedule"),
+     "ADAG's optimizers live in its workers: .*or SingleTrainer or AveragingTrainer, which"),
+    ("LearningRateScheduler", "DOWNPOUR", ValueError, "learning rate schedule"),
     ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
     ("ProgbarLogger", "ADAG", ValueError, "train\\(\\) draws its own \\(verbose=1"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
