@@ -115,10 +115,18 @@ class Job:
             raise ServerUnreachable(
                 f"Cannot reach the Punchcard server at {self.url}: {error}") from error
 
+    def _settled_trainer(self):
+        """The trainer, its optimizer, loss and metrics not given taken from its compiled
+        model (as `train()` takes them): the server and `get_trained_model` need them
+        explicit, for the archive travels without its compile configuration's objects."""
+        self.trainer._use_compiled_settings()
+        return self.trainer
+
     def payload(self):
         """The submission: names, numbers, the trainer's class and JSON config, the model."""
         from distkeras.utils import serialize_model
 
+        self._settled_trainer()
         return {
             "job_name": self.job_name,
             "data_path": self.data_path,
@@ -236,7 +244,7 @@ class Job:
         from distkeras.utils import deserialize_model
 
         model = deserialize_model(self.model_bytes)
-        return self.trainer._compile(model)
+        return self._settled_trainer()._compile(model)
 
     def get_history(self):
         """The training history (one record per step)."""

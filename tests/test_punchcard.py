@@ -493,3 +493,28 @@ def test_generate_secret_refuses_a_malformed_secrets_file(tmp_path, content):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert result.stdout == ""  # no secret printed that was not stored
     assert path.read_text() == content
+
+
+def test_a_compiled_model_lends_its_settings_to_a_job():
+    # README: `ADAG(keras_model=compiled_model, num_workers=4)` trains with what its fit
+    # would use; a job of that trainer must be accepted, and its model come back compiled.
+    import keras
+
+    from distkeras.job_deployment import validate_submission
+    from distkeras.trainers import ADAG
+    from distkeras.utils import serialize_model
+
+    model = build_mlp(hidden=8)
+    model.compile(keras.optimizers.SGD(0.05), "categorical_crossentropy", metrics=["accuracy"])
+    job = Job("secret", "compiled", "/data/fashion.parquet", 1, 2,
+              ADAG(keras_model=model, num_workers=2))
+    _, _, config, _ = validate_submission(job.payload())
+    assert config["worker_optimizer"]["class_name"] == "SGD"
+    assert config["loss"] == "categorical_crossentropy" and config["metrics"] == ["accuracy"]
+
+    attached = Job("secret", "compiled", "/data/fashion.parquet", 1, 2,
+                   ADAG(keras_model=model, num_workers=2))  # attach(): no payload() sent
+    attached.model_bytes = serialize_model(build_mlp(hidden=8))
+    trained = attached.get_trained_model()
+    assert isinstance(trained.optimizer, keras.optimizers.SGD)
+    assert trained.loss == "categorical_crossentropy"
