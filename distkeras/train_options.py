@@ -6,6 +6,7 @@ are strings, so ``class_weight``'s keys are class indices written as strings. Ev
 checked here, by type and range, before it reaches `train()`: nothing in it is executed.
 """
 
+import math
 import numbers
 import re
 
@@ -74,10 +75,12 @@ def _class_weight(value):
     weights = {}
     for key, weight in value.items():
         text = str(key)
-        if not text.isdigit() or len(text) > 9:
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:
             raise ValueError(f"'class_weight' keys must be class indices. Received: {key!r}")
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-            raise ValueError(f"'class_weight' of class {text} must be a number. "
+        # JSON as Python reads it also holds NaN and Infinity: refused, as train() does.
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or \
+                not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"'class_weight' of class {text} must be a number >= 0. "
                              f"Received: {weight!r}")
         weights[int(text)] = float(weight)
     return weights

@@ -33,6 +33,11 @@ def test_a_validation_path_goes_through_the_given_check():
     ({"class_weight": {}}, "non-empty object"),
     ({"class_weight": {"-1": 2}}, "keys must be class indices"),
     ({"class_weight": {"1": "2"}}, "of class 1 must be a number"),
+    # What train() itself refuses, refused here too: before Spark starts, or the job runs.
+    ({"class_weight": {"1": float("nan")}}, "of class 1 must be a number >= 0"),
+    ({"class_weight": {"1": float("inf")}}, "of class 1 must be a number >= 0"),
+    ({"class_weight": {"1": -5}}, "of class 1 must be a number >= 0"),
+    ({"class_weight": {"\u00b2": 2}}, "keys must be class indices"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
