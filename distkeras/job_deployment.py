@@ -347,6 +347,10 @@ def validate_submission(body, allowed_roots=()):
         config["master_port"] = 0  # the server's OS picks the port, never the client
     _check_compile_configs(config)
     workers = fields["num_executors"] * fields["num_processes"]
+    if workers > MAX_WORKERS:
+        raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
+                         f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
+                         f"{fields['num_processes']} = {workers}")
     try:
         built = trainer_class.from_config(config, keras_model=model)
         for attribute in ("num_workers", "num_ensembles"):

@@ -518,3 +518,14 @@ def test_a_compiled_model_lends_its_settings_to_a_job():
     trained = attached.get_trained_model()
     assert isinstance(trained.optimizer, keras.optimizers.SGD)
     assert trained.loss == "categorical_crossentropy"
+
+
+def test_the_number_of_workers_is_bounded_as_a_whole():
+    from distkeras.job_deployment import MAX_WORKERS, BadRequest, validate_submission
+
+    payload = Job("secret", "wide", "/data/fashion.parquet", 2, 2, _trainer()).payload()
+    assert validate_submission(payload)[2]["num_workers"] == 4
+    # Each count within bounds, their product (the job's partitions and tasks) far beyond.
+    with pytest.raises(BadRequest, match=r"at most 1024. Received: 1024 x 1024 = 1048576"):
+        validate_submission({**payload, "num_executors": MAX_WORKERS,
+                             "num_processes": MAX_WORKERS})
