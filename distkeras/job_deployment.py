@@ -143,12 +143,34 @@ class Job:
 
         Raises:
             JobError: With the server's message (403: unknown secret or a job already
-                submitted with it; 400: a malformed job).
+                submitted with it; 400: a malformed job; 413, or the connection closed
+                while the job was sent: a job larger than the server accepts).
         """
         self.url = url
-        answer = self._request("POST", "/api/submit", self.payload())
+        payload = self.payload()
+        try:
+            answer = self._request("POST", "/api/submit", payload)
+        except ServerUnreachable as error:
+            if not _closed_while_sending(error) or not self._reachable():
+                raise
+            megabytes = len(json.dumps(payload)) / (1 << 20)
+            raise JobError(
+                f"The Punchcard server at {url} closed the connection while job "
+                f"{self.job_name!r} ({megabytes:.1f} MB, the model in base64) was being sent: "
+                "it is larger than the server accepts (punchcard --max-request-mb). Ask its "
+                "administrator to raise the limit, or send a smaller model.") from error
         self.state = answer.get("state")
         return answer
+
+    def _reachable(self):
+        """Whether the server answers a small request (whatever the answer)."""
+        try:
+            self._request("GET", "/api/state", timeout=10)
+        except ServerUnreachable:
+            return False
+        except JobError:
+            pass  # 403 or 404: it answered
+        return True
 
     def attach(self, url):
         """Follows the job already submitted with this secret to the server at ``url``
@@ -257,6 +279,14 @@ class Job:
         if self.validation_history is None:
             raise JobError("No history yet: call wait_completion() first.")
         return self.validation_history
+
+
+def _closed_while_sending(error):
+    """Whether a request failed because the server closed the connection under it (as
+    waitress does on a body larger than its limit, while the client still sends it)."""
+    cause = error.__cause__
+    reason = getattr(cause, "reason", cause)
+    return isinstance(reason, (ConnectionResetError, BrokenPipeError))
 
 
 # --------------------------------------------------------------------------------------

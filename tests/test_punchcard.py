@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, _check_data_path,
-                                      _kill_tree, make_server)
+from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, ServerUnreachable,
+                                      _check_data_path, _kill_tree, make_server)
 from distkeras.secrets_file import append_entry, generate_secret, make_entry
 
 NUM_SECRETS = 24
@@ -529,3 +529,17 @@ def test_the_number_of_workers_is_bounded_as_a_whole():
     with pytest.raises(BadRequest, match=r"at most 1024. Received: 1024 x 1024 = 1048576"):
         validate_submission({**payload, "num_executors": MAX_WORKERS,
                              "num_processes": MAX_WORKERS})
+
+
+def test_a_job_larger_than_the_server_accepts_says_so(secrets, tmp_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_request_bytes=1 << 20)
+    try:
+        job = Job(secrets[1][12], "large", "/data/fashion.parquet", 1, 2,
+                  _trainer(keras_model=build_mlp(hidden=1000)))  # a 4 MB submission
+        # waitress closes the connection while the body is sent: not "cannot reach".
+        with pytest.raises(JobError, match="larger than") as raised:
+            job.send(running.url)
+        assert not isinstance(raised.value, ServerUnreachable)
+        assert running.punchcard.store.by_state("queued", "running") == []
+    finally:
+        running.stop()
