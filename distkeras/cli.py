@@ -282,6 +282,17 @@ def _train_options(args):
         raise CommandError(str(error)) from error
 
 
+def _check_outputs(args):
+    """Refuses output paths that are folders, before the training they would lose."""
+    from distkeras import storage
+
+    for flag, path in (("--output", args.output), ("--history", args.history),
+                       ("--validation-history", args.validation_history)):
+        if path is not None and storage.is_directory(path):
+            raise CommandError(f"{flag} {path} is a folder: give the path of the file to "
+                               "write")
+
+
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     options = _train_options(args)  # the flags' mistakes, before Spark starts
@@ -293,6 +304,7 @@ def _train(trainer_class, args):
     from distkeras import utils
 
     try:
+        _check_outputs(args)
         dataframe = _read_parquet(spark, args.data)
         model = _load_model(args.model)
         if args.trainer_config:

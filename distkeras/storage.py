@@ -45,8 +45,14 @@ class _HadoopFS:
     def __init__(self, spark, path):
         self.jvm = spark.sparkContext._jvm
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
-        self.path = self.jvm.org.apache.hadoop.fs.Path(path)
-        self.fs = self.path.getFileSystem(self.conf)
+        path = self.jvm.org.apache.hadoop.fs.Path(path)
+        self.fs = path.getFileSystem(self.conf)
+        # Qualified (scheme and absolute path): a relative path's parent would otherwise be
+        # "", and the temporary file of a write would go to the filesystem's root.
+        self.path = self.fs.makeQualified(path)
+
+    def is_directory(self):
+        return self.fs.exists(self.path) and self.fs.getFileStatus(self.path).isDirectory()
 
     def child(self, path):
         return self.jvm.org.apache.hadoop.fs.Path(path)
@@ -61,11 +67,25 @@ class _HadoopFS:
         context.rename(source, target, renames)
 
 
+def is_directory(path):
+    """Whether ``path`` is an existing folder."""
+    spark = _active_spark()
+    if spark is None:
+        _require_local(path)
+        return os.path.isdir(_local_path(path))
+    return _HadoopFS(spark, path).is_directory()
+
+
+def _folder_error(path):
+    return IsADirectoryError(f"{path} is a folder: give the path of a file.")
+
+
 def read_bytes(path):
     """Reads a whole file.
 
     Raises:
         FileNotFoundError: Naming the path, when it does not exist.
+        IsADirectoryError: Naming the path, when it is a folder.
     """
     spark = _active_spark()
     if spark is None:
@@ -73,11 +93,15 @@ def read_bytes(path):
         local = _local_path(path)
         if not os.path.exists(local):
             raise FileNotFoundError(f"No such file: {path}")
+        if os.path.isdir(local):
+            raise _folder_error(path)
         with open(local, "rb") as handle:
             return handle.read()
     hadoop = _HadoopFS(spark, path)
     if not hadoop.fs.exists(hadoop.path):
         raise FileNotFoundError(f"No such file: {path}")
+    if hadoop.is_directory():
+        raise _folder_error(path)
     stream = hadoop.fs.open(hadoop.path)
     try:
         return bytes(stream.readAllBytes())
@@ -92,7 +116,12 @@ def atomic_writer(path):
     Yields:
         An object with ``write(bytes)``. On an exception inside the block the temporary
         file is removed and ``path`` is left as it was.
+
+    Raises:
+        IsADirectoryError: Naming the path, when it is a folder (before anything is written).
     """
+    if is_directory(path):
+        raise _folder_error(path)
     spark = _active_spark()
     if spark is None:
         _require_local(path)

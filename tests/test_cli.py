@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import accuracy, build_mlp
@@ -75,6 +76,28 @@ def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, 
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and message in error
     assert not os.path.exists(tmp_path / "out.keras")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--model", "cannot load the model {folder}: {folder} is a folder"),
+    ("--output", "--output {folder} is a folder"),  # before training, not after it
+    ("--history", "--history {folder} is a folder"),
+])
+def test_a_folder_where_a_file_goes_is_named(spark, parquet_data, model_file, tmp_path,
+                                             capsys, flag, message):
+    from distkeras import cli
+
+    folder = tmp_path / "folder"
+    (folder / "inside").mkdir(parents=True)
+    arguments = {"--data": parquet_data, "--model": model_file,
+                 "--output": str(tmp_path / "out.keras"), flag: str(folder)}
+    argv = ["train"] + [item for pair in arguments.items() for item in pair]
+    started = time.monotonic()
+    assert cli.main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and message.format(folder=folder) in error, error
+    assert time.monotonic() - started < 30  # refused before any training
+    assert os.listdir(folder) == ["inside"]
 
 
 def test_data_that_is_not_parquet_is_named(spark, model_file, tmp_path, capsys):

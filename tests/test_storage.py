@@ -57,6 +57,33 @@ def test_history_round_trip_and_missing_file(spark, tmp_path):
         utils.load_model(str(tmp_path / "absent.keras"))
 
 
+def test_a_relative_path_writes_its_temporary_file_beside_it(spark):
+    from distkeras import storage
+
+    # A bare file name, relative to the working directory (the JVM's, for Spark): its
+    # temporary file goes beside it, not to the filesystem's root, where a user may not
+    # write (and from where a rename may cross filesystems).
+    hadoop = storage._HadoopFS(spark, "trained.keras")
+    working = hadoop.fs.getWorkingDirectory().toString()
+    assert hadoop.path.getParent().toString() == working
+    assert hadoop.path.toString() == f"{working}/trained.keras"
+
+
+def test_a_folder_is_no_file(spark, tmp_path):
+    from distkeras import storage
+
+    folder = tmp_path / "folder"
+    (folder / "inside").mkdir(parents=True)
+    for path in (str(folder), f"file://{folder}"):
+        assert storage.is_directory(path)
+        with pytest.raises(IsADirectoryError, match="is a folder"):
+            storage.read_bytes(path)
+        with pytest.raises(IsADirectoryError, match="is a folder"):
+            storage.write_bytes(path, b"bytes")
+    assert not storage.is_directory(str(tmp_path / "absent"))
+    assert os.listdir(folder) == ["inside"] and os.listdir(tmp_path) == ["folder"]
+
+
 def test_lambda_layer_is_refused(spark, tmp_path):
     import keras
 
