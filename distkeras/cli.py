@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -249,8 +250,7 @@ def command_train(argv):
     try:
         return _train(trainer_class, args)
     except Exception as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        write_status(args.status, "failed", error=f"{type(error).__name__}: {message}")
+        write_status(args.status, "failed", error=f"{type(error).__name__}: {_message(error)}")
         raise
 
 
@@ -367,8 +367,13 @@ def command_predict(argv):
     predictions = ModelPredictor(model, features_col=args.features,
                                  output_col=args.prediction).predict(dataframe)
     started = time.time()
-    predictions.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(
-        args.output)
+    try:
+        predictions.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(
+            args.output)
+    except Exception:
+        if not args.overwrite:  # it was not there: remove the empty folder Spark leaves
+            _remove_quietly(spark, args.output)
+        raise
     sys.stdout.write(f"predictions written to {args.output} in {time.time() - started:.1f} s\n")
     return 0
 
@@ -389,10 +394,42 @@ def _extra_commands():
     return commands
 
 
-def _spark_error():
+def _remove_quietly(spark, path):
+    from distkeras.storage import _HadoopFS
+
+    try:
+        filesystem = _HadoopFS(spark, path)
+        filesystem.fs.delete(filesystem.path, True)
+    except Exception as error:  # py4j errors of every kind: the write's error matters more
+        logger.warning("Could not remove %s: %s", path, error)
+
+
+def _spark_errors():
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    return PySparkException
+    return PySparkException, Py4JJavaError
+
+
+# A Python exception's line in a traceback: "ValueError: ...", "keras.errors.X: ...".
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*: ")
+
+
+def _message(error):
+    """One line saying what went wrong: the Python worker's own exception for an error
+    raised on an executor (Spark's first line only says that one was), the innermost
+    cause of a Java one, else the error's first line."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PythonException
+
+    if isinstance(error, Py4JJavaError):
+        return _java_root_cause(error)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, PythonException):
+        causes = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        if causes:
+            return causes[-1]
+    return lines[0] if lines else repr(error)
 
 
 def main(argv=None):
@@ -413,9 +450,8 @@ def main(argv=None):
     except CommandError as error:
         sys.stderr.write(f"distkeras {argv[0]}: error: {error}\n")
         return 1
-    except (ValueError, TypeError, OSError, RuntimeError, _spark_error()) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        sys.stderr.write(f"distkeras {argv[0]}: error: {first_line}\n")
+    except (ValueError, TypeError, OSError, RuntimeError, *_spark_errors()) as error:
+        sys.stderr.write(f"distkeras {argv[0]}: error: {_message(error)}\n")
         return 1
 
 

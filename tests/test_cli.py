@@ -183,3 +183,19 @@ def test_boolean_trainer_options_are_switches(spark):
     assert overlap("--overlap-communication", "--no-overlap-communication") is False
     with pytest.raises(SystemExit):
         parser.parse_args(required + ["--overlap-communication", "yes"])
+
+
+def test_predict_on_rows_of_the_wrong_size_names_them_and_leaves_nothing(
+        spark, parquet_data, model_file, tmp_path, capsys):
+    from distkeras import cli
+
+    output = tmp_path / "predictions.parquet"
+    # `label` holds 10 values a row; the model reads 784: found on the executors.
+    argv = ["predict", "--data", parquet_data, "--model", model_file, "--output", str(output),
+            "--features", "label"]
+    assert cli.main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("distkeras predict: error: ValueError: Column 'label' holds "
+                            "arrays"), error  # not Spark's "An exception was thrown..."
+    assert "the model expects 784 per row" in error and len(error.splitlines()) == 1
+    assert not output.exists()  # so the corrected command needs no --overwrite
