@@ -40,15 +40,24 @@ def _save(figure, path):
 
 
 def rolling_mean(values, window=20):
-    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    """Trailing mean over the last ``window`` values (fewer at the start).
+
+    Values that are not finite (the NaN loss of a diverged step) are left out of the means
+    they fall in, so one of them does not blank the rest of the curve; a window holding
+    only such values gives NaN.
+    """
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0:
         return values
     window = max(1, int(window))
-    sums = np.concatenate([[0.0], np.cumsum(values)])
+    finite = np.isfinite(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
     ends = np.arange(1, values.size + 1)
     starts = np.maximum(0, ends - window)
-    return (sums[ends] - sums[starts]) / (ends - starts)
+    kept = counts[ends] - counts[starts]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(kept > 0, (sums[ends] - sums[starts]) / kept, np.nan)
 
 
 def _records(trainer_or_records):

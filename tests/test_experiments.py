@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import build_mlp
 
@@ -127,6 +128,18 @@ def test_plot_history_draws_every_worker_and_the_mean(spark, tmp_path):
     assert min(mean_line.get_xdata()) == 0.0
     assert max(mean_line.get_xdata()) == pytest.approx(span)
     assert_png(path)
+
+
+def test_one_nan_loss_does_not_blank_the_rest_of_the_curve():
+    from distkeras.plotting import plot_history, rolling_mean
+
+    values = [1.0, 2.0, float("nan"), 4.0, 6.0, 8.0]
+    np.testing.assert_allclose(rolling_mean(values, 2), [1.0, 1.5, 2.0, 4.0, 5.0, 7.0])
+    assert np.isnan(rolling_mean([1.0, float("nan"), float("nan")], 2)[-1])
+    records = [{"worker_id": 0, "iteration": step, "timestamp": float(step),
+                "loss": float("nan") if step == 5 else 1.0} for step in range(100)]
+    mean_line = plot_history(records, metrics=("loss",), smoothing=10).axes[0].get_lines()[-1]
+    assert np.isfinite(mean_line.get_ydata()).all()
 
 
 def test_plot_history_refuses_an_untrained_trainer():
