@@ -364,7 +364,7 @@ def validate_submission(body, allowed_roots=()):
     try:
         model = deserialize_model(model_bytes)
     except Exception as error:  # any failure to load is the client's archive's fault
-        raise BadRequest(f"The model archive was refused: {_without_temp_paths(error)}") \
+        raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
             from error
     try:
         fields["train_options"] = train_options.normalize(
@@ -412,6 +412,24 @@ def _model_bytes(text):
         raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
                          f"{len(data)} bytes that are not a zip file.")
     return data
+
+
+# Keras's words for a class or function it cannot find: "Could not locate class 'X'".
+_UNKNOWN_OBJECT = re.compile(r"Could not locate (\w+) '([^']+)'")
+
+
+def _archive_error(error):
+    """Why an archive did not load, in a few lines: Keras's errors for an unknown class
+    hold the whole model's configuration, twice, around the one name that matters."""
+    unknown = _UNKNOWN_OBJECT.search(str(error))
+    if unknown:
+        kind, name = unknown.groups()
+        return (f"it uses the {kind} {name!r}, which this server does not know. A custom "
+                "layer, activation, loss or metric must be registered "
+                "(@keras.saving.register_keras_serializable()) in a package installed on "
+                "the server: code sent by a client is never run. Ask the server's "
+                "administrator to install yours, or use built-in Keras objects.")
+    return _short(_without_temp_paths(error), 1000)
 
 
 def _without_temp_paths(error):

@@ -543,3 +543,24 @@ def test_a_job_larger_than_the_server_accepts_says_so(secrets, tmp_path):
         assert running.punchcard.store.by_state("queued", "running") == []
     finally:
         running.stop()
+
+
+def test_an_unknown_custom_layer_is_named_in_a_few_words():
+    import keras
+
+    from distkeras.job_deployment import BadRequest, validate_submission
+
+    class Doubling(keras.layers.Layer):  # not registered, and never installed on a server
+        def call(self, inputs):
+            return inputs * 2
+
+    model = keras.Sequential([keras.Input((784,)), Doubling(),
+                              keras.layers.Dense(10, activation="softmax")])
+    payload = Job("secret", "custom", "/data/fashion.parquet", 1, 2,
+                  _trainer(keras_model=model)).payload()
+    with pytest.raises(BadRequest) as refused:
+        validate_submission(payload)
+    message = str(refused.value)
+    assert "the class 'Doubling', which this server does not know" in message
+    assert "installed on the server" in message
+    assert len(message) < 600 and "config" not in message  # not the model's whole config
