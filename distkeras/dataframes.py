@@ -179,6 +179,11 @@ def validate(dataframe, model, features_col, label_col):
     if not rows:
         raise ValueError("The DataFrame is empty: there is nothing to train on.")
     row = rows[0]
+    for name in features_cols + label_cols:
+        if row[name] is None:
+            raise ValueError(
+                f"Column {name!r} holds null values (its first row is null); drop or fill "
+                f"them first, for example `df.dropna(subset=[{name!r}])`.")
     for name, shape in zip(features_cols, _model_shapes(model.inputs)):
         size = _sample_size(row[name])
         if size == 0 and not isinstance(row[name], (list, tuple)):

@@ -408,6 +408,7 @@ class Trainer:
             x, y, weights = validation.collect(validation_frame, self.master_model,
                                                self.features_col, self.label_col,
                                                self._sample_weight_col)
+            self._check_validation_labels(y)
         # Trainer's own: EnsembleTrainer's compiles a list.
         model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
         return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch,
@@ -418,6 +419,21 @@ class Trainer:
         sample_weight)``, checked against the model and the loss (class indices with a
         one-hot loss would fail at the first epoch's end)."""
         x, y, weights = validation.from_arrays(arrays, self.master_model)
+        self._check_validation_labels(y)
+        return x, y, weights
+
+    def _check_validation_labels(self, y):
+        """Checks the validation labels against the loss, as the training labels are
+        (class indices with a one-hot loss, or one-hot labels with a sparse loss, would
+        fail at the first epoch's end, after it trained).
+
+        Args:
+            y: The validation labels as the model is evaluated on them: an array, or a
+                list of arrays for several outputs.
+
+        Raises:
+            ValueError: Saying that the validation data is at fault, and what to change.
+        """
         labels = y if isinstance(y, list) else [y]
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         label_shapes = [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
@@ -427,7 +443,6 @@ class Trainer:
                                     label_shapes, output_shapes)
         except ValueError as error:
             raise ValueError(f"In validation_data: {error}") from error
-        return x, y, weights
 
     def _trained_so_far(self, worker_id=None, epochs=1):
         """Samples in the history (of one worker, if given) and the mean loss and metrics

@@ -151,6 +151,11 @@ _COMPILE_METRIC_NAMES = ("accuracy", "acc", "crossentropy", "ce")
 # Losses that compare one-hot labels with the model's output, value by value.
 _ONE_HOT_LOSSES = ("categorical_crossentropy", "categoricalcrossentropy",
                    "categorical_focal_crossentropy", "categoricalfocalcrossentropy")
+# Losses that read one class index per row (per position of the output's last axis).
+_SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparsecategoricalcrossentropy")
+# Losses that compare each output unit with a label of the output's own shape.
+_BINARY_LOSSES = ("binary_crossentropy", "binarycrossentropy", "binary_focal_crossentropy",
+                  "binaryfocalcrossentropy")
 
 
 def _names(value):
@@ -207,7 +212,8 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
     """Raises a clear error, on the driver, for what would fail on every executor.
 
     Names are resolved as Keras resolves them (a typo fails here, naming the argument,
-    not in a Spark task), and a one-hot loss given scalar labels is refused.
+    not in a Spark task); a one-hot or binary loss given scalar labels for an output of
+    several units, and a sparse loss given label vectors, are refused.
 
     Args:
         optimizer: The worker optimizer as the user gave it.
@@ -242,13 +248,28 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
     if len(losses) == 1 and len(output_shapes) > 1:
         losses = losses * len(output_shapes)
     for index, (each, labels, output) in enumerate(zip(losses, label_shapes, output_shapes)):
-        if labels == () and int(np.prod(output or (1,))) > 1 and \
-                _loss_name(each) in _ONE_HOT_LOSSES:
+        name = _loss_name(each)
+        units = int(np.prod(output or (1,)))
+        if labels == () and units > 1 and name in _ONE_HOT_LOSSES:
             raise ValueError(
                 f"The labels of output {index} are scalars (class indices) but the loss "
-                f"{_loss_name(each)!r} expects one-hot labels of shape {tuple(output)}. Use "
+                f"{name!r} expects one-hot labels of shape {tuple(output)}. Use "
                 "loss='sparse_categorical_crossentropy', or one-hot encode the labels first "
                 "(distkeras.transformers.OneHotTransformer).")
+        if labels == () and units > 1 and name in _BINARY_LOSSES:
+            raise ValueError(
+                f"The labels of output {index} are scalars but the loss {name!r} compares "
+                f"each of the output's {units} values with a label of shape {tuple(output)}. "
+                "For two classes give the model one sigmoid unit (Dense(1, "
+                "activation='sigmoid')); for class indices and a softmax output use "
+                "loss='sparse_categorical_crossentropy'.")
+        if labels != () and tuple(labels) == tuple(output) and output and output[-1] > 1 \
+                and name in _SPARSE_LOSSES:
+            raise ValueError(
+                f"The labels of output {index} are vectors of shape {tuple(output)} (one-hot?) "
+                f"but the loss {name!r} expects class indices, one number per row. Use "
+                "loss='categorical_crossentropy' with one-hot labels, or a column of class "
+                "indices (0, 1, ...: pyspark.ml.feature.StringIndexer gives them).")
 
 
 def average_history(records):

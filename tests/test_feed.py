@@ -200,3 +200,18 @@ def test_ragged_rows_and_nulls_in_arrays_stop_training_and_prediction(spark):
                                   "features array<float>, label int").coalesce(1)
     with pytest.raises(TrainingError, match="null values inside its arrays"):
         trainer.train(holed, verbose=0)
+
+
+def test_a_null_first_row_is_named_as_a_null_not_as_a_size_to_reshape(spark):
+    import keras
+    import pytest
+
+    from distkeras.trainers import SingleTrainer
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", metrics=[])
+    for rows in ([(None, 1), ([1.0, 2.0, 3.0], 0)], [([1.0, 2.0, 3.0], None)]):
+        frame = spark.createDataFrame(rows, "features array<float>, label long").coalesce(1)
+        with pytest.raises(ValueError, match="holds null values .*dropna"):
+            trainer.train(frame, verbose=0)
+    assert trainer.get_history() == []

@@ -111,6 +111,39 @@ def test_class_indices_with_a_one_hot_loss_say_which_loss_to_use(loss, spark):
         trainer.train(frame, verbose=0)
 
 
+@pytest.mark.parametrize("loss, label, message", [
+    ("sparse_categorical_crossentropy", [0.0] * 3 + [1.0] + [0.0] * 6,
+     "vectors of shape \\(10,\\) .*categorical_crossentropy"),
+    ("SparseCategoricalCrossentropy", [0.0] * 3 + [1.0] + [0.0] * 6,
+     "vectors of shape \\(10,\\) .*categorical_crossentropy"),
+    ("binary_crossentropy", 3, "scalars .*sigmoid"),
+])
+def test_labels_the_loss_cannot_read_fail_on_the_driver(loss, label, message, spark):
+    import keras
+    from pyspark.sql import Row
+
+    frame = spark.createDataFrame([Row(features=[0.5] * 784, label=label)] * 4)
+    loss = keras.losses.get(loss) if loss[0].isupper() else loss
+    trainer = trainers.ADAG(build_mlp(), "adam", loss, num_workers=2)
+
+    with pytest.raises(ValueError, match=message):
+        trainer.train(frame, verbose=0)
+    assert trainer.get_history() == []
+
+
+def test_one_hot_validation_labels_with_a_sparse_loss_fail_before_training(spark):
+    from pyspark.sql import Row
+
+    frame = spark.createDataFrame([Row(features=[0.5] * 784, label=3)] * 4)
+    one_hot = spark.createDataFrame(
+        [Row(features=[0.5] * 784, label=[0.0] * 3 + [1.0] + [0.0] * 6)] * 4)
+    trainer = trainers.SingleTrainer(build_mlp(), "adam", "sparse_categorical_crossentropy")
+
+    with pytest.raises(ValueError, match="In validation_data: .*vectors of shape"):
+        trainer.train(frame, validation_data=one_hot, verbose=0)
+    assert trainer.get_history() == []
+
+
 def test_uneven_partitions_get_a_warning_that_says_how_to_even_them(fashion_train, caplog):
     import logging
 
