@@ -153,7 +153,10 @@ def validate(dataframe, model, features_col, label_col):
         label_col: Target column(s).
 
     Returns:
-        The label shapes the data carries: ``()`` for scalar labels, else the model's.
+        The label shapes the data carries: the model's, or its shape without the last axis
+        for class indices (``()`` for scalar labels; ``(steps,)`` for one class index per
+        step of an output of shape ``(steps, classes)``, as Keras's sparse losses read
+        them).
 
     Raises:
         ValueError: Naming the column and what the model expects.
@@ -199,11 +202,16 @@ def validate(dataframe, model, features_col, label_col):
         if size == 0 and not isinstance(row[name], (list, tuple)):
             label_shapes.append(())  # scalar labels, e.g. for a sparse categorical loss
             continue
+        if len(shape) > 1 and shape[-1] > 1 and size == _flat_size(shape[:-1]):
+            label_shapes.append(shape[:-1])  # a class index per step, for a sparse loss
+            continue
         if size != _flat_size(shape):
+            indices = f" ({_flat_size(shape[:-1])} class indices per row)" \
+                if len(shape) > 1 else ""
             raise ValueError(
                 f"Label column {name!r} holds {size} values per row but the model's output "
                 f"has shape {shape} ({_flat_size(shape)} values). One-hot encode the labels "
-                "to the output size, or use scalar labels with a sparse loss."
+                f"to the output size, or use class indices{indices} with a sparse loss."
             )
         label_shapes.append(shape)
     return label_shapes

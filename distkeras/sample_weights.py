@@ -29,7 +29,8 @@ def validate(dataframe, sample_weight_col, class_weight, training_cols, label_sh
         None without ``class_weight``.
 
     Raises:
-        ValueError: For a missing column, bad keys or values, or several outputs.
+        ValueError: For a missing column, bad keys or values, several outputs, or an
+            output of several axes.
         TypeError: For a weight column that is not one number per row.
     """
     if sample_weight_col is not None:
@@ -54,6 +55,11 @@ def validate(dataframe, sample_weight_col, class_weight, training_cols, label_sh
     if len(output_shapes) != 1:
         raise ValueError("`class_weight` works with single-output models only (as in Keras); "
                          "for several outputs give per-row weights in `sample_weight_col`.")
+    if len(output_shapes[0]) > 1:
+        raise ValueError(
+            f"`class_weight` needs an output of one axis (classes); this model's has shape "
+            f"{tuple(output_shapes[0])}, whose rows hold several labels. Weigh the rows "
+            "with `sample_weight_col` instead.")
     classes = max(_flat_size(output_shapes[0]), 2)
     table = np.ones(classes, dtype=np.float32)
     for key, weight in class_weight.items():

@@ -436,7 +436,8 @@ class Trainer:
         """
         labels = y if isinstance(y, list) else [y]
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
-        label_shapes = [() if label.ndim == 1 and len(shape) == 1 and shape[0] > 1 else shape
+        label_shapes = [label.shape[1:] if shape and shape[-1] > 1
+                        and label.shape[1:] == shape[:-1] else shape
                         for label, shape in zip(labels, output_shapes)]
         try:
             check_compile_arguments(self.worker_optimizer, self.loss, self.metrics,

@@ -249,14 +249,17 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
         losses = losses * len(output_shapes)
     for index, (each, labels, output) in enumerate(zip(losses, label_shapes, output_shapes)):
         name = _loss_name(each)
+        output = tuple(output)
+        # Class indices: one number per row, or per step of an output of several axes.
+        indices = bool(output) and tuple(labels) == output[:-1] and output[-1] > 1
         units = int(np.prod(output or (1,)))
-        if labels == () and units > 1 and name in _ONE_HOT_LOSSES:
+        if indices and name in _ONE_HOT_LOSSES:
             raise ValueError(
-                f"The labels of output {index} are scalars (class indices) but the loss "
+                f"The labels of output {index} are class indices (scalars) but the loss "
                 f"{name!r} expects one-hot labels of shape {tuple(output)}. Use "
                 "loss='sparse_categorical_crossentropy', or one-hot encode the labels first "
                 "(distkeras.transformers.OneHotTransformer).")
-        if labels == () and units > 1 and name in _BINARY_LOSSES:
+        if (labels == () or indices) and units > 1 and name in _BINARY_LOSSES:
             raise ValueError(
                 f"The labels of output {index} are scalars but the loss {name!r} compares "
                 f"each of the output's {units} values with a label of shape {tuple(output)}. "

@@ -104,7 +104,8 @@ def from_arrays(data, model):
 
     ``x`` (and ``y``) are a numpy array, or a list of them for a model with several inputs
     (outputs). Flat rows are reshaped to the model's shapes; labels may be class indices
-    for an output of several classes. ``sample_weight`` holds one number per row.
+    for an output of several classes (one per row, or one per step of an output of shape
+    ``(steps, classes)``). ``sample_weight`` holds one number per row.
 
     Raises:
         ValueError: Naming what does not fit the model.
@@ -130,9 +131,10 @@ def from_arrays(data, model):
     for index, (array, shape) in enumerate(zip(ys, output_shapes)):
         array = np.asarray(array)
         name = "y" if len(ys) == 1 else f"y[{index}]"
-        if array.ndim == 1 and len(shape) == 1 and shape[0] > 1:  # class indices
-            (array,) = _fit_arrays([array], [()], name)
-            check_class_indices(array, shape[0], f"validation_data's {name}")
+        if array.ndim >= 1 and shape and shape[-1] > 1 and \
+                array.shape[1:] == shape[:-1]:  # class indices
+            (array,) = _fit_arrays([array], [shape[:-1]], name)
+            check_class_indices(array, shape[-1], f"validation_data's {name}")
             labels.append(array.astype(np.int32))
         else:
             (array,) = _fit_arrays([array], [shape], name)
@@ -198,9 +200,8 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
     output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
     x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name)
          for name, shape in zip(features, input_shapes)]
-    y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(),
-                         () if given == () else shape, name)
-         for name, given, shape in zip(labels, label_shapes, output_shapes)]
+    y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), given, name)
+         for name, given in zip(labels, label_shapes)]
     single_input = not isinstance(features_col, (list, tuple))
     single_output = not isinstance(label_col, (list, tuple))
     weights = None

@@ -25,6 +25,13 @@ class WorkerFailure(RuntimeError):
     """A worker's training failed; the message names its partition and the cause."""
 
 
+def _class_indices(label_shape, output_shape):
+    """Whether labels of ``label_shape`` are class indices for an output of
+    ``output_shape``: one number per row, or per step of an output of several axes."""
+    output_shape = tuple(output_shape)
+    return bool(output_shape) and tuple(label_shape) == output_shape[:-1]
+
+
 def _as_list(value):
     if value is None:
         return []
@@ -435,17 +442,18 @@ class Worker:
         return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
 
     def _label_shapes(self, label_shapes):
-        """Output shapes, or ``()`` where the data carries scalar (sparse) labels."""
+        """Output shapes, or the output's shape without its last axis where the data
+        carries class indices (``()`` for scalar labels)."""
         output_shapes = self._sample_shapes(self.model.outputs)
-        return [() if given == () else output
+        return [tuple(given) if _class_indices(given, output) else output
                 for given, output in zip(label_shapes, output_shapes)]
 
     def open_feed(self, record_batches, label_shapes):
         """Prepares `get_next_minibatch` over this partition's Arrow record batches."""
         features_cols = _as_list(self.features_col)
         label_cols = _as_list(self.label_col)
-        # Scalar labels for an output of several units are class indices: checked.
-        num_classes = [output[0] if given == () and len(output) == 1 and output[0] > 1
+        # Class indices for an output of several classes: checked.
+        num_classes = [output[-1] if _class_indices(given, output) and output[-1] > 1
                        else None for given, output in
                        zip(label_shapes, self._sample_shapes(self.model.outputs))]
         self._trained_samples = 0

@@ -153,6 +153,23 @@ def test_bad_weights_are_named_before_training(options, error, message, spark):
     assert trainer.get_history() == []
 
 
+def test_class_weight_is_refused_for_an_output_of_several_axes(spark):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    frame = spark.createDataFrame([([1, 2, 3], [0, 1, 2])] * 4,
+                                  "tokens array<int>, tags array<int>")
+    model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(5, 2),
+                              keras.layers.Dense(3, activation="softmax")])
+    trainer = SingleTrainer(model, "sgd", "sparse_categorical_crossentropy",
+                            features_col="tokens", label_col="tags")
+
+    with pytest.raises(ValueError, match="output of one axis .*shape \\(3, 3\\)"):
+        trainer.train(frame, verbose=0, class_weight={0: 1.0, 2: 5.0})
+    assert trainer.get_history() == []
+
+
 def test_a_custom_worker_written_as_the_docs_say_takes_the_weights(spark):
     from distkeras.trainers import AsynchronousDistributedTrainer
     from distkeras.workers import NetworkWorker

@@ -207,6 +207,52 @@ def test_a_number_column_trains_a_one_value_input_as_fit_does(spark):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def _tagging_model(steps, vocabulary, tags):
+    import keras
+
+    return keras.Sequential([keras.Input((steps,), dtype="int32"),
+                             keras.layers.Embedding(vocabulary, 4),
+                             keras.layers.Dense(tags, activation="softmax")])
+
+
+def test_a_class_index_per_step_trains_a_tagger_as_fit_does(spark):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 12, size=(64, 5))
+    tags = tokens % 3  # one class index per token, for an output of shape (5, 3)
+    frame = spark.createDataFrame([(row.tolist(), tag.tolist()) for row, tag in
+                                   zip(tokens, tags)], "tokens array<int>, tags array<int>")
+    keras.utils.set_random_seed(0)
+    model = _tagging_model(5, 12, 3)
+    initial = model.get_weights()
+    trainer = SingleTrainer(model, worker_optimizer="sgd", loss="sparse_categorical_crossentropy",
+                            metrics=[], features_col="tokens", label_col="tags",
+                            batch_size=16, num_epoch=2)
+    trained = trainer.train(frame.coalesce(1), validation_data=(tokens, tags), verbose=0)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(initial)
+    reference.compile("sgd", "sparse_categorical_crossentropy")
+    reference.fit(tokens, tags, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert trainer.get_validation_history()[-1]["val_loss"] == pytest.approx(
+        reference.evaluate(tokens, tags, verbose=0), rel=1e-4)
+    # The same rows as validation DataFrame; a tag out of range is named.
+    SingleTrainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
+                  features_col="tokens", label_col="tags").train(
+        frame, validation_data=frame, verbose=0)
+    with pytest.raises(ValueError, match="class index 3"):
+        SingleTrainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
+                      features_col="tokens", label_col="tags").train(
+            frame, validation_data=(tokens, tags + 1), verbose=0)
+    with pytest.raises(ValueError, match="class indices .*one-hot labels of shape"):
+        SingleTrainer(model, "sgd", "categorical_crossentropy", metrics=[],
+                      features_col="tokens", label_col="tags").train(frame, verbose=0)
+
+
 def test_averaging_ignores_the_replica_of_an_empty_partition(fashion_train):
     import keras
     from pyspark.sql import functions as F
