@@ -253,15 +253,17 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
         # Class indices: one number per row, or per step of an output of several axes.
         indices = bool(output) and tuple(labels) == output[:-1] and output[-1] > 1
         units = int(np.prod(output or (1,)))
+        kind = "scalars (class indices)" if labels == () else \
+            f"class indices of shape {tuple(labels)}"
         if indices and name in _ONE_HOT_LOSSES:
             raise ValueError(
-                f"The labels of output {index} are class indices (scalars) but the loss "
+                f"The labels of output {index} are {kind} but the loss "
                 f"{name!r} expects one-hot labels of shape {tuple(output)}. Use "
                 "loss='sparse_categorical_crossentropy', or one-hot encode the labels first "
                 "(distkeras.transformers.OneHotTransformer).")
         if (labels == () or indices) and units > 1 and name in _BINARY_LOSSES:
             raise ValueError(
-                f"The labels of output {index} are scalars but the loss {name!r} compares "
+                f"The labels of output {index} are {kind} but the loss {name!r} compares "
                 f"each of the output's {units} values with a label of shape {tuple(output)}. "
                 "For two classes give the model one sigmoid unit (Dense(1, "
                 "activation='sigmoid')); for class indices and a softmax output use "
