@@ -208,10 +208,15 @@ def validate(dataframe, model, features_col, label_col):
         if size != _flat_size(shape):
             indices = f" ({_flat_size(shape[:-1])} class indices per row)" \
                 if len(shape) > 1 else ""
+            # pyspark.ml.feature.OneHotEncoder drops the last class unless told not to.
+            dropped = (" pyspark.ml.feature.OneHotEncoder leaves out the last class unless "
+                       "given dropLast=False.") \
+                if hasattr(row[name], "toArray") and size == _flat_size(shape) - 1 else ""
             raise ValueError(
                 f"Label column {name!r} holds {size} values per row but the model's output "
                 f"has shape {shape} ({_flat_size(shape)} values). One-hot encode the labels "
                 f"to the output size, or use class indices{indices} with a sparse loss."
+                f"{dropped}"
             )
         label_shapes.append(shape)
     return label_shapes

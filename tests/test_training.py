@@ -123,6 +123,18 @@ def test_wrong_feature_size_is_named(spark):
         _trainer(SingleTrainer).train(data)
 
 
+def test_a_one_hot_encoder_label_missing_its_last_class_says_drop_last(spark):
+    from pyspark.ml.feature import OneHotEncoder
+
+    from distkeras.trainers import SingleTrainer
+
+    data = spark.createDataFrame([([0.1] * 784, float(index)) for index in range(10)],
+                                 "features array<float>, digit double")
+    encoded = OneHotEncoder(inputCol="digit", outputCol="label").fit(data).transform(data)
+    with pytest.raises(ValueError, match=r"holds 9 values per row .*dropLast=False"):
+        _trainer(SingleTrainer).train(encoded, verbose=0)
+
+
 def test_worker_error_reaches_caller_and_server_stops(spark, fashion_train):
     from distkeras.trainers import ADAG, TrainingError
     from distkeras.workers import ADAGWorker
