@@ -197,7 +197,6 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
             "driver. Pass a sample of them (`validation_df.sample(fraction=...)`) or a "
             "smaller fraction.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
-    output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
     x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name)
          for name, shape in zip(features, input_shapes)]
     y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), given, name)
