@@ -515,7 +515,7 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
     ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
     ("ReduceLROnPlateau", "ADAG", ValueError,
      "ADAG's optimizers live in its workers: .*or SingleTrainer or AveragingTrainer, which"),
-    ("LearningRateScheduler", "DOWNPOUR", ValueError, "learning rate schedule"),
+    ("ReduceLROnPlateau", "DOWNPOUR", ValueError, "learning rate schedule"),
     ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
     ("ProgbarLogger", "ADAG", ValueError, "train\\(\\) draws its own \\(verbose=1"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
