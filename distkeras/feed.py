@@ -24,12 +24,21 @@ def arrow_name(name):
     return "__distkeras_" + name.encode("utf-8").hex()
 
 
-def column_to_numpy(column, sample_shape, name):
+def integer_dtype(tensor):
+    """The numpy dtype of a Keras input (or output) tensor when it is an integer one, else
+    None: such an input is fed as it is typed (token ids above 2**24 are not exact in
+    float32)."""
+    dtype = np.dtype(getattr(tensor, "dtype", "float32") or "float32")
+    return dtype if np.issubdtype(dtype, np.integer) else None
+
+
+def column_to_numpy(column, sample_shape, name, dtype=None):
     """An Arrow column of numbers, (nested) lists or packed tensors as a numpy array of
     ``(rows, *shape)``.
 
     Lists and packed (binary) rows become float32; scalar integer columns (sparse labels)
-    become int32.
+    become int32. With an integer ``dtype`` (an input typed so, `integer_dtype`), numbers
+    and lists become that dtype instead.
 
     Raises:
         ValueError: Naming the column, for nulls or a number of values that does not fit.
@@ -54,7 +63,7 @@ def column_to_numpy(column, sample_shape, name):
                 "fix those rows, for example `df.where(F.size(column) == expected)`."
             )
         flat = values.to_numpy(zero_copy_only=False)
-        return flat.astype(np.float32, copy=False).reshape((rows, *sample_shape))
+        return flat.astype(dtype or np.float32, copy=False).reshape((rows, *sample_shape))
     size = int(np.prod(sample_shape)) if sample_shape else 1
     if size != 1:
         raise ValueError(
@@ -63,6 +72,8 @@ def column_to_numpy(column, sample_shape, name):
     flat = column.to_numpy(zero_copy_only=False)
     if sample_shape:
         flat = flat.reshape((rows, *sample_shape))
+    if dtype is not None:
+        return flat.astype(dtype, copy=False)
     if np.issubdtype(flat.dtype, np.integer):
         return flat.astype(np.int32, copy=False)
     return flat.astype(np.float32, copy=False)
@@ -161,11 +172,12 @@ class MinibatchFeed:
         class_table: Per class index, its weight (`sample_weights.validate`), or None.
         num_classes: Per output, the number of classes where the labels are class indices
             (checked, see `check_class_indices`), else None.
+        feature_dtypes: Per input, its integer dtype (`integer_dtype`) or None.
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
                  feature_shapes, label_shapes, single_input=True, single_output=True,
-                 weight_col=None, class_table=None, num_classes=None):
+                 weight_col=None, class_table=None, num_classes=None, feature_dtypes=None):
         self.record_batches = record_batches
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
@@ -178,6 +190,7 @@ class MinibatchFeed:
         self.class_table = None if class_table is None else np.asarray(class_table, np.float32)
         self.weighted = weight_col is not None or class_table is not None
         self.num_classes = list(num_classes or [None] * len(self.label_cols))
+        self.feature_dtypes = list(feature_dtypes or [None] * len(self.features_cols))
         self.samples = 0
         self.epoch_ends = []  # samples yielded when each marked epoch ended
         self._iterator = self._minibatches()
@@ -189,8 +202,9 @@ class MinibatchFeed:
         return next(self._iterator)
 
     def _convert(self, record_batch):
-        x = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)
-             for name, shape in zip(self.features_cols, self.feature_shapes)]
+        x = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name, dtype)
+             for name, shape, dtype in zip(self.features_cols, self.feature_shapes,
+                                           self.feature_dtypes)]
         y = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)
              for name, shape in zip(self.label_cols, self.label_shapes)]
         for labels, num_classes, name in zip(y, self.num_classes, self.label_cols):

@@ -123,14 +123,17 @@ def _predict_in_chunks(model, inputs, batch_size):
 
 def _predict_arrays(model, columns, names, input_shapes, batch_size, output_fields=None):
     """Predictions for one Arrow batch of feature columns: a ``list<float>`` array, or for
-    several outputs a struct of them named ``output_fields``."""
+    several outputs a struct of them named ``output_fields``. Inputs typed as integers
+    (token ids) are fed as such, others as float32."""
     import pyarrow as pa
 
     from distkeras.datasets import float_lists
-    from distkeras.feed import column_to_numpy
+    from distkeras.feed import column_to_numpy, integer_dtype
 
-    arrays = [column_to_numpy(column, shape, name).astype(np.float32, copy=False)
-              for column, name, shape in zip(columns, names, input_shapes)]
+    dtypes = [integer_dtype(tensor) for tensor in model.inputs]
+    arrays = [column_to_numpy(column, shape, name, dtype).astype(dtype or np.float32,
+                                                                   copy=False)
+              for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
     outputs = [float_lists(matrix) for matrix in _predict_in_chunks(model, arrays, batch_size)]
     if output_fields is None:
         return outputs[0]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from distkeras import dataframes
-from distkeras.feed import arrow_name, column_to_numpy
+from distkeras.feed import arrow_name, column_to_numpy, integer_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,8 @@ def from_arrays(data, model):
         raise ValueError(
             f"The model has {len(input_shapes)} inputs and {len(output_shapes)} outputs; "
             f"validation_data holds {len(xs)} input and {len(ys)} label arrays.")
-    xs = [array.astype(np.float32, copy=False)
-          for array in _fit_arrays(xs, input_shapes, "x")]
+    xs = [array.astype(integer_dtype(tensor) or np.float32, copy=False)
+          for array, tensor in zip(_fit_arrays(xs, input_shapes, "x"), model.inputs)]
     labels = []
     for index, (array, shape) in enumerate(zip(ys, output_shapes)):
         array = np.asarray(array)
@@ -197,8 +197,9 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
             "driver. Pass a sample of them (`validation_df.sample(fraction=...)`) or a "
             "smaller fraction.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
-    x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name)
-         for name, shape in zip(features, input_shapes)]
+    x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name,
+                         integer_dtype(tensor))
+         for name, shape, tensor in zip(features, input_shapes, model.inputs)]
     y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), given, name)
          for name, given in zip(labels, label_shapes)]
     single_input = not isinstance(features_col, (list, tuple))

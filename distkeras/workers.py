@@ -16,7 +16,7 @@ import numpy as np
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.affinity import claimed_cores
-from distkeras.feed import MinibatchFeed
+from distkeras.feed import MinibatchFeed, integer_dtype
 from distkeras.networking import weights_array
 
 logger = logging.getLogger(__name__)
@@ -464,6 +464,7 @@ class Worker:
             single_output=not isinstance(self.label_col, (list, tuple)),
             weight_col=getattr(self, "sample_weight_col", None),
             class_table=getattr(self, "class_table", None), num_classes=num_classes,
+            feature_dtypes=[integer_dtype(tensor) for tensor in self.model.inputs],
         )
 
     def get_next_minibatch(self):

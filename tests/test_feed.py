@@ -215,3 +215,20 @@ def test_a_null_first_row_is_named_as_a_null_not_as_a_size_to_reshape(spark):
         with pytest.raises(ValueError, match="holds null values .*dropna"):
             trainer.train(frame, verbose=0)
     assert trainer.get_history() == []
+
+
+def test_inputs_typed_as_integers_are_fed_as_integers():
+    """Token ids above 2**24 are not exact in float32: an int32 input gets them exact."""
+    import pyarrow as pa
+
+    from distkeras.feed import MinibatchFeed, column_to_numpy
+
+    ids = pa.array([[2**24 + 1, 3], [7, 2**24 + 3]], pa.list_(pa.int64()))
+    exact = column_to_numpy(ids, (2,), "tokens", np.dtype("int32"))
+    assert exact.dtype == np.int32 and exact.tolist() == [[2**24 + 1, 3], [7, 2**24 + 3]]
+    assert column_to_numpy(ids, (2,), "tokens").dtype == np.float32  # an untyped input
+    batch = pa.RecordBatch.from_arrays([ids, pa.array([0, 1])], ["tokens", "label"])
+    feed = MinibatchFeed(iter([batch]), ["tokens"], ["label"], 2, [(2,)], [()],
+                         feature_dtypes=[np.dtype("int32")])
+    x, y = next(feed)
+    assert x.dtype == np.int32 and x[0, 0] == 2**24 + 1 and y.dtype == np.int32

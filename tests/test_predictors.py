@@ -406,3 +406,19 @@ def test_loss_evaluator_errors(scored):
         LossEvaluator("sparse_categorical_crossentropy").evaluate(scored)
     with pytest.raises(TypeError, match="both hold arrays"):
         LossEvaluator(label_col="label_index").evaluate(scored)
+
+
+def test_inputs_typed_as_integers_are_predicted_from_exact_ids(spark):
+    import keras
+
+    from custom_objects_support import Parity
+    from distkeras.predictors import ModelPredictor
+
+    ids = [2**24 + 1, 2**24, 3, 2**24 + 2]
+    frame = spark.createDataFrame([(value,) for value in ids], "id long")
+    inputs = keras.Input((1,), dtype="int32")
+    model = keras.Model(inputs, Parity()(inputs))
+    rows = ModelPredictor(model, features_col="id").predict(frame).collect()
+    # Through float32, 2**24 + 1 became 2**24: even.
+    assert {row["id"]: row["prediction"] for row in rows} == \
+        {value: [float(value % 2)] for value in ids}
