@@ -367,15 +367,34 @@ def command_predict(argv):
     predictions = ModelPredictor(model, features_col=args.features,
                                  output_col=args.prediction).predict(dataframe)
     started = time.time()
-    try:
-        predictions.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(
-            args.output)
-    except Exception:
-        if not args.overwrite:  # it was not there: remove the empty folder Spark leaves
-            _remove_quietly(spark, args.output)
-        raise
+    _write_then_replace(spark, predictions, args.output)
     sys.stdout.write(f"predictions written to {args.output} in {time.time() - started:.1f} s\n")
     return 0
+
+
+def _write_then_replace(spark, dataframe, path):
+    """Writes ``dataframe`` as Parquet to ``path``, replacing what is there only once the
+    write succeeded: a failed job leaves the old output as it was (and no new folder),
+    and the output may be the data read (Spark refuses to overwrite a path it reads)."""
+    import uuid
+
+    from distkeras.storage import _HadoopFS
+
+    output = _HadoopFS(spark, path)
+    target = path
+    if output.fs.exists(output.path):
+        target = f"{output.path.getParent().toString()}/.{output.path.getName()}.tmp-" \
+                 f"{uuid.uuid4().hex}"
+    try:
+        dataframe.write.mode("errorifexists").parquet(target)
+    except Exception:
+        _remove_quietly(spark, target)  # the folder Spark started
+        raise
+    if target != path:
+        output.fs.delete(output.path, True)
+        if not output.fs.rename(output.child(target), output.path):
+            raise CommandError(f"The predictions are in {target}, but it could not be "
+                               f"renamed to {path}: move it there yourself.")
 
 
 COMMANDS = {

@@ -199,3 +199,26 @@ def test_predict_on_rows_of_the_wrong_size_names_them_and_leaves_nothing(
                             "arrays"), error  # not Spark's "An exception was thrown..."
     assert "the model expects 784 per row" in error and len(error.splitlines()) == 1
     assert not output.exists()  # so the corrected command needs no --overwrite
+
+
+def test_predict_overwrite_replaces_the_output_only_once_the_new_one_is_written(
+        spark, parquet_data, model_file, tmp_path, capsys):
+    import os
+
+    from distkeras import cli
+
+    output = str(tmp_path / "predictions.parquet")
+    argv = ["predict", "--data", parquet_data, "--model", model_file, "--output", output]
+    assert cli.main(argv) == 0
+    before = sorted(os.listdir(output))
+    # A job that fails on the executors (rows of 10 values, the model reads 784): the old
+    # predictions stay, and no temporary folder is left beside them.
+    assert cli.main(argv + ["--overwrite", "--features", "label"]) == 1
+    assert "the model expects 784 per row" in capsys.readouterr().err
+    assert sorted(os.listdir(output)) == before
+    assert not [name for name in os.listdir(tmp_path) if ".tmp-" in name]
+    # The output may be the data read: predicted again, into itself.
+    assert cli.main(["predict", "--data", output, "--model", model_file, "--output", output,
+                     "--prediction", "again", "--overwrite"]) == 0
+    again = spark.read.parquet(output)
+    assert again.count() == 1500 and {"prediction", "again"} <= set(again.columns)
