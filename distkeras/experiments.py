@@ -347,11 +347,17 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
 
     train, test_data = DATASETS[dataset](spark, limit=limit, test_limit=test_limit)
     even = {}  # workers -> the data cached in that many even partitions
+    results = []
+
+    def plot(note=""):
+        title = (f"{dataset}: {num_samples} samples, {epochs} "
+                 f"epoch{'s' if epochs != 1 else ''}, batch {batch_size}{note}")
+        plot_results(results, output_dir, title=title)
+
     try:
         num_samples = train.count()  # also fills the cache
         logger.info("%s: %d training rows, %d test rows; %d runs", dataset, num_samples,
                     len(test_data[1]), len(runs))
-        results = []
         for index, (name, trainer_class, count, window) in enumerate(runs, start=1):
             logger.info("Run %d/%d: %s, %d worker(s), window %s", index, len(runs), name,
                         count, "-" if window is None else window)
@@ -369,14 +375,18 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
                         "(%.1f s with evaluation)", index, len(runs), result["wall_time_s"],
                         result["samples_per_s"], result["test_accuracy"],
                         time.time() - started)
+    except Exception:
+        if results:  # the finished runs keep their plots, as they keep their CSV rows
+            logger.error("Run %d/%d failed: the %d finished runs are in %s and its plots",
+                         len(results) + 1, len(runs), len(results), csv_path)
+            plot(f" ({len(results)} of {len(runs)} runs: the sweep stopped)")
+        raise
     finally:
         for frame in even.values():
             if frame is not train:
                 frame.unpersist()
         train.unpersist()
-    title = (f"{dataset}: {num_samples} samples, {epochs} epoch{'s' if epochs != 1 else ''}, "
-             f"batch {batch_size}")
-    plot_results(results, output_dir, title=title)
+    plot()
     logger.info("Wrote %s and plots in %s", csv_path, output_dir)
     return results
 

@@ -216,3 +216,21 @@ def test_command_runs_a_sweep(spark, tmp_path, capsys):
                                                         ["ADAG", "2", "4"]]
     assert len(read_rows(output_dir)[1]) == 2
     assert spark.range(3).count() == 3  # the shared session was not stopped
+
+
+def test_a_failing_run_keeps_the_finished_runs_rows_and_plots(spark, tmp_path):
+    from distkeras.experiments import sweep
+    from distkeras.trainers import SingleTrainer
+
+    class BrokenTrainer(SingleTrainer):
+        def _train(self, frame, label_shapes, shuffle):
+            raise RuntimeError("broken on purpose")
+
+    output_dir = str(tmp_path / "out")
+    with pytest.raises(Exception, match="broken on purpose"):
+        sweep(spark, trainers=(SingleTrainer, BrokenTrainer), workers=(1,), epochs=1,
+              limit=300, test_limit=500, output_dir=output_dir)
+    _, rows = read_rows(output_dir)
+    assert [row["trainer"] for row in rows] == ["SingleTrainer"]
+    assert_png(os.path.join(output_dir, "by_workers.png"))
+    assert_png(os.path.join(output_dir, "by_window.png"))
