@@ -15,7 +15,8 @@ From the shell::
 Each run trains a fresh model with the same initial weights (``seed``) on the same cached
 DataFrame and is evaluated on the test set on the driver. ``output_dir`` receives
 ``results.csv`` (rewritten after every run, so a long sweep that fails keeps what it did),
-``by_workers.png`` and ``by_window.png``.
+``by_workers.png`` and ``by_window.png`` (also drawn, of the finished runs, when a run
+fails).
 """
 
 import argparse
