@@ -53,9 +53,14 @@ def load_secrets(path):
             raise ValueError(f"Secrets file {path}, entry {index}: needs an 'identity'.")
         if isinstance(entry.get("secret"), str):
             known.append((secret_hash(entry["secret"]), entry["identity"]))
-        elif isinstance(entry.get("secret_sha256"), str) and \
-                len(entry["secret_sha256"]) == 64:
-            known.append((entry["secret_sha256"].lower(), entry["identity"]))
+        elif isinstance(entry.get("secret_sha256"), str):
+            digest = entry["secret_sha256"].lower()
+            # Checked here: a digest that is not 64 hex digits would fail every request.
+            if len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
+                raise ValueError(
+                    f"Secrets file {path}, entry {index}: 'secret_sha256' must be 64 hex "
+                    "digits (scripts/generate_secret.py --hashed writes one).")
+            known.append((digest, entry["identity"]))
         else:
             raise ValueError(
                 f"Secrets file {path}, entry {index}: needs 'secret' or 'secret_sha256'.")

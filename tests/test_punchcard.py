@@ -16,7 +16,7 @@ from conftest import accuracy, build_mlp
 
 from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, ServerUnreachable,
                                       _check_data_path, _kill_tree, make_server)
-from distkeras.secrets_file import append_entry, generate_secret, make_entry
+from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 NUM_SECRETS = 24
 
@@ -564,3 +564,17 @@ def test_an_unknown_custom_layer_is_named_in_a_few_words():
     assert "the class 'Doubling', which this server does not know" in message
     assert "installed on the server" in message
     assert len(message) < 600 and "config" not in message  # not the model's whole config
+
+
+@pytest.mark.parametrize("digest", ["é" * 64, "z" * 64, "ab" * 31])
+def test_a_hashed_secret_that_is_no_sha256_digest_is_refused_at_load(tmp_path, digest):
+    """It would have made every request fail; the server refuses to start instead."""
+    from distkeras.secrets_file import load_secrets
+
+    path = tmp_path / "secrets.json"
+    path.write_text(json.dumps([{"secret_sha256": digest, "identity": "a"}]))
+    with pytest.raises(ValueError, match="entry 0: 'secret_sha256' must be 64 hex digits"):
+        load_secrets(str(path))
+    good = secret_hash("s3cret").upper()  # upper case digits are fine
+    path.write_text(json.dumps([{"secret_sha256": good, "identity": "a"}]))
+    assert load_secrets(str(path)) == [(good.lower(), "a")]
