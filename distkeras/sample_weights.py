@@ -65,9 +65,11 @@ def validate(dataframe, sample_weight_col, class_weight, training_cols, label_sh
     for key, weight in class_weight.items():
         if isinstance(key, bool) or not isinstance(key, numbers.Integral) or \
                 not 0 <= key < classes:
+            hint = f" (an int: {{{int(key)}: ...}}, not a string)" \
+                if isinstance(key, str) and key.isascii() and key.isdigit() else ""
             raise ValueError(
                 f"`class_weight` key {key!r} is not a class index of this model's output "
-                f"(0 to {classes - 1}).")
+                f"(an integer from 0 to {classes - 1}){hint}.")
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or \
                 not np.isfinite(weight) or weight < 0:
             raise ValueError(f"`class_weight` of class {key} must be a number >= 0. "

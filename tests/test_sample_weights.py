@@ -135,6 +135,8 @@ def test_class_weight_lifts_minority_recall_with_adag_on_two_workers(spark):
 
 @pytest.mark.parametrize("options, error, message", [
     ({"class_weight": {5: 1.0}}, ValueError, "key 5 is not a class index .*0 to 1"),
+    ({"class_weight": {"1": 1.0}}, ValueError,
+     r"key '1' is not a class index .*\(an int: \{1: \.\.\.\}, not a string\)"),
     ({"class_weight": {0: -1.0}}, ValueError, "class 0 must be a number >= 0"),
     ({"class_weight": [1.0, 2.0]}, ValueError, "must be a non-empty dict"),
     ({"sample_weight_col": "nope"}, ValueError, "'nope' is not a column"),
