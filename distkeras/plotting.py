@@ -92,9 +92,13 @@ def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20)
     Raises:
         ValueError: If the trainer has no history or none of ``metrics`` was recorded.
     """
-    records = [record for record in _records(trainer) if "timestamp" in record]
+    given = _records(trainer)
+    records = [record for record in given if "timestamp" in record]
     if not records:
-        raise ValueError("The trainer has no history to plot: call `train()` first.")
+        raise ValueError(
+            "The records given have no 'timestamp' (the time of each step, which "
+            "get_history() records): pass a trainer's history." if given else
+            "The trainer has no history to plot: call `train()` first.")
     present = [name for name in metrics if any(name in record for record in records)]
     if not present:
         recorded = sorted({key for record in records for key in record})

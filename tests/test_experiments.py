@@ -147,6 +147,8 @@ def test_plot_history_refuses_an_untrained_trainer():
 
     with pytest.raises(ValueError, match="no history"):
         plot_history([])
+    with pytest.raises(ValueError, match="have no 'timestamp'.*pass a trainer's history"):
+        plot_history([{"worker_id": 0, "loss": 0.5}])
     with pytest.raises(ValueError, match="None of metrics"):
         plot_history([{"worker_id": 0, "iteration": 0, "timestamp": 1.0, "loss": 0.5}],
                      metrics=("auc",))
