@@ -30,6 +30,15 @@ class CommandError(Exception):
     """A failure to report in one line."""
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where its help already says what it is."""
+
+    def _get_help_string(self, action):
+        if action.help and "(default:" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _columns(text):
     names = [name.strip() for name in text.split(",") if name.strip()]
     return names[0] if len(names) == 1 else names
@@ -68,7 +77,7 @@ def _add_trainer_options(parser, trainer_class):
 
 def _train_parser(trainer_class=None, add_help=True):
     parser = argparse.ArgumentParser(
-        prog="distkeras train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="distkeras train", formatter_class=_HelpFormatter,
         add_help=add_help,
         description="Train a Keras model on Parquet data with a distributed trainer. "
                     "`distkeras train --trainer NAME --help` lists NAME's own options.")
@@ -337,7 +346,7 @@ def _train(trainer_class, args):
 
 def command_predict(argv):
     parser = argparse.ArgumentParser(
-        prog="distkeras predict", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="distkeras predict", formatter_class=_HelpFormatter,
         description="Predict with a Keras model over Parquet data, in parallel, to Parquet.")
     parser.add_argument("--data", required=True, help="Parquet path to predict on")
     parser.add_argument("--model", required=True, help="the model, a .keras archive")

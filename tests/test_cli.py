@@ -125,6 +125,22 @@ def test_help_lists_trainer_options_with_defaults(capsys):
         assert option in out
 
 
+@pytest.mark.parametrize("command", ["train", "predict"])
+def test_help_states_each_default_once(command, capsys):
+    from distkeras import cli
+
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: spark-submit's, else local[*])" in out
+    assert "local[*]) (default: None)" not in out
+    if command == "train":
+        assert "(default: the model's compiled one, else adam)" in out
+        assert "else adam) (default: None)" not in out
+        assert "required otherwise) (default: None)" not in out
+        assert "(default: 32)" in out
+
+
 def test_installed_command_trains_in_its_own_spark(parquet_data, model_file, tmp_path):
     command = [os.path.join(os.path.dirname(sys.executable), "distkeras"), "train",
                "--data", parquet_data, "--model", model_file, "--trainer", "SingleTrainer",
