@@ -308,10 +308,10 @@ class Trainer:
         Args:
             dataframe: Rows with the feature and label columns.
             shuffle: Whether to shuffle the rows before each epoch.
-            verbose: Progress of parameter-server trainers (samples done, commits per
-                second, running loss), as in Keras: 1 a progress bar, 2 a line every 30
-                seconds and at the end (for logs), 0 nothing; ``"auto"`` is 1 in a terminal
-                or a notebook and 2 elsewhere.
+            verbose: Progress of the training (samples done, running loss and, where the
+                workers exchange weights, commits per second), as in Keras: 1 a progress bar,
+                2 a line every 30 seconds and at the end (for logs), 0 nothing; ``"auto"``
+                is 1 in a terminal or a notebook and 2 elsewhere.
             checkpoint_dir: Parameter-server trainers only: a folder (any Hadoop path) where
                 the center variable is saved every ``checkpoint_every`` seconds and at the end.
             checkpoint_every: Seconds between two checkpoints.
@@ -323,9 +323,9 @@ class Trainer:
                 Keras's ``class_weight``; classes not named weigh 1). Multiplies with
                 ``sample_weight_col``. Single-output models.
             validation_data: A DataFrame with the same columns, numpy arrays ``(x, y)``
-                as for Keras's ``fit``, or a fraction of ``dataframe``'s rows to hold out at
-                random; its rows are evaluated on the driver after each epoch and at the
-                end (`get_validation_history()`).
+                or ``(x, y, sample_weight)`` as for Keras's ``fit``, or a fraction of
+                ``dataframe``'s rows to hold out at random; its rows are evaluated on the
+                driver after each epoch and at the end (`get_validation_history()`).
             callbacks: Keras callbacks run on the driver at the end of each epoch (see
                 `validation.Validator`), with ``val_*`` logs when ``validation_data`` is
                 given and the training ``loss``: ``EarlyStopping`` stops the workers and
