@@ -79,7 +79,7 @@ def main(argv=None):
                   features_col="features", label_col="label")
     trainers = {
         "SingleTrainer": SingleTrainer(keras_model=build_mlp(), **common),
-        f"ADAG ({args.workers} workers)": ADAG(
+        f"ADAG ({args.workers} worker{'s' if args.workers != 1 else ''})": ADAG(
             keras_model=build_mlp(), num_workers=args.workers,
             communication_window=args.window, **common),
     }
