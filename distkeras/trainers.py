@@ -1011,7 +1011,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             checker = getattr(worker, "_check_overlap", None)
             if checker is None:
                 raise ValueError(f"{type(worker).__name__} cannot overlap communication. "
-                                 "Use overlap_communication=False.")
+                                 "Use overlap_communication=False (the CLI: leave out "
+                                 "--overlap-communication).")
             checker()  # a clear error on the driver, before any Spark job
 
     def _train(self, frame, label_shapes, shuffle):

@@ -827,7 +827,8 @@ class WindowedWorker(NetworkWorker):
         if type(self).window_update is WindowedWorker.window_update:
             raise ValueError(
                 f"{type(self).__name__} cannot overlap communication: it defines no "
-                "window_update(). Use overlap_communication=False.")
+                "window_update(). Use overlap_communication=False (the CLI: leave out "
+                "--overlap-communication).")
 
     def communicate_overlapped(self):
         """Sends this window's update in the background and trains on without waiting."""
