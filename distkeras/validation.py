@@ -261,15 +261,22 @@ _STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "ep
 
 
 def epoch_logs(records):
-    """The mean of each measured value (``loss`` and the metrics) over step records, as
-    ``fit``'s epoch logs hold them; a value that is NaN in one step is NaN."""
+    """The mean of each measured value (``loss`` and the metrics) over step records, each
+    step weighing its ``batch_size`` (1 where a record has none), as ``fit``'s epoch logs
+    hold them: an epoch's smaller last batch counts for its rows. A value that is NaN in
+    one step is NaN."""
     values = {}
     for record in records:
+        size = record.get("batch_size")
+        size = float(size) if isinstance(size, (int, float, np.number)) and size > 0 else 1.0
         for name, value in record.items():
             if name not in _STEP_KEYS and isinstance(value, (int, float, np.number)) \
                     and not isinstance(value, bool):
-                values.setdefault(name, []).append(float(value))
-    return {name: float(np.mean(series)) for name, series in values.items()}
+                series = values.setdefault(name, ([], []))
+                series[0].append(float(value))
+                series[1].append(size)
+    return {name: float(np.average(series, weights=sizes))
+            for name, (series, sizes) in values.items()}
 
 
 class Validator:

@@ -100,8 +100,10 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
     trained(30, 5.0)     # 300: all done, the trainer evaluates the returned model
 
     assert validator.calls == [(2.0, 1, 110), (4.0, 2, 270)]
-    # Each epoch's training loss: the mean of the steps reported since the last one.
-    assert validator.losses == [1.5, 3.5]
+    # Each epoch's training loss: the mean of the steps reported since the last one, each
+    # weighing its rows (as fit's logs do).
+    assert validator.losses == pytest.approx([(60 * 1.0 + 50 * 2.0) / 110,
+                                              (40 * 3.0 + 120 * 4.0) / 160])
     assert validator.begun == [2, 3]  # the trainer begins the first
     assert monitor.stopped_by_callback is None
     # The progress shows the latest validation loss once there is one.
@@ -702,9 +704,11 @@ def test_callbacks_see_the_training_metrics_as_fit_gives_them(trainer_name, fash
                                              "val_accuracy"}] * 2
     if trainer_name != "ADAG":  # epochs that end exactly: the means of their steps
         first = [record for record in trainer.get_history() if record["epoch"] == 0]
+        rows = [record["batch_size"] for record in first]  # each step weighs its rows
         assert seen[0]["accuracy"] == pytest.approx(
-            np.mean([record["accuracy"] for record in first]))
-        assert seen[0]["loss"] == pytest.approx(np.mean([record["loss"] for record in first]))
+            np.average([record["accuracy"] for record in first], weights=rows))
+        assert seen[0]["loss"] == pytest.approx(
+            np.average([record["loss"] for record in first], weights=rows))
 
 
 def test_epoch_logs_average_each_measured_value():
@@ -717,3 +721,15 @@ def test_epoch_logs_average_each_measured_value():
     assert epoch_logs(records) == {"loss": 2.0, "accuracy": 0.375, "mae": 2.0}
     assert np.isnan(epoch_logs([{"loss": float("nan")}, {"loss": 1.0}])["loss"])
     assert epoch_logs([]) == {}
+
+
+def test_epoch_logs_weigh_each_step_by_its_rows():
+    # fit's epoch logs: an epoch of 40 rows in batches of 32 is 32 rows of one step's loss
+    # and 8 of the other's, not the two steps' plain mean.
+    from distkeras.validation import epoch_logs
+
+    records = [{"worker_id": 0, "iteration": 1, "timestamp": 5.0, "batch_size": 32,
+                "epoch": 0, "loss": 1.0, "accuracy": 0.5},
+               {"worker_id": 0, "iteration": 2, "timestamp": 6.0, "batch_size": 8,
+                "epoch": 0, "loss": 6.0, "accuracy": 1.0}]
+    assert epoch_logs(records) == pytest.approx({"loss": 2.0, "accuracy": 0.6})
