@@ -372,7 +372,10 @@ class Validator:
 
     def end(self, model, samples, loss=None, metrics=None):
         """Ends the training: evaluates the trained ``model`` as the last epoch's result,
-        calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave.
+        calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave,
+        and the learning rate that a ``ReduceLROnPlateau`` or ``LearningRateScheduler``
+        callback left (as after ``fit``: one that the last epoch's end lowered applies to
+        training further).
 
         After a callback stopped the training, ``model`` gets the weights of the epoch it
         stopped after (the workers went on a little before they were stopped), or the
@@ -385,6 +388,10 @@ class Validator:
             if self.callbacks is not None:
                 self.callbacks.on_train_end()
                 model.set_weights(self.model.get_weights())
+                if any(type(callback).__name__ in LEARNING_RATE_CALLBACKS
+                       for callback in self.user_callbacks):
+                    model.optimizer.learning_rate = float(
+                        np.asarray(self.model.optimizer.learning_rate))
 
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""

@@ -210,3 +210,50 @@ def test_a_lost_task_goes_on_from_the_last_epochs_end(spark, fashion_test, tmp_p
     history = trainer.get_history()
     assert [record["iteration"] for record in history] == list(range(1, 91))
     assert [record["epoch"] for record in history] == [0] * 30 + [1] * 30 + [2] * 30
+
+
+def test_the_epochs_logs_and_the_returned_optimizer_are_fits(spark, fashion_test):
+    # 200 rows in batches of 32: each epoch ends on a batch of 8, which fit's logs weigh
+    # for its rows. ReduceLROnPlateau lowers the rate at the last epoch's end: the returned
+    # model goes on at that rate, as after fit.
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test
+    x, y = images[:200], np.eye(10, dtype=np.float32)[labels[:200]]
+    validation = (images[1000:1200], np.eye(10, dtype=np.float32)[labels[1000:1200]])
+    frame = _frame(spark, images[:200], labels[:200]).coalesce(1).cache()
+
+    def run(train):
+        keras.utils.set_random_seed(5)
+        model, recorder = build_mlp(16), _Recorder()
+        logs = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, log: seen.append(log))
+        seen = []
+        reduce = keras.callbacks.ReduceLROnPlateau(factor=0.5, patience=0, min_delta=100.0)
+        return train(model, [reduce, recorder, logs]), recorder, seen
+
+    def fit(model, callbacks):
+        model.compile(keras.optimizers.Adam(0.004), "categorical_crossentropy",
+                      metrics=["accuracy"])
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+                  validation_data=validation, callbacks=callbacks)
+        return model
+
+    def train(model, callbacks):
+        trainer = SingleTrainer(model, keras.optimizers.Adam(0.004), "categorical_crossentropy",
+                                metrics=["accuracy"], num_epoch=2)
+        return trainer.train(frame, verbose=0, validation_data=validation,
+                             callbacks=callbacks)
+
+    reference, reference_seen, reference_logs = run(fit)
+    model, seen, logs = run(train)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(logs, reference_logs):
+        for name in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+            assert got[name] == pytest.approx(want[name], rel=1e-5), name
+    assert seen.rates == reference_seen.rates == pytest.approx([0.004, 0.002])
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.002)
+    for got, want in zip(model.optimizer.variables, reference.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
