@@ -8,7 +8,7 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 import numpy as np
 import pyarrow as pa
 
-from distkeras.sample_weights import row_weights
+from distkeras.sample_weights import per_row, row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
 
 
@@ -173,11 +173,14 @@ class MinibatchFeed:
         num_classes: Per output, the number of classes where the labels are class indices
             (checked, see `check_class_indices`), else None.
         feature_dtypes: Per input, its integer dtype (`integer_dtype`) or None.
+        output_shapes: The model's output shapes: row weights are shaped for a per-row
+            loss of several values (`sample_weights.per_row`).
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
                  feature_shapes, label_shapes, single_input=True, single_output=True,
-                 weight_col=None, class_table=None, num_classes=None, feature_dtypes=None):
+                 weight_col=None, class_table=None, num_classes=None, feature_dtypes=None,
+                 output_shapes=None):
         self.record_batches = record_batches
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
@@ -191,6 +194,7 @@ class MinibatchFeed:
         self.weighted = weight_col is not None or class_table is not None
         self.num_classes = list(num_classes or [None] * len(self.label_cols))
         self.feature_dtypes = list(feature_dtypes or [None] * len(self.features_cols))
+        self.output_shapes = [tuple(shape) for shape in output_shapes or ()]
         self.samples = 0
         self.epoch_ends = []  # samples yielded when each marked epoch ended
         self._iterator = self._minibatches()
@@ -215,7 +219,8 @@ class MinibatchFeed:
         weights = None if self.weight_col is None else \
             column_to_numpy(record_batch.column(arrow_name(self.weight_col)), (),
                             self.weight_col)
-        return x + y + [row_weights(record_batch.num_rows, weights, y[0], self.class_table)]
+        return x + y + [per_row(row_weights(record_batch.num_rows, weights, y[0],
+                                            self.class_table), self.output_shapes)]
 
     def _minibatches(self):
         size = self.batch_size

@@ -91,6 +91,27 @@ def class_indices(labels):
     return np.rint(labels.reshape(len(labels))).astype(np.int64)
 
 
+def per_row(weights, output_shapes):
+    """Row weights shaped to weigh every position of a per-row loss of several values.
+
+    Keras's losses reduce the output's last axis only: an output of shape
+    ``(steps, classes)`` (a tagger) has one loss per step, which weights of shape
+    ``(rows,)`` do not broadcast against (``fit`` fails) but ``(rows, 1)`` do. With outputs
+    of different ranks no one shape fits all: the weights are returned as they are.
+
+    Args:
+        weights: One weight per row, or None.
+        output_shapes: The model's output shapes, without the batch axis.
+    """
+    if weights is None:
+        return None
+    extra = {max(len(shape) - 1, 0) for shape in output_shapes}
+    if len(extra) != 1 or not extra.pop():
+        return weights
+    axes = max(len(shape) - 1 for shape in output_shapes)
+    return np.asarray(weights).reshape((len(weights),) + (1,) * axes)
+
+
 def row_weights(rows, weights=None, labels=None, class_table=None):
     """The weight of each row: the sample weight times its class's weight.
 

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from distkeras import dataframes
+from distkeras import sample_weights
 from distkeras.feed import arrow_name, column_to_numpy, integer_dtype
 
 logger = logging.getLogger(__name__)
@@ -305,7 +306,9 @@ class Validator:
         self.model = model
         self.x = x
         self.y = y
-        self.sample_weight = sample_weight
+        # Shaped to weigh every step of an output of several axes, as in training.
+        self.sample_weight = None if sample_weight is None else sample_weights.per_row(
+            sample_weight, [tuple(tensor.shape[1:]) for tensor in model.outputs])
         self.batch_size = batch_size
         self.records = []
         self.user_callbacks = list(callbacks or ())

@@ -465,6 +465,7 @@ class Worker:
             weight_col=getattr(self, "sample_weight_col", None),
             class_table=getattr(self, "class_table", None), num_classes=num_classes,
             feature_dtypes=[integer_dtype(tensor) for tensor in self.model.inputs],
+            output_shapes=self._sample_shapes(self.model.outputs),
         )
 
     def get_next_minibatch(self):

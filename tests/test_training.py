@@ -265,6 +265,41 @@ def test_a_class_index_per_step_trains_a_tagger_as_fit_does(spark):
                       features_col="tokens", label_col="tags").train(frame, verbose=0)
 
 
+def test_row_weights_weigh_every_step_of_a_taggers_output_as_fit_does(spark):
+    """Keras's fit refuses weights of shape (rows,) for a loss per step; (rows, 1) weigh
+    every step of a row. distkeras shapes the weight column so, in training and validation."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 12, size=(64, 5))
+    tags = tokens % 3
+    weights = rng.uniform(0.1, 2.0, size=64).astype("float32")
+    frame = spark.createDataFrame(
+        [(row.tolist(), tag.tolist(), float(weight)) for row, tag, weight in
+         zip(tokens, tags, weights)], "tokens array<int>, tags array<int>, weight float")
+    keras.utils.set_random_seed(0)
+    model = _tagging_model(5, 12, 3)
+    initial = model.get_weights()
+    trainer = SingleTrainer(model, worker_optimizer="sgd", loss="sparse_categorical_crossentropy",
+                            metrics=["accuracy"], features_col="tokens", label_col="tags",
+                            batch_size=16, num_epoch=2)
+    trained = trainer.train(frame.coalesce(1), sample_weight_col="weight", verbose=0,
+                            validation_data=(tokens, tags, weights))
+    reference = keras.models.clone_model(model)
+    reference.set_weights(initial)
+    reference.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    reference.fit(tokens, tags, sample_weight=weights[:, None], batch_size=16, epochs=2,
+                  shuffle=False, verbose=0)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    weighted = reference.evaluate(tokens, tags, sample_weight=weights[:, None], verbose=0,
+                                  return_dict=True)
+    assert trainer.get_validation_history()[-1]["val_loss"] == pytest.approx(
+        weighted["loss"], rel=1e-4)
+
+
 def test_averaging_ignores_the_replica_of_an_empty_partition(fashion_train):
     import keras
     from pyspark.sql import functions as F
