@@ -1285,9 +1285,7 @@ class AveragingTrainer(DistributedTrainer):
         """The learning rate that ``LearningRateScheduler`` or ``ReduceLROnPlateau`` left
         on the driver's model (the next epoch's replicas start with it), or None without
         such a callback."""
-        callbacks = getattr(self._validator, "user_callbacks", ())
-        if not any(type(callback).__name__ in validation.LEARNING_RATE_CALLBACKS
-                   for callback in callbacks):
+        if self._validator is None or not self._validator.sets_learning_rate:
             return None
         return float(np.asarray(self._validator.model.optimizer.learning_rate))
 

@@ -323,6 +323,13 @@ class Validator:
         self._lock = threading.RLock()
 
     @property
+    def sets_learning_rate(self):
+        """Whether a callback sets the optimizer's learning rate (``LearningRateScheduler``,
+        ``ReduceLROnPlateau``)."""
+        return any(type(callback).__name__ in LEARNING_RATE_CALLBACKS
+                   for callback in self.user_callbacks)
+
+    @property
     def stop_requested(self):
         """Whether a callback asked to stop (``model.stop_training``)."""
         return bool(getattr(self.model, "stop_training", False))
@@ -391,8 +398,7 @@ class Validator:
             if self.callbacks is not None:
                 self.callbacks.on_train_end()
                 model.set_weights(self.model.get_weights())
-                if any(type(callback).__name__ in LEARNING_RATE_CALLBACKS
-                       for callback in self.user_callbacks):
+                if self.sets_learning_rate:
                     model.optimizer.learning_rate = float(
                         np.asarray(self.model.optimizer.learning_rate))
 
