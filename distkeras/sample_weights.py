@@ -106,9 +106,9 @@ def per_row(weights, output_shapes):
     if weights is None:
         return None
     extra = {max(len(shape) - 1, 0) for shape in output_shapes}
-    if len(extra) != 1 or not extra.pop():
+    axes = extra.pop() if len(extra) == 1 else 0
+    if not axes:
         return weights
-    axes = max(len(shape) - 1 for shape in output_shapes)
     return np.asarray(weights).reshape((len(weights),) + (1,) * axes)
 
 
