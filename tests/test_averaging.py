@@ -103,6 +103,7 @@ def test_a_restarted_workers_weights_replace_its_earlier_ones(averaging_server):
     server, ends = averaging_server
     killed = Client(server, 0)
     killed.commit(layers(9.0, 9.0), epoch=0, samples=32)  # then its task dies, waiting
+    _wait_until_held(server, 0, 9.0)  # held before the restarted task's weights arrive
     killed.close()
     restarted, other = Client(server, 0), Client(server, 1)
     replies = []
