@@ -259,6 +259,9 @@ class TrainingMonitor(threading.Thread):
                                     logs)
             if not self.validator.stop_requested:
                 self.validator.epoch_begin(epoch + 1)
+                rate = self.validator.learning_rate()
+                if rate is not None:  # the workers take it at their next pull
+                    self.server.optimizer_learning_rate = rate
         except Exception as error:  # any: the user's callbacks run here; re-raised by train()
             self.end_of_epoch_error = (epoch, error)
             logger.error("The end of epoch %d failed (validation or a callback): %s; "

@@ -92,6 +92,9 @@ class SocketParameterServer(ParameterServer):
         self.allow_nonfinite = False
         # Fields whose lists of arrays are not shaped like the weights (their own spec).
         self.field_specs = None
+        # The workers' optimizer learning rate that the driver's callbacks set
+        # (ReduceLROnPlateau, LearningRateScheduler): sent with every pull once set.
+        self.optimizer_learning_rate = None
         self.refused = 0
         self._history_lock = threading.Lock()
         self._server_socket = None
@@ -301,7 +304,14 @@ class SocketParameterServer(ParameterServer):
             num_updates = self.num_updates
             conn.last_pull_update = num_updates
             conn.own_updates = conn.own_commits = 0
-        send_data(conn, {"center": center, "num_updates": num_updates})
+        send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
+
+    def _pull_reply(self, **fields):
+        """A pull's reply: ``fields``, and the workers' learning rate once the driver set
+        one."""
+        if self.optimizer_learning_rate is not None:
+            fields["optimizer_learning_rate"] = float(self.optimizer_learning_rate)
+        return fields
 
     def handle_pull_unless_own(self, conn, addr):
         """Like `handle_pull`, but answers ``{"unchanged": True}`` without the weights when
@@ -316,7 +326,7 @@ class SocketParameterServer(ParameterServer):
                 conn.last_pull_update = num_updates
                 conn.own_updates = conn.own_commits = 0
         if only_own:
-            send_data(conn, {"unchanged": True, "num_updates": num_updates})
+            send_data(conn, self._pull_reply(unchanged=True, num_updates=num_updates))
         else:
             self.handle_pull(conn, addr)
 

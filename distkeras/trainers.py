@@ -352,7 +352,8 @@ class Trainer:
         dataframes.check_spark_dataframe(dataframe)
         callbacks = validation.check_callbacks(
             callbacks, type(self).__name__,
-            learning_rate_callbacks=isinstance(self, (SingleTrainer, AveragingTrainer)))
+            learning_rate_callbacks=isinstance(
+                self, (SingleTrainer, AveragingTrainer, AsynchronousDistributedTrainer)))
         dataframe, validation_frame = (dataframe, None) if validation_data is None \
             else validation.split(dataframe, validation_data)
         label_shapes = dataframes.validate(
@@ -517,6 +518,12 @@ class Trainer:
 
     def _train(self, frame, label_shapes, shuffle):
         raise NotImplementedError
+
+    def _learning_rate_of_callbacks(self):
+        """The learning rate that ``LearningRateScheduler`` or ``ReduceLROnPlateau`` left
+        on the driver's model (the workers' optimizers take it for the next epoch), or None
+        without such a callback."""
+        return None if self._validator is None else self._validator.learning_rate()
 
     def _own_callbacks(self):
         """The user's callbacks that are not Keras's own (LambdaCallback counts as own)."""
@@ -989,6 +996,28 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         server.num_updates = int(checkpoint["num_updates"])
         logger.info("Resuming from %s (%s updates)", self.checkpoint_dir, server.num_updates)
 
+    def _hand_learning_rate_to(self, server):
+        """Lets ``server`` send the workers the learning rate that the callbacks set (the
+        monitor updates it at each epoch's end), when a callback sets one.
+
+        Raises:
+            ValueError: When the server's pull replies are its own, so the rate would
+                never reach the workers.
+        """
+        rate = self._learning_rate_of_callbacks()
+        if rate is None:
+            return
+        pulls = ("handle_pull", "handle_pull_unless_own")
+        if not isinstance(server, parameter_servers.SocketParameterServer) or any(
+                getattr(type(server), name) is not getattr(
+                    parameter_servers.SocketParameterServer, name) for name in pulls):
+            raise ValueError(
+                f"{type(server).__name__} answers pulls with a handle_pull of its own, so "
+                "the learning rate that ReduceLROnPlateau or LearningRateScheduler sets "
+                "cannot reach the workers. Use a learning rate schedule in "
+                "`worker_optimizer` (keras.optimizers.schedules) instead.")
+        server.optimizer_learning_rate = rate
+
     def get_staleness(self):
         """Per commit, ``(worker_id, updates by others since that worker's pull)``."""
         return list(self.parameter_server.staleness) if self.parameter_server else []
@@ -1027,6 +1056,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             self._restore(server)
         job_group = self._new_job_group()
         self._begin_epoch(1)  # the monitor begins the later ones as the epochs end
+        self._hand_learning_rate_to(server)
         server.start()
         monitor = None
         try:
@@ -1280,14 +1310,6 @@ class AveragingTrainer(DistributedTrainer):
         if layout is not frame:
             return False  # coalesce(1)
         return dataframes.barrier_compatible(layout, self.num_partitions())
-
-    def _learning_rate_of_callbacks(self):
-        """The learning rate that ``LearningRateScheduler`` or ``ReduceLROnPlateau`` left
-        on the driver's model (the next epoch's replicas start with it), or None without
-        such a callback."""
-        if self._validator is None or not self._validator.sets_learning_rate:
-            return None
-        return float(np.asarray(self._validator.model.optimizer.learning_rate))
 
     def _train_in_one_job(self, frame, layout, label_shapes, shuffle):
         def end_epoch(epoch, center):

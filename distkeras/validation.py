@@ -214,8 +214,8 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
     return (x[0] if single_input else x), (y[0] if single_output else y), weights
 
 
-# Callbacks that change the optimizer's learning rate between epochs: only where the
-# driver starts each epoch's optimizers (SingleTrainer, AveragingTrainer).
+# Callbacks that change the optimizer's learning rate between epochs: the trainers hand the
+# rate they leave on the driver's model to their workers' optimizers.
 LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
 # Callbacks that act on `fit`'s own loop or on the optimizer's internals.
 _REFUSED_CALLBACKS = ("BackupAndRestore", "SwapEMAWeights")
@@ -329,6 +329,13 @@ class Validator:
         return any(type(callback).__name__ in LEARNING_RATE_CALLBACKS
                    for callback in self.user_callbacks)
 
+    def learning_rate(self):
+        """The learning rate that the callbacks left on the driver's model (the workers
+        take it for the next epoch), or None without a callback that sets one."""
+        if not self.sets_learning_rate:
+            return None
+        return float(np.asarray(self.model.optimizer.learning_rate))
+
     @property
     def stop_requested(self):
         """Whether a callback asked to stop (``model.stop_training``)."""
@@ -399,8 +406,7 @@ class Validator:
                 self.callbacks.on_train_end()
                 model.set_weights(self.model.get_weights())
                 if self.sets_learning_rate:
-                    model.optimizer.learning_rate = float(
-                        np.asarray(self.model.optimizer.learning_rate))
+                    model.optimizer.learning_rate = self.learning_rate()
 
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""

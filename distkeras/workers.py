@@ -7,6 +7,7 @@ server on the driver with `pull()` and `commit()`.
 """
 
 import logging
+import math
 import os
 import re
 import time
@@ -543,6 +544,20 @@ def set_optimizer_state(model, values):
         variable.assign(value)
 
 
+def learning_rate_field(data, key):
+    """A server reply's learning rate field as a float, or None when it has none.
+
+    Raises:
+        ProtocolError: When the field is not a finite number.
+    """
+    rate = data.get(key)
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
+        raise networking.ProtocolError(f"The server's {key} is not a finite number.")
+    return float(rate)
+
+
 def send_history_columns(sock, columns):
     """Sends drained history columns to the driver's server (nothing when there are none)."""
     if columns:
@@ -712,10 +727,16 @@ class NetworkWorker(Worker):
         data = networking.recv_data(self.socket)
         self.center_variable = data["center"]
         self.last_update = data.get("num_updates", 0)
+        self._note_learning_rate(data)
+        self.apply_server_learning_rate()
 
     def pull_unless_own(self):
         """Like `pull`, but the server sends no weights when only this worker's commits
         changed the center since its last pull and its rule adds commits as sent.
+
+        A learning rate the reply brings is kept, not applied (this may run on the
+        exchange thread while the model trains): the caller applies it with
+        `apply_server_learning_rate`, as `communicate` does.
 
         Returns:
             True when no weights came: the center is then the last pulled one plus this
@@ -725,12 +746,30 @@ class NetworkWorker(Worker):
         networking.send_action(self.socket, networking.ACTION_PULL_UNLESS_OWN)
         data = networking.recv_data(self.socket)
         self.last_update = data.get("num_updates", 0)
+        self._note_learning_rate(data)
         if data.get("unchanged") is True:
             return True
         if "center" not in data:
             raise networking.ProtocolError("The server's pull reply carries no center.")
         self.center_variable = data["center"]
         return False
+
+    def _note_learning_rate(self, data):
+        """Keeps the learning rate a pull reply carries (the driver's callbacks set it)."""
+        rate = learning_rate_field(data, "optimizer_learning_rate")
+        if rate is not None:
+            self._server_learning_rate = rate
+
+    def apply_server_learning_rate(self):
+        """Gives the local optimizer the learning rate that the driver's callbacks
+        (``ReduceLROnPlateau``, ``LearningRateScheduler``) set, when it changed since the
+        last one applied."""
+        rate = getattr(self, "_server_learning_rate", None)
+        if rate is None or rate == getattr(self, "_applied_learning_rate", None):
+            return
+        self.model.optimizer.learning_rate = rate
+        self._applied_learning_rate = rate
+        logger.info("Worker %s: learning rate %g from the driver", self.worker_id, rate)
 
     def commit(self, delta, **extra):
         """Sends an update (``delta``, plus any extra fields) to the parameter server."""
@@ -813,6 +852,7 @@ class WindowedWorker(NetworkWorker):
         if self.pull_unless_own():
             # Only this commit moved the center: the server's own addition, done here.
             self.center_variable = update_rules.add_update(self.center_variable, update)
+        self.apply_server_learning_rate()
         self.model.set_weights(self.center_variable)
 
     def window_update(self, weights, start):
@@ -837,6 +877,7 @@ class WindowedWorker(NetworkWorker):
 
         update = self.window_update(self.model.get_weights(), self.window_start)
         self.wait_for_exchange()  # the previous exchange's center is in center_variable
+        self.apply_server_learning_rate()  # one it brought, here on the training thread
         self.window_start = update_rules.add_update(self.center_variable, update)
         self.model.set_weights(self.window_start)
         history = self.history.drain() if self.history_due() else None
@@ -1034,11 +1075,8 @@ class AveragingWorker(NetworkWorker):
         """Starts an epoch from the server's reply: the mean, with a fresh optimizer (at
         the learning rate the driver set, if it did)."""
         self.model.set_optimizer_state(self._fresh_optimizer)
-        rate = state.get("learning_rate")
+        rate = learning_rate_field(state, "learning_rate")
         if rate is not None:
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)):
-                raise networking.ProtocolError("The averaging server's learning rate is not "
-                                               "a number.")
             self.model.optimizer.learning_rate = rate
         self.model.set_weights(state["center"])
 

@@ -55,6 +55,9 @@ class _Validator:
     def epoch_begin(self, epoch):
         self.begun.append(epoch)
 
+    def learning_rate(self):
+        return None  # no learning rate callback
+
     def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
         self.calls.append((float(weights[0][0]), epoch, samples))
         self.losses.append(loss)
@@ -499,6 +502,66 @@ def test_averaging_trainer_starts_each_epoch_at_the_rate_a_callback_set(
     assert moved > 1e-3  # epoch 3 trained again, at 0.05
 
 
+def test_parameter_server_workers_train_at_the_rate_a_callback_sets(spark, fashion_train):
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    mlp = build_mlp(32)
+    initial = mlp.get_weights()
+    # Rate 0 from the first epoch on: the workers take it at their first pull, so neither
+    # moves the center.
+    still = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.0)
+    trainer = ADAG(mlp, keras.optimizers.SGD(0.5), "categorical_crossentropy",
+                   num_workers=2, num_epoch=2, communication_window=4)
+    model = trainer.train(fashion_train.limit(1000), verbose=0, callbacks=[still])
+
+    assert trainer.parameter_server.num_updates > 10
+    for returned, start in zip(model.get_weights(), initial):
+        np.testing.assert_array_equal(returned, start)
+
+
+def test_reduce_lr_on_plateau_lowers_the_parameter_server_workers_rate(spark, fashion_train):
+    import keras
+
+    from distkeras.trainers import DOWNPOUR
+
+    # No epoch improves the loss by 10: each epoch's end after the first halves the rate.
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
+                                                min_delta=10.0)
+    trainer = DOWNPOUR(build_mlp(32), keras.optimizers.SGD(0.1), "categorical_crossentropy",
+                       num_workers=2, num_epoch=3)
+    model = trainer.train(fashion_train.limit(1000), verbose=0, callbacks=[plateau])
+
+    # Sent to the workers after epoch 2; the last epoch's end lowers the returned model's
+    # rate, as after fit.
+    assert trainer.parameter_server.optimizer_learning_rate == pytest.approx(0.05)
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.025)
+
+
+def test_a_server_with_its_own_pull_reply_refuses_learning_rate_callbacks(spark,
+                                                                           fashion_train):
+    import keras
+
+    from distkeras import parameter_servers
+    from distkeras.trainers import DOWNPOUR
+
+    class OwnPullServer(parameter_servers.DeltaParameterServer):
+        def handle_pull(self, conn, addr):
+            super().handle_pull(conn, addr)
+
+    class OwnPullDOWNPOUR(DOWNPOUR):
+        def allocate_parameter_server(self):
+            return OwnPullServer(self.master_model, self.master_port)
+
+    trainer = OwnPullDOWNPOUR(build_mlp(32), "adam", "categorical_crossentropy")
+    with pytest.raises(ValueError, match="OwnPullServer answers pulls with a handle_pull of "
+                                         "its own.*keras.optimizers.schedules"):
+        trainer.train(fashion_train, verbose=0,
+                      callbacks=[keras.callbacks.ReduceLROnPlateau()])
+    assert trainer.get_history() == []
+
+
 def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train):
     import keras
 
@@ -516,9 +579,6 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
 
 @pytest.mark.parametrize("callback, trainer_name, error, message", [
     ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
-    ("ReduceLROnPlateau", "ADAG", ValueError,
-     "ADAG's optimizers live in its workers: .*or SingleTrainer or AveragingTrainer, which"),
-    ("ReduceLROnPlateau", "DOWNPOUR", ValueError, "learning rate schedule"),
     ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
     ("ProgbarLogger", "ADAG", ValueError, "train\\(\\) draws its own \\(verbose=1"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
