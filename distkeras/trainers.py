@@ -825,6 +825,8 @@ class SingleTrainer(Trainer):
                 workers.set_optimizer_state(model, self._optimizer_state)
             except ValueError as error:  # a custom worker compiled another optimizer
                 logger.warning("The returned model's optimizer starts afresh: %s", error)
+            else:
+                workers.finalize_weights(model)
         return model
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):

@@ -522,6 +522,14 @@ def get_optimizer_state(model):
     return [np.array(variable.value) for variable in model.optimizer.variables]
 
 
+def finalize_weights(model):
+    """Ends training as `fit` does: an optimizer with ``use_ema=True`` leaves its moving
+    averages of the weights as the model's trainable weights (no-op otherwise)."""
+    optimizer = model.optimizer
+    if getattr(optimizer, "use_ema", False):
+        optimizer.finalize_variable_values(model.trainable_weights)
+
+
 def set_optimizer_state(model, values):
     """Gives a compiled model's optimizer the values `get_optimizer_state` returned for the
     same model and optimizer, so training goes on as if it had never stopped.

@@ -249,6 +249,36 @@ def test_single_trainer_returns_fits_model_optimizer_state_included(spark, tmp_p
                                   trained.predict(x[:5], verbose=0))
 
 
+def test_single_trainer_ends_with_the_ema_weights_as_fit_does(spark):
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(320, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+
+    def model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+
+    def optimizer():
+        return keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9)
+
+    reference = model()
+    reference.compile(optimizer(), "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    trained = SingleTrainer(model(), optimizer(), "sparse_categorical_crossentropy",
+                            metrics=[], num_epoch=2).train(frame, verbose=0)
+
+    # fit leaves the moving averages as the weights; the last step's weights differ.
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["ADAG", "AveragingTrainer"])
 def test_returned_models_save_and_load_without_warnings(name, fashion_train, tmp_path):
     import warnings
