@@ -153,6 +153,28 @@ def _pick(arrays, single):
     return arrays[0] if single else arrays
 
 
+def input_names(model):
+    """The names of a model built on a dict of inputs (``keras.Model({"a": ..., ...},
+    ...)``), in the order of ``model.inputs`` (Keras's: the names sorted); None for any
+    other model."""
+    import keras
+
+    # Functional models keep the structure they were built on; others have none.
+    structure = getattr(model, "_inputs_struct", None)
+    if not isinstance(structure, dict):
+        return None
+    return keras.tree.flatten({name: name for name in structure})
+
+
+def model_inputs(arrays, names, single):
+    """``arrays`` (one per model input, in order) as the model takes them: a dict by
+    input name where ``names`` is given (Keras refuses a list for a dict of inputs whose
+    names are not in sorted order), else one array or the list."""
+    if names is not None:
+        return dict(zip(names, arrays))
+    return _pick(arrays, single)
+
+
 class MinibatchFeed:
     """Iterates ``(x, y)`` minibatches over a stream of Arrow record batches.
 
@@ -175,13 +197,16 @@ class MinibatchFeed:
         feature_dtypes: Per input, its integer dtype (`integer_dtype`) or None.
         output_shapes: The model's output shapes: row weights are shaped for a per-row
             loss of several values (`sample_weights.per_row`).
+        input_names: For a model built on a dict of inputs (`input_names`), their names:
+            ``x`` is then a dict by name.
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
                  feature_shapes, label_shapes, single_input=True, single_output=True,
                  weight_col=None, class_table=None, num_classes=None, feature_dtypes=None,
-                 output_shapes=None):
+                 output_shapes=None, input_names=None):
         self.record_batches = record_batches
+        self.input_names = input_names
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
         self.batch_size = batch_size
@@ -260,6 +285,6 @@ class MinibatchFeed:
     def _split(self, arrays):
         inputs, outputs = len(self.features_cols), len(self.label_cols)
         self.samples += len(arrays[0])
-        batch = (_pick(arrays[:inputs], self.single_input),
+        batch = (model_inputs(arrays[:inputs], self.input_names, self.single_input),
                  _pick(arrays[inputs:inputs + outputs], self.single_output))
         return (*batch, arrays[-1]) if self.weighted else batch

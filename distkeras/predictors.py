@@ -104,6 +104,8 @@ def _predict_in_chunks(model, inputs, batch_size):
     """
     import keras
 
+    from distkeras.feed import input_names, model_inputs
+
     rows = len(inputs[0])
     chunks = []  # per call, the list of its outputs
     for start in range(0, rows, batch_size):
@@ -112,7 +114,8 @@ def _predict_in_chunks(model, inputs, batch_size):
         if count < batch_size:
             chunk = [np.concatenate([array, np.zeros((batch_size - count, *array.shape[1:]),
                                                      array.dtype)]) for array in chunk]
-        prediction = model.predict_on_batch(chunk[0] if len(chunk) == 1 else chunk)
+        prediction = model.predict_on_batch(
+            model_inputs(chunk, input_names(model), len(chunk) == 1))
         # A list, a tuple or a dict by output name (flattened in the order of
         # `model.output_names`, the keys sorted) for several outputs; else one array.
         outputs = keras.tree.flatten(prediction)

@@ -20,7 +20,8 @@ import numpy as np
 
 from distkeras import dataframes
 from distkeras import sample_weights
-from distkeras.feed import arrow_name, column_to_numpy, integer_dtype
+from distkeras.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
+                            model_inputs)
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,10 @@ def from_arrays(data, model):
             "`validation_data` as arrays must be a tuple (x, y) or (x, y, sample_weight), "
             f"as for Keras's fit. Received a tuple of {len(data)}.")
     x, y = data[:2]
-    xs = list(x) if isinstance(x, (list, tuple)) else [x]
-    ys = list(y) if isinstance(y, (list, tuple)) else [y]
+    xs = _by_name(x, [tensor.name for tensor in model.inputs], "x") \
+        if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
+    ys = _by_name(y, list(model.output_names), "y") \
+        if isinstance(y, dict) else list(y) if isinstance(y, (list, tuple)) else [y]
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
     output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
     if len(xs) != len(input_shapes) or len(ys) != len(output_shapes):
@@ -148,8 +151,19 @@ def from_arrays(data, model):
         raise ValueError("The validation data has no rows.")
     weights = None if len(data) == 2 or data[2] is None else \
         _validation_weights(data[2], rows.pop())
-    return (xs[0] if len(xs) == 1 else xs), (labels[0] if len(labels) == 1 else labels), \
-        weights
+    return model_inputs(xs, input_names(model), len(xs) == 1), \
+        (labels[0] if len(labels) == 1 else labels), weights
+
+
+def _by_name(arrays, names, what):
+    """The arrays of a dict keyed by the model's input (output) names, in their order, as
+    Keras's ``fit`` reads ``x`` (``y``) given as a dict."""
+    missing = [name for name in names if name not in arrays]
+    if missing or len(arrays) != len(names):
+        raise ValueError(
+            f"validation_data's {what} is a dict with keys {sorted(arrays)}; the model's "
+            f"{'inputs' if what == 'x' else 'outputs'} are named {names}.")
+    return [arrays[name] for name in names]
 
 
 def _validation_weights(sample_weight, rows):
@@ -211,7 +225,8 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
             table.column(arrow_name(sample_weight_col)).to_numpy(zero_copy_only=False),
             table.num_rows)
     logger.info("Validating on %d rows held on the driver", table.num_rows)
-    return (x[0] if single_input else x), (y[0] if single_output else y), weights
+    return model_inputs(x, input_names(model), single_input), \
+        (y[0] if single_output else y), weights
 
 
 # Callbacks that change the optimizer's learning rate between epochs: the trainers hand the

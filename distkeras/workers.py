@@ -17,7 +17,7 @@ import numpy as np
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.affinity import claimed_cores
-from distkeras.feed import MinibatchFeed, integer_dtype
+from distkeras.feed import MinibatchFeed, input_names, integer_dtype
 from distkeras.networking import weights_array
 
 logger = logging.getLogger(__name__)
@@ -223,6 +223,8 @@ def history_records(columns):
 
 
 def _batch_size(x):
+    if isinstance(x, dict):  # a model built on a dict of inputs
+        x = list(x.values())
     return len(x[0]) if isinstance(x, (list, tuple)) else len(x)
 
 
@@ -467,6 +469,7 @@ class Worker:
             class_table=getattr(self, "class_table", None), num_classes=num_classes,
             feature_dtypes=[integer_dtype(tensor) for tensor in self.model.inputs],
             output_shapes=self._sample_shapes(self.model.outputs),
+            input_names=input_names(self.model),
         )
 
     def get_next_minibatch(self):

@@ -436,3 +436,46 @@ def test_a_trained_trainer_pickles_and_copies_with_its_results(trainer_name, fas
         if hasattr(trainer, "get_staleness"):
             assert twin.get_staleness() == trainer.get_staleness()
         twin.train(fashion_train.limit(500), verbose=0)  # and trains again
+
+
+def test_a_model_on_a_dict_of_named_inputs_trains_validates_and_predicts(spark):
+    import keras
+    import numpy as np
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import DOWNPOUR, SingleTrainer
+
+    rng = np.random.default_rng(6)
+    x_z = rng.normal(size=(256, 3)).astype("float32")
+    x_a = rng.normal(size=(256, 2)).astype("float32")
+    y = (x_z.sum(axis=1) > 0).astype("int64")
+    frame = spark.createDataFrame(
+        [(a.tolist(), z.tolist(), int(label)) for a, z, label in zip(x_a, x_z, y)],
+        "a array<float>, z array<float>, label long")
+
+    def model():
+        # Named inputs declared out of sorted order: Keras refuses them as a list.
+        keras.utils.set_random_seed(2)
+        z, a = keras.Input((3,), name="zz"), keras.Input((2,), name="aa")
+        hidden = keras.layers.Concatenate()([z, a])
+        return keras.Model({"zz": z, "aa": a},
+                           keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+    x = {"zz": x_z, "aa": x_a}
+    reference = model()
+    reference.compile("adam", "binary_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    # The columns in the order of `model.inputs` (Keras's: the names sorted).
+    trainer = SingleTrainer(model(), "adam", "binary_crossentropy", metrics=[],
+                            features_col=["a", "z"])
+    trained = trainer.train(frame.coalesce(1), verbose=0, validation_data=(x, y))
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert trainer.get_validation_history()[-1]["val_loss"] == pytest.approx(
+        trained.evaluate(x, y, verbose=0), rel=1e-5)
+
+    DOWNPOUR(model(), "adam", "binary_crossentropy", features_col=["a", "z"],
+             num_workers=2).train(frame, verbose=0)
+    predicted = ModelPredictor(trained, features_col=["a", "z"]).predict(frame)
+    values = np.array([row["prediction"] for row in predicted.select("prediction").collect()])
+    np.testing.assert_allclose(values, trained.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
