@@ -143,6 +143,28 @@ def check_spark_dataframe(dataframe, role="training data"):
                         f"{type(dataframe).__module__}.{type(dataframe).__name__}.{hint}")
 
 
+def check_column_order(columns, names, what, parameter):
+    """Refuses columns named exactly as the model's inputs (outputs) but listed in another
+    order: they pair with ``model.inputs`` (``model.outputs``) by position, so each would
+    silently feed another input (train another output) of the same shape.
+
+    Args:
+        columns: The columns given, in order.
+        names: The model's input (output) names, in the order of its tensors.
+        what: ``"inputs"`` or ``"outputs"``.
+        parameter: The parameter that named the columns.
+
+    Raises:
+        ValueError: Naming the order to pass.
+    """
+    if len(columns) > 1 and sorted(columns) == sorted(names) and list(columns) != list(names):
+        raise ValueError(
+            f"{parameter}={list(columns)} names the model's {what} in another order than "
+            f"the model's, {list(names)}: columns pair with the {what} by position (for a "
+            f"model built on a dict, Keras orders them by name). Pass {parameter}="
+            f"{list(names)}.")
+
+
 def validate(dataframe, model, features_col, label_col):
     """Checks columns, types and sizes against the model before any training starts.
 
@@ -176,6 +198,11 @@ def validate(dataframe, model, features_col, label_col):
             f"The model has {len(model.outputs)} outputs but label_col names "
             f"{len(label_cols)} columns: {label_cols}."
         )
+    check_column_order(features_cols, [tensor.name for tensor in model.inputs], "inputs",
+                       "features_col")
+    # A Sequential model has no `output_names` (and one output).
+    check_column_order(label_cols, list(getattr(model, "output_names", None) or ()),
+                       "outputs", "label_col")
     for name in features_cols + label_cols:
         _to_training_column(dataframe, name)
     rows = dataframe.select(*map(column, features_cols + label_cols)).limit(1).collect()

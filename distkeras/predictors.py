@@ -21,8 +21,8 @@ import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import (check_known_inputs, check_spark_dataframe, column,
-                                  vector_values)
+from distkeras.dataframes import (check_column_order, check_known_inputs,
+                                  check_spark_dataframe, column, vector_values)
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -232,6 +232,8 @@ class ModelPredictor:
             raise ValueError(
                 f"The model has {len(self.model.inputs)} inputs but features_col names "
                 f"{len(features)} columns: {features}.")
+        check_column_order(features, [tensor.name for tensor in self.model.inputs], "inputs",
+                           "features_col")
         outputs = self._output_columns()
         for name in outputs:
             if name in dataframe.columns:

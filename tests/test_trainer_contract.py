@@ -479,3 +479,28 @@ def test_a_model_on_a_dict_of_named_inputs_trains_validates_and_predicts(spark):
     predicted = ModelPredictor(trained, features_col=["a", "z"]).predict(frame)
     values = np.array([row["prediction"] for row in predicted.select("prediction").collect()])
     np.testing.assert_allclose(values, trained.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_columns_named_as_the_inputs_or_outputs_but_out_of_order_are_refused(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    frame = spark.createDataFrame([([1.0, 2.0], [3.0, 4.0], 1.0, 0.0)],
+                                  "zz array<float>, aa array<float>, y_z double, y_a double")
+    z, a = keras.Input((2,), name="zz"), keras.Input((2,), name="aa")
+    hidden = keras.layers.Concatenate()([z, a])
+    model = keras.Model({"zz": z, "aa": a}, {"y_z": keras.layers.Dense(1, name="y_z")(hidden),
+                                             "y_a": keras.layers.Dense(1, name="y_a")(hidden)})
+    # Same shapes: in declaration order, each column would feed the other input.
+    with pytest.raises(ValueError, match=r"features_col=\['zz', 'aa'\] names the model's "
+                                         r"inputs in another order .* Pass features_col="
+                                         r"\['aa', 'zz'\]"):
+        SingleTrainer(model, "adam", "mse", features_col=["zz", "aa"],
+                      label_col=["y_a", "y_z"]).train(frame, verbose=0)
+    with pytest.raises(ValueError, match=r"Pass label_col=\['y_a', 'y_z'\]"):
+        SingleTrainer(model, "adam", "mse", features_col=["aa", "zz"],
+                      label_col=["y_z", "y_a"]).train(frame, verbose=0)
+    with pytest.raises(ValueError, match=r"Pass features_col=\['aa', 'zz'\]"):
+        ModelPredictor(model, features_col=["zz", "aa"]).predict(frame)
