@@ -29,7 +29,7 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.predictors import ModelPredictor, _check_batch_size
-from distkeras.transformers import _set_given
+from distkeras.transformers import _set_given, _setter
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,8 @@ def _load_keras_model(spark, path, compile=False):
 class _HasKerasParams(HasPredictionCol):
     batchSize = Param(Params._dummy(), "batchSize", "rows per model call when predicting",
                       typeConverter=TypeConverters.toInt)
+    setPredictionCol = _setter("predictionCol")
+    setBatchSize = _setter("batchSize")
 
     def _init_params(self, output_col, batch_size):
         self._setDefault(predictionCol="prediction", batchSize=1024)
@@ -126,6 +128,7 @@ class KerasModel(Model, _HasKerasParams, MLReadable, MLWritable):
 
     featuresCol = Param(Params._dummy(), "featuresCol", "input column(s) of the model",
                         typeConverter=_to_features_col)
+    setFeaturesCol = _setter("featuresCol")
 
     def __init__(self, keras_model=None, features_col="features", output_col="prediction",
                  batch_size=1024):
@@ -219,6 +222,10 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
     classWeight = Param(Params._dummy(), "classWeight",
                         "weight of each class's rows, by class index",
                         typeConverter=_to_class_weight)
+    setWeightCol = _setter("weightCol")
+    setValidation = _setter("validation")
+    setShuffle = _setter("shuffle")
+    setClassWeight = _setter("classWeight")
 
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
                  weight_col=None, validation=None, callbacks=None, class_weight=None,

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from distkeras.dataframes import column
-from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_given
+from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_given, _setter
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
         label_col: True classes (default ``"label_index"``).
     """
 
+    setPredictionCol = _setter("predictionCol")
+    setLabelCol = _setter("labelCol")
+
     def __init__(self, prediction_col="prediction_index", label_col="label_index"):
         super().__init__()
         self._setDefault(predictionCol="prediction_index", labelCol="label_index")
@@ -118,6 +121,9 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
 
     loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
                  typeConverter=TypeConverters.toString)
+    setLoss = _setter("loss")
+    setPredictionCol = _setter("predictionCol")
+    setLabelCol = _setter("labelCol")
 
     def __init__(self, loss="categorical_crossentropy", prediction_col="prediction",
                  label_col="label"):

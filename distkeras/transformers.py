@@ -134,6 +134,17 @@ def _set_given(instance, **values):
         instance._set(**given)
 
 
+def _setter(param_name):
+    """A ``set<Name>`` method for the Param ``param_name``, as Spark's own stages have
+    (``OneHotTransformer(10).setInputCol("digit")``); it returns the stage, for chaining."""
+    def set_value(self, value):
+        return self._set(**{param_name: value})
+
+    set_value.__name__ = "set" + param_name[0].upper() + param_name[1:]
+    set_value.__doc__ = f"Sets the value of :py:attr:`{param_name}`."
+    return set_value
+
+
 def _require(instance, param):
     """The value of a Param, or a ValueError saying that it must be set."""
     if not instance.isDefined(param):
@@ -196,6 +207,9 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
                          DefaultParamsWritable):
     """Base of the transformers here: one input column in, one output column added."""
 
+    setInputCol = _setter("inputCol")
+    setOutputCol = _setter("outputCol")
+
     def _columns(self):
         return _require(self, self.inputCol), _require(self, self.outputCol)
 
@@ -224,6 +238,7 @@ class OneHotTransformer(_ColumnTransformer):
 
     outputDim = Param(Params._dummy(), "outputDim", "number of classes (length of the output "
                       "array)", typeConverter=_to_int)
+    setOutputDim = _setter("outputDim")
 
     def __init__(self, output_dim=None, input_col=None, output_col=None):
         super().__init__()
@@ -273,6 +288,11 @@ class MinMaxTransformer(_ColumnTransformer):
     nMax = Param(Params._dummy(), "nMax", "maximum of the new range", typeConverter=_to_number)
     isVector = Param(Params._dummy(), "isVector", "whether the column holds arrays/vectors "
                      "(else single numbers)", typeConverter=TypeConverters.toBoolean)
+    setOMin = _setter("oMin")
+    setOMax = _setter("oMax")
+    setNMin = _setter("nMin")
+    setNMax = _setter("nMax")
+    setIsVector = _setter("isVector")
 
     def __init__(self, o_min=None, o_max=None, n_min=None, n_max=None, input_col=None,
                  output_col=None, is_vector=True):
@@ -324,6 +344,8 @@ class StandardTransformer(_ColumnTransformer):
                  typeConverter=_to_numbers)
     std = Param(Params._dummy(), "std", "standard deviation to divide by: one value or one "
                 "per element", typeConverter=_to_numbers)
+    setMean = _setter("mean")
+    setStd = _setter("std")
 
     def __init__(self, input_col=None, output_col=None, mean=None, std=None):
         super().__init__()
@@ -374,6 +396,9 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
         input_col: Column of numbers, arrays of numbers or vectors.
         output_col: Name of the column the fitted transformer adds.
     """
+
+    setInputCol = _setter("inputCol")
+    setOutputCol = _setter("outputCol")
 
     def __init__(self, input_col=None, output_col=None):
         super().__init__()
@@ -471,6 +496,7 @@ class ReshapeTransformer(_ColumnTransformer):
 
     shape = Param(Params._dummy(), "shape", "shape of one row's values (row-major)",
                   typeConverter=_to_ints)
+    setShape = _setter("shape")
 
     def __init__(self, input_col=None, output_col=None, shape=None):
         super().__init__()
@@ -551,6 +577,9 @@ class LabelIndexTransformer(_ColumnTransformer):
                          typeConverter=_to_int)
     activationThreshold = Param(Params._dummy(), "activationThreshold", "smallest winning "
                                 "value", typeConverter=_to_number)
+    setOutputDim = _setter("outputDim")
+    setDefaultIndex = _setter("defaultIndex")
+    setActivationThreshold = _setter("activationThreshold")
 
     def __init__(self, output_dim=None, input_col="prediction", output_col="prediction_index",
                  default_index=0, activation_threshold=0.55):
@@ -591,6 +620,7 @@ class BinaryLabelTransformer(_ColumnTransformer):
 
     label = Param(Params._dummy(), "label", "the value of the positive class",
                   typeConverter=_to_label)
+    setLabel = _setter("label")
 
     def __init__(self, input_col=None, output_col=None, label=None):
         super().__init__()

@@ -146,6 +146,24 @@ def test_estimator_errors(spark):
         KerasModel().transform(frame)
 
 
+def test_estimator_and_model_params_have_chained_setters_as_spark_stages_do(spark):
+    import keras
+
+    from distkeras.estimators import KerasEstimator, KerasModel
+
+    estimator = KerasEstimator(_single_trainer()).setPredictionCol("scores").setBatchSize(8) \
+        .setWeightCol("w").setValidation(0.25).setShuffle(True).setClassWeight({"1": 2})
+    assert [estimator.getOrDefault(name) for name in (
+        "predictionCol", "batchSize", "weightCol", "validation", "shuffle", "classWeight")] \
+        == ["scores", 8, "w", 0.25, True, {1: 2.0}]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    fitted = KerasModel(model).setFeaturesCol("x").setPredictionCol("y_hat").setBatchSize(2)
+    frame = spark.createDataFrame([([1.0, 2.0],), ([3.0, 4.0],), ([5.0, 6.0],)], ["x"])
+    predicted = [row.y_hat for row in fitted.transform(frame).collect()]
+    expected = model.predict(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), verbose=0)
+    np.testing.assert_allclose(predicted, expected, rtol=1e-5)
+
+
 def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train, tmp_path):
     from pyspark.ml import Pipeline
     from pyspark.sql import functions as F

@@ -285,6 +285,17 @@ def test_accuracy_evaluator(scored):
         AccuracyEvaluator().evaluate(scored.limit(0))
 
 
+def test_evaluators_are_configured_with_chained_setters_as_spark_evaluators_are(scored):
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    accuracy = AccuracyEvaluator().setPredictionCol("prediction").setLabelCol("label")
+    assert accuracy.evaluate(scored) == 0.75
+    loss = LossEvaluator().setLoss("sparse_categorical_crossentropy") \
+        .setPredictionCol("prediction").setLabelCol("label_index")
+    expected = -np.mean(np.log([0.7, 0.3, 1.0 - 1e-7, 0.5]))
+    assert loss.evaluate(scored) == pytest.approx(expected, rel=1e-6)
+
+
 def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
     from distkeras.evaluators import AccuracyEvaluator
 

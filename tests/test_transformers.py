@@ -227,6 +227,41 @@ def test_every_stage_in_a_saved_and_reloaded_pipeline(tiny, tmp_path):
     assert [row.is_dog for row in rows] == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
 
 
+def test_stages_are_configured_with_chained_setters_as_spark_stages_are(tiny):
+    from distkeras.transformers import (BinaryLabelTransformer, LabelIndexTransformer,
+                                        MinMaxTransformer, OneHotTransformer,
+                                        ReshapeTransformer, StandardEstimator,
+                                        StandardTransformer)
+
+    # `VectorAssembler().setInputCols(...).setOutputCol(...)`: Spark users write our stages
+    # the same way; each setter returns the stage.
+    stages = [
+        OneHotTransformer().setOutputDim(3).setInputCol("idx").setOutputCol("one_hot"),
+        MinMaxTransformer().setOMin(1.0).setOMax(5.0).setNMin(0.0).setNMax(1.0)
+        .setIsVector(False).setInputCol("s").setOutputCol("s01"),
+        StandardTransformer().setMean(1.0).setStd(2.0).setInputCol("s").setOutputCol("s_std"),
+        ReshapeTransformer().setShape((2, 2)).setInputCol("a").setOutputCol("a_2x2"),
+        LabelIndexTransformer().setOutputDim(3).setDefaultIndex(1)
+        .setActivationThreshold(0.9).setInputCol("p").setOutputCol("p_index"),
+        BinaryLabelTransformer().setLabel("dog").setInputCol("c").setOutputCol("is_dog"),
+    ]
+    frame = tiny
+    for stage in stages:
+        frame = stage.transform(frame)
+    frame = StandardEstimator().setInputCol("a").setOutputCol("a_std").fit(frame) \
+        .transform(frame)
+    rows = frame.orderBy("id").collect()
+    assert [row.one_hot for row in rows] == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    assert [row.s01 for row in rows] == [0.0, 0.5, 1.0]
+    assert [row.s_std for row in rows] == [0.0, 1.0, 2.0]
+    assert rows[1].a_2x2 == [[1.0, 2.0], [3.0, 4.0]]
+    assert [row.p_index for row in rows] == [1.0, 0.0, 2.0]
+    assert [row.is_dog for row in rows] == [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+    values = np.array([[0.0, 5.0, 10.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 4.0, 4.0, 4.0]])
+    np.testing.assert_allclose([row.a_std for row in rows],
+                               (values - values.mean(0)) / values.std(0), rtol=1e-5, atol=1e-6)
+
+
 def test_null_rows_stay_null_through_every_element_wise_transformer(spark):
     from distkeras.transformers import (DenseTransformer, LabelIndexTransformer,
                                         MinMaxTransformer, ReshapeTransformer,
