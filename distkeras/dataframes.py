@@ -121,6 +121,25 @@ def _check_fixed_shapes(model):
                     "keras.Input((10,), dtype='int32') for sequences padded to 10 tokens.")
 
 
+def check_input_count(model, features_cols):
+    """Raises a clear error when ``features_cols`` does not name one column per model input.
+
+    Tabular data often has its features in several numeric columns: a list of them is read
+    as one column per input, so a one-input model is told how to put them in one column.
+    """
+    if len(features_cols) == len(model.inputs):
+        return
+    hint = ""
+    if len(model.inputs) == 1:
+        hint = (" To feed several numeric columns to one input, put them in one column "
+                "first: pyspark.ml.feature.VectorAssembler(inputCols=[...], "
+                "outputCol=\"features\") or F.array(*columns).alias(\"features\").")
+    raise ValueError(
+        f"The model has {len(model.inputs)} inputs but features_col names "
+        f"{len(features_cols)} columns: {features_cols}; a list of columns feeds one "
+        f"input each.{hint}")
+
+
 def check_spark_dataframe(dataframe, role="training data"):
     """Raises a clear error for anything but a classic (not Spark Connect) DataFrame.
 
@@ -188,11 +207,7 @@ def validate(dataframe, model, features_col, label_col):
     check_known_inputs(model)
     features_cols = as_column_list(features_col)
     label_cols = as_column_list(label_col)
-    if len(features_cols) != len(model.inputs):
-        raise ValueError(
-            f"The model has {len(model.inputs)} inputs but features_col names "
-            f"{len(features_cols)} columns: {features_cols}."
-        )
+    check_input_count(model, features_cols)
     if len(label_cols) != len(model.outputs):
         raise ValueError(
             f"The model has {len(model.outputs)} outputs but label_col names "

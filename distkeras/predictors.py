@@ -21,7 +21,7 @@ import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import (check_column_order, check_known_inputs,
+from distkeras.dataframes import (check_column_order, check_input_count, check_known_inputs,
                                   check_spark_dataframe, column, vector_values)
 from distkeras.transformers import _kind
 
@@ -228,10 +228,7 @@ class ModelPredictor:
         check_known_inputs(self.model)
         features = (list(self.features_col) if isinstance(self.features_col, (list, tuple))
                     else [self.features_col])
-        if len(features) != len(self.model.inputs):
-            raise ValueError(
-                f"The model has {len(self.model.inputs)} inputs but features_col names "
-                f"{len(features)} columns: {features}.")
+        check_input_count(self.model, features)
         check_column_order(features, [tensor.name for tensor in self.model.inputs], "inputs",
                            "features_col")
         outputs = self._output_columns()

@@ -131,6 +131,25 @@ def test_labels_the_loss_cannot_read_fail_on_the_driver(loss, label, message, sp
     assert trainer.get_history() == []
 
 
+def test_several_numeric_columns_for_one_input_are_told_how_to_assemble_them(spark):
+    import keras
+    from pyspark.sql import Row
+
+    from distkeras.predictors import ModelPredictor
+
+    # A CSV's feature columns, passed as a list to a one-input model.
+    frame = spark.createDataFrame([Row(a=1.0, b=2.0, c=3, label=1)] * 4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    trainer = trainers.SingleTrainer(model, "adam", "sparse_categorical_crossentropy",
+                                     features_col=["a", "b", "c"])
+
+    with pytest.raises(ValueError, match="1 inputs but features_col names 3.*VectorAssembler"):
+        trainer.train(frame, verbose=0)
+    with pytest.raises(ValueError, match="1 inputs but features_col names 3.*VectorAssembler"):
+        ModelPredictor(model, features_col=["a", "b", "c"]).predict(frame)
+    assert trainer.get_history() == []
+
+
 def test_one_hot_validation_labels_with_a_sparse_loss_fail_before_training(spark):
     from pyspark.sql import Row
 
