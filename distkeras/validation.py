@@ -240,7 +240,8 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
     """The Keras callbacks as a list, or a clear error for one that cannot work here.
 
     Args:
-        callbacks: What `train()` was given.
+        callbacks: What `train()` was given: a list of callbacks, one callback or a
+            `keras.callbacks.CallbackList`, as ``fit`` takes them.
         trainer_name: Named in the errors.
         learning_rate_callbacks: Whether the trainer applies a learning rate set by a
             callback (``LearningRateScheduler``, ``ReduceLROnPlateau``) to the next epoch.
@@ -251,7 +252,7 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
     """
     import keras
 
-    callbacks = list(callbacks or [])
+    callbacks = _as_callback_list(callbacks)
     for callback in callbacks:
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError("`callbacks` must be keras.callbacks.Callback instances. "
@@ -270,6 +271,18 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
                 "`worker_optimizer` (keras.optimizers.schedules), or SingleTrainer or "
                 "AveragingTrainer, which apply it.")
     return callbacks
+
+
+def _as_callback_list(callbacks):
+    """``callbacks`` as a list: ``fit`` also takes one callback alone, or a
+    `keras.callbacks.CallbackList` (whose callbacks are checked one by one)."""
+    import keras
+
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return list(callbacks.callbacks)
+    if isinstance(callbacks, keras.callbacks.Callback):
+        return [callbacks]
+    return list(callbacks or [])
 
 
 # Keys of a step record that describe the step rather than measure it.

@@ -598,6 +598,23 @@ def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, m
     assert trainer.get_history() == []
 
 
+@pytest.mark.parametrize("wrap", ["alone", "CallbackList"])
+def test_callbacks_are_taken_alone_or_in_a_callback_list_as_fit_takes_them(
+        wrap, spark, fashion_train):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    # An improvement no epoch can make: EarlyStopping stops after the second one.
+    stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    callbacks = stopping if wrap == "alone" else keras.callbacks.CallbackList([stopping])
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=4)
+    trainer.train(fashion_train.limit(500), verbose=0, callbacks=callbacks)
+
+    assert stopping.stopped_epoch == 1
+    assert {record["epoch"] for record in trainer.get_history()} == {0, 1}
+
+
 def test_too_many_validation_rows_are_refused_before_training(spark, fashion_train,
                                                               monkeypatch):
     from distkeras import validation
