@@ -264,6 +264,12 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
         if name == "ProgbarLogger":
             raise ValueError("ProgbarLogger draws Keras's own progress bar, per step: "
                              "train() draws its own (verbose=1 for a bar, 2 for lines).")
+        if name == "ModelCheckpoint" and getattr(callback, "save_freq", "epoch") != "epoch":
+            # It saves on batch ends only, which are not called back here: no file at all.
+            raise ValueError(
+                f"ModelCheckpoint(save_freq={callback.save_freq!r}) saves every "
+                f"{callback.save_freq} batches, but train() calls callbacks back at epoch "
+                "ends only: it would save nothing. Use save_freq='epoch' (the default).")
         if name in LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(
                 f"{name} changes the learning rate, but {trainer_name}'s optimizers live in "

@@ -598,6 +598,22 @@ def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, m
     assert trainer.get_history() == []
 
 
+def test_a_checkpoint_saved_every_few_batches_is_refused(fashion_train, tmp_path):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    # Callbacks see epoch ends only: a checkpoint saved on batch ends would never be.
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m{epoch}.keras"),
+                                                 save_freq=20)
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=2)
+
+    with pytest.raises(ValueError, match="save_freq=20.*would save nothing. Use "
+                                         "save_freq='epoch'"):
+        trainer.train(fashion_train, verbose=0, callbacks=[checkpoint])
+    assert trainer.get_history() == [] and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("wrap", ["alone", "CallbackList"])
 def test_callbacks_are_taken_alone_or_in_a_callback_list_as_fit_takes_them(
         wrap, spark, fashion_train):
