@@ -30,6 +30,7 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
 
 from distkeras.predictors import ModelPredictor, _check_batch_size
 from distkeras.transformers import _set_given, _setter
+from distkeras.validation import as_callback_list
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
                  shuffle=False):
         super().__init__()
         self.trainer = trainer
-        self.callbacks = list(callbacks or [])
+        self.callbacks = as_callback_list(callbacks)  # one alone, as fit takes
         self._init_params(output_col, batch_size)
         self._setDefault(shuffle=False)
         _set_given(self, weightCol=weight_col, validation=validation,

@@ -252,7 +252,7 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
     """
     import keras
 
-    callbacks = _as_callback_list(callbacks)
+    callbacks = as_callback_list(callbacks)
     for callback in callbacks:
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError("`callbacks` must be keras.callbacks.Callback instances. "
@@ -279,7 +279,7 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
     return callbacks
 
 
-def _as_callback_list(callbacks):
+def as_callback_list(callbacks):
     """``callbacks`` as a list: ``fit`` also takes one callback alone, or a
     `keras.callbacks.CallbackList` (whose callbacks are checked one by one)."""
     import keras

@@ -227,6 +227,21 @@ def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
     assert loaded.getOrDefault("validation") == pytest.approx(0.2)
 
 
+def test_a_callback_alone_reaches_the_trainer(fashion_train):
+    import keras
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    # fit takes one callback without a list: so does the estimator.
+    stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=4)
+    KerasEstimator(trainer, callbacks=stopping).fit(fashion_train.limit(500))
+
+    assert stopping.stopped_epoch == 1
+    assert {record["epoch"] for record in trainer.get_history()} == {0, 1}
+
+
 def test_estimator_copies_fitted_in_parallel_threads_train_one_at_a_time(spark, fashion_train):
     """Copies of an estimator share its trainer (Params.copy is shallow), and a run keeps
     its state on the trainer: CrossValidator(parallelism=2) fitting two copies at once
