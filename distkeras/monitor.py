@@ -94,6 +94,28 @@ class LineProgress:
             self._write()
 
 
+def report_returned_validation(name, records, verbose, stream=None):
+    """Writes the validation of the returned model (of each member, for an ensemble) as a
+    line, where ``verbose``: it runs after the progress ended, whose bar or last line
+    still shows the epoch before's ``val_loss``.
+
+    Args:
+        name: The trainer's name, starting each line.
+        records: The validation records of the returned model(s).
+        verbose: 0 writes nothing.
+        stream: Where to write (default: stderr, as the progress).
+    """
+    if not verbose:
+        return
+    stream = stream or sys.stderr
+    for record in records:
+        member = f" {record['member']}" if "member" in record else ""
+        values = ", ".join(f"{key}={value:.4f}" for key, value in record.items()
+                           if key.startswith("val_"))
+        stream.write(f"{name}, returned model{member} (epoch {record['epoch']}): {values}\n")
+    stream.flush()
+
+
 class TrainingMonitor(threading.Thread):
     """Driver-side monitor of an asynchronous training.
 

@@ -26,7 +26,7 @@ from distkeras import parameter_servers
 from distkeras import sample_weights
 from distkeras import validation
 from distkeras import workers
-from distkeras.monitor import TrainingMonitor, resolve_verbose
+from distkeras.monitor import TrainingMonitor, report_returned_validation, resolve_verbose
 from distkeras.utils import average_history, check_compile_arguments
 
 logger = logging.getLogger(__name__)
@@ -376,7 +376,11 @@ class Trainer:
                 self.training_time = time.time() - start
             self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
             model = self._compile(model)
+            validated = len(self.get_validation_history())
             self._validate_returned(model)
+            report_returned_validation(type(self).__name__,
+                                       self.get_validation_history()[validated:],
+                                       self.verbose)
             return model
 
     def _check_settings(self, dataframe, label_shapes, sample_weight_col, class_weight):

@@ -127,6 +127,25 @@ def test_single_trainer_shows_its_progress_too(fashion_train, capsys):
     assert trainer.parameter_server is not None
 
 
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_the_progress_ends_with_the_returned_models_validation(fashion_train, capsys,
+                                                               verbose):
+    from distkeras.trainers import SingleTrainer
+
+    # The last epoch is validated on the returned model after the progress ended: its
+    # bar or line shows the epoch before's val_loss, so a line says the last one's.
+    trainer = SingleTrainer(build_mlp(), "adam", "categorical_crossentropy", num_epoch=2)
+    trainer.train(fashion_train.limit(1000), verbose=verbose, validation_data=0.2)
+    err = capsys.readouterr().err
+    first, last = trainer.get_validation_history()
+    assert last["epoch"] == 2 and f"{last['val_loss']:.4f}" != f"{first['val_loss']:.4f}"
+    assert err.splitlines()[-1] == (
+        f"SingleTrainer, returned model (epoch 2): val_accuracy={last['val_accuracy']:.4f}"
+        f", val_loss={last['val_loss']:.4f}")
+    trainer.train(fashion_train.limit(1000), verbose=0, validation_data=0.2)
+    assert "returned model" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_averaging_trainer_shows_its_progress(fashion_train, capsys, num_workers):
     from distkeras.trainers import AveragingTrainer
