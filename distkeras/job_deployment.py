@@ -72,7 +72,8 @@ class Job:
         num_executors: Spark executors; the data is split into
             ``num_executors * num_processes`` partitions, one worker each.
         num_processes: Worker processes per executor.
-        trainer: A distkeras trainer (its class must be registered on the server).
+        trainer: A distkeras trainer (its class must be registered on the server); None
+            to follow, with `attach`, a job sent from elsewhere.
         train_options: Options of `train()`, as JSON: ``shuffle`` (bool), ``validation``
             (a fraction of the rows to hold out, or a Parquet path the cluster reads),
             ``sample_weight_col`` (a column name), ``class_weight`` (class index to weight).
@@ -126,6 +127,10 @@ class Job:
         """The submission: names, numbers, the trainer's class and JSON config, the model."""
         from distkeras.utils import serialize_model
 
+        if self.trainer is None:
+            raise JobError(f"Job {self.job_name!r} has no trainer to send: give one (ADAG(...), "
+                           "...) to Job(...); trainer=None only follows a job already sent, "
+                           "with job.attach(url).")
         self._settled_trainer()
         return {
             "job_name": self.job_name,
@@ -260,13 +265,21 @@ class Job:
         return {"state": answer.get("state"), "error": answer.get("error")}
 
     def get_trained_model(self):
-        """The trained model, compiled as the trainer compiles its result."""
+        """The trained model, compiled as the trainer compiles its result.
+
+        Its optimizer holds the state the server's run left (SingleTrainer's step count
+        and moments), as `train()` returns it. A job followed with ``trainer=None`` (by
+        `attach`) gets the model compiled as the server saved it.
+        """
         if self.model_bytes is None:
             raise JobError("No model yet: call wait_completion() first.")
         from distkeras.utils import deserialize_model
 
-        model = deserialize_model(self.model_bytes)
-        return self._settled_trainer()._compile(model)
+        if self.trainer is None:
+            return deserialize_model(self.model_bytes, compile=True)
+        model = self._settled_trainer()._compile(deserialize_model(self.model_bytes))
+        _restore_optimizer_state(model, self.model_bytes)
+        return model
 
     def get_history(self):
         """The training history (one record per step)."""
@@ -279,6 +292,20 @@ class Job:
         if self.validation_history is None:
             raise JobError("No history yet: call wait_completion() first.")
         return self.validation_history
+
+
+def _restore_optimizer_state(model, model_bytes):
+    """Gives ``model``'s optimizer the state saved in the server's archive: recompiling
+    it from the trainer alone would start the optimizer afresh (step 0, no moments)."""
+    from distkeras.utils import deserialize_model
+    from distkeras.workers import get_optimizer_state, set_optimizer_state
+
+    try:
+        saved = deserialize_model(model_bytes, compile=True)
+        set_optimizer_state(model, get_optimizer_state(saved))
+    except (ValueError, TypeError, AttributeError) as error:
+        # An archive without a compiled optimizer, or another one: the weights matter most.
+        logger.warning("The trained model's optimizer starts afresh: %s", error)
 
 
 def _closed_while_sending(error):

@@ -520,6 +520,39 @@ def test_a_compiled_model_lends_its_settings_to_a_job():
     assert trained.loss == "categorical_crossentropy"
 
 
+def test_a_fetched_model_keeps_its_optimizer_state_and_attach_needs_no_trainer():
+    # The server's archive holds the trained optimizer's state (SingleTrainer's, as after
+    # fit); a job followed with trainer=None (`Job(secret, ...); job.attach(url)`) still
+    # gets its model.
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+    from distkeras.utils import serialize_model
+
+    trained = build_mlp(hidden=8)
+    trained.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    rng = np.random.default_rng(0)
+    trained.fit(rng.random((64, 784), dtype=np.float32), rng.integers(0, 10, 64),
+                batch_size=16, epochs=2, verbose=0)
+    archive = serialize_model(trained)
+    expected = [np.array(variable.value) for variable in trained.optimizer.variables]
+
+    job = Job("secret", "single", "/data/fashion.parquet", 1, 1,
+              SingleTrainer(keras_model=build_mlp(hidden=8), worker_optimizer="adam",
+                            loss="sparse_categorical_crossentropy"))
+    attached = Job("secret", "single", None, 1, 1, None)
+    for follower in (job, attached):
+        follower.model_bytes = archive
+        model = follower.get_trained_model()
+        assert isinstance(model.optimizer, keras.optimizers.Adam)
+        assert int(model.optimizer.iterations.numpy()) == 8
+        for variable, value in zip(model.optimizer.variables, expected):
+            np.testing.assert_allclose(np.array(variable.value), value)
+    with pytest.raises(JobError, match="no trainer to send"):
+        attached.payload()
+
+
 def test_the_number_of_workers_is_bounded_as_a_whole():
     from distkeras.job_deployment import MAX_WORKERS, BadRequest, validate_submission
 
