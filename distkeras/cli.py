@@ -87,7 +87,7 @@ def _train_parser(trainer_class=None, add_help=True):
                         help="where to write the trained .keras")
     parser.add_argument("--trainer", default="ADAG", help="trainer class name")
     parser.add_argument("--workers", type=int, default=2,
-                        help="parallel workers (ensemble size for EnsembleTrainer)")
+                        help="parallel workers")
     parser.add_argument("--epochs", type=int, default=1, help="passes over the data")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per minibatch")
     parser.add_argument("--window", type=int, default=None,
@@ -256,11 +256,24 @@ def command_train(argv):
     except ValueError as error:
         raise CommandError(str(error)) from error
     args = _train_parser(trainer_class).parse_args(argv)
+    _check_one_model(trainer_class)
     try:
         return _train(trainer_class, args)
     except Exception as error:
         write_status(args.status, "failed", error=f"{type(error).__name__}: {_message(error)}")
         raise
+
+
+def _check_one_model(trainer_class):
+    """Refuses, before Spark starts, a trainer whose result is several models: ``--output``
+    holds one, and an ensemble trained for nothing would be lost."""
+    from distkeras.trainers import EnsembleTrainer
+
+    if issubclass(trainer_class, EnsembleTrainer):
+        raise CommandError(f"{trainer_class.__name__} returns several models and --output "
+                           "holds one: train an ensemble from Python (trainer.train(df) "
+                           "returns the list, save each with distkeras.utils.save_model), or "
+                           "choose another --trainer")
 
 
 def _train_options(args):
@@ -326,8 +339,9 @@ def _train(trainer_class, args):
         warm_up.join()
     write_status(args.status, "training")
     trained = trainer.train(dataframe, **train_options.train_arguments(options, spark))
-    if isinstance(trained, list):
-        raise CommandError("EnsembleTrainer returns several models; save them from Python")
+    if isinstance(trained, list):  # a trainer of your own that returns several models
+        raise CommandError(f"{trainer_class.__name__} returned several models; save them "
+                           "from Python")
     utils.save_model(trained, args.output)
     if args.history:
         utils.save_history(trainer.get_history(), args.history)

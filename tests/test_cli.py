@@ -63,6 +63,8 @@ def test_train_options_validate_and_weigh(spark, parquet_data, model_file, tmp_p
     ({"--model": "/nonexistent/model.keras"}, "model file not found"),
     ({"--trainer": "Nope"}, "Unknown trainer 'Nope'. Available trainers:"),
     ({"--features": "pixels"}, "Column 'pixels' is not in the DataFrame"),
+    # Refused before training: its several models would be trained, then lost.
+    ({"--trainer": "EnsembleTrainer"}, "EnsembleTrainer returns several models and --output"),
 ])
 def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, capsys,
                                      change, message):
@@ -72,10 +74,13 @@ def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, 
                  "--output": str(tmp_path / "out.keras")}
     arguments.update(change)
     argv = ["train"] + [item for pair in arguments.items() for item in pair]
+    started = time.monotonic()
     assert cli.main(argv) == 1
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and message in error
     assert not os.path.exists(tmp_path / "out.keras")
+    if change.get("--trainer") == "EnsembleTrainer":
+        assert "samples" not in error and time.monotonic() - started < 20  # no training
 
 
 @pytest.mark.parametrize("flag, message", [
