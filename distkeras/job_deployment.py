@@ -949,8 +949,14 @@ def serve(argv=None):
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
-    server = make_server(punchcard, args.host, args.port, args.threads,
-                         args.max_request_mb << 20)
+    try:
+        server = make_server(punchcard, args.host, args.port, args.threads,
+                             args.max_request_mb << 20)
+    except OSError as error:  # the port taken (another server running?) or not ours
+        punchcard.close()
+        sys.stderr.write(f"punchcard: error: cannot listen on {args.host}:{args.port}: "
+                         f"{error}\n")
+        return 1
     logger.info("Punchcard listening on %s:%s, jobs on %s", args.host, args.port, args.master)
     try:
         server.run()

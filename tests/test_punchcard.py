@@ -382,6 +382,22 @@ def test_oversized_body_is_refused_before_it_is_read(secrets, tmp_path):
         server.wait(timeout=30)
 
 
+def test_a_port_in_use_is_one_line(secrets, tmp_path):
+    # scripts/punchcard.py on a port another server holds: a one-line error, not a trace.
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "punchcard.py")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = subprocess.run(
+            [sys.executable, script, "--secrets", secrets[0], "--host", "127.0.0.1",
+             "--port", str(taken.getsockname()[1]), "--work-dir", str(tmp_path / "work")],
+            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "punchcard: error: cannot listen on 127.0.0.1:")
+
+
 def _reachable(url):
     try:
         return _raw(url, "/api/state", "not-a-secret")[0] == 403
