@@ -231,8 +231,10 @@ class Job:
             if state["state"] == "finished":
                 break
             if state["state"] in ("failed", "cancelled"):
+                # Most errors end a sentence already: no "..", the job's error as it is.
+                details = (state.get("error") or "no details").rstrip(".")
                 raise JobError(f"Job {self.job_name!r} {state['state']}: "
-                               f"{state.get('error') or 'no details'}. It keeps this "
+                               f"{details}. It keeps this "
                                "secret busy: call job.destroy() to clear it before "
                                "submitting again.")
             if deadline is not None and time.monotonic() > deadline:

@@ -427,6 +427,22 @@ def test_failed_or_cancelled_job_is_cleared_with_destroy(secrets, tmp_path, data
         running.stop()
 
 
+def test_a_failed_jobs_error_reads_as_one_sentence(secrets, tmp_path, data_path):
+    # The job's own error ends with a period (ValueError's messages do): not "..".
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        secret = secrets[1][14]
+        job = Job(secret, "fails", data_path, 1, 1, _trainer())
+        job.send(running.url)
+        row = running.punchcard.store.by_secret(secret_hash(secret))
+        running.punchcard.store.finish(row["id"], "failed", "ValueError: Column 5 is wrong.")
+        with pytest.raises(JobError) as raised:
+            job.wait_completion(timeout=10, poll_interval=0.1)
+        assert "Column 5 is wrong. It keeps this secret busy" in str(raised.value)
+    finally:
+        running.stop()
+
+
 def test_wait_completion_rides_out_a_restart_and_reattaches(secrets, tmp_path, data_path):
     work, secret = str(tmp_path / "work"), secrets[1][10]
     first = RunningServer(secrets[0], work, max_running=0)
