@@ -458,6 +458,13 @@ def _archive_error(error):
                 "(@keras.saving.register_keras_serializable()) in a package installed on "
                 "the server: code sent by a client is never run. Ask the server's "
                 "administrator to install yours, or use built-in Keras objects.")
+    if "safe_mode=False" in str(error):
+        # Keras advises loading unsafely, which a client cannot ask of this server.
+        return ("it holds Python code (a `Lambda` layer's function or another lambda), which "
+                "this server never runs: archives load with safe_mode=True. Replace the "
+                "lambda with built-in layers, or with a custom layer registered "
+                "(@keras.saving.register_keras_serializable()) in a package installed on "
+                "the server.")
     return _short(_without_temp_paths(error), 1000)
 
 

@@ -238,6 +238,7 @@ def test_refusals(secrets, tmp_path, data_path):
         tampered = {**good, "model": base64.b64encode(serialize_model(lambda_model)).decode()}
         status, answer = _raw(url, "/api/submit", secret, tampered)
         assert status == 400 and "refused" in answer["error"]
+        assert "never runs" in answer["error"] and "safe_mode=False" not in answer["error"]
         assert _raw(url, "/api/submit", secret, data=b"{not json")[0] == 400
         assert _upload_status(url, secret, b"x" * (5 << 20)) == 413
         assert not os.path.exists("/tmp/pwned")
