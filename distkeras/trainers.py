@@ -374,7 +374,8 @@ class Trainer:
                 model = self._train(frame, label_shapes, shuffle)
             finally:
                 self.training_time = time.time() - start
-            self.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
+                self.history.sort(
+                    key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
             model = self._compile(model)
             validated = len(self.get_validation_history())
             self._validate_returned(model)
@@ -599,11 +600,11 @@ class Trainer:
         finally:
             monitor.stop()
             server.stop()
+            self.history = list(server.history)  # what was trained, even when it failed
         if failures:
             raise failures[0]
         if server.errors:
             raise TrainingError(f"The {type(server).__name__} failed: {server.errors[0]}")
-        self.history = list(server.history)
 
     def _new_job_group(self):
         """A Spark job group of its own for one run of workers (to cancel them as one)."""
@@ -1098,6 +1099,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             if monitor is not None:
                 monitor.stop()
             server.stop()
+            # What was trained, even when it failed or was interrupted.
+            self.history = list(getattr(server, "history", []))
         if monitor is not None and monitor.end_of_epoch_error:
             epoch, cause = monitor.end_of_epoch_error
             raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
@@ -1108,7 +1111,6 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             from distkeras.checkpoints import save_checkpoint
 
             save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
-        self.history = list(getattr(server, "history", []))
         return server.get_model()
 
 
