@@ -114,6 +114,14 @@ def _check_number(name, value):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
+def _check_columns(name, value):
+    """Refuses a column setting that is not a name or a non-empty list of names."""
+    names = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not names or not all(isinstance(column, str) and column for column in names):
+        raise TypeError(f"`{name}` must be a column name or a list of column names (one per "
+                        f"model input or output). Received: {name}={value!r}")
+
+
 def _worker_error_message(error):
     """The most telling line of a failed Spark job: the worker's own exception."""
     text = str(error)
@@ -260,6 +268,8 @@ class Trainer:
                                  "keras_model is compiled (its own is then used).")
         _check_int("batch_size", self.batch_size)
         _check_int("num_epoch", self.num_epoch)
+        for name in ("features_col", "label_col"):
+            _check_columns(name, getattr(self, name))
 
     def _use_compiled_settings(self):
         """Takes the optimizer, loss, metrics and loss weights that were not given from
