@@ -55,6 +55,8 @@ def split(dataframe, validation_data, seed=1234):
             (type(validation_data).__module__ or "").startswith("pyspark.sql.connect"):
         dataframes.check_spark_dataframe(validation_data, "validation data")
         return dataframe, validation_data
+    if isinstance(validation_data, list) and len(validation_data) in (2, 3):
+        validation_data = tuple(validation_data)  # fit takes [x, y] as (x, y)
     if isinstance(validation_data, tuple):
         return dataframe, validation_data  # numpy arrays, as for fit: see `from_arrays`
     if isinstance(validation_data, bool) or not isinstance(validation_data, numbers.Real) \

@@ -681,7 +681,7 @@ def test_validation_sample_weights_weigh_the_validation_loss_as_in_keras(spark, 
     weights = np.where(labels < 5, 3.0, 0.5)  # half the classes count 6 times the others
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
     model = trainer.train(fashion_train.limit(1000), verbose=0,
-                          validation_data=(images, y, weights))
+                          validation_data=[images, y, weights])  # a list, as fit takes too
     (record,) = trainer.get_validation_history()
     weighted = model.evaluate(images, y, sample_weight=weights, verbose=0, return_dict=True)
     plain = model.evaluate(images, y, verbose=0, return_dict=True)
