@@ -229,7 +229,8 @@ class TrainingMonitor(threading.Thread):
             return
         elapsed = max(time.monotonic() - started, 1e-9)
         postfix = {}
-        if self.server.num_updates:  # none where workers only report progress
+        # None where workers only report progress, or exchange only at epoch ends.
+        if self.server.num_updates and getattr(self.server, "shows_commit_rate", True):
             postfix["commits/s"] = f"{self.server.num_updates / elapsed:.1f}"
         if self._recent_losses:
             postfix["loss"] = f"{sum(self._recent_losses) / len(self._recent_losses):.4f}"

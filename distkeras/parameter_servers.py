@@ -73,6 +73,9 @@ class SocketParameterServer(ParameterServer):
 
     commits_applied_as_sent = False
 
+    # Whether the progress shows commits per second (the rate of the workers' exchanges).
+    shows_commit_rate = True
+
     def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
         super().__init__(model, master_port)
         self.host = host
@@ -470,6 +473,8 @@ class AveragingServer(SocketParameterServer):
     """
 
     WAIT_SECONDS = 1.0  # how often a waiting handler checks that the server still runs
+    # Its commits are epoch ends, not the workers' exchanges: no commit rate to show.
+    shows_commit_rate = False
 
     def __init__(self, model, num_workers, on_average=None, master_port=0):
         super().__init__(model, master_port)

@@ -159,6 +159,8 @@ def test_averaging_trainer_shows_its_progress(fashion_train, capsys, num_workers
     if num_workers == 2:  # a slot for each worker: every epoch in one job, one line
         progress = [line for line in lines if line.startswith("AveragingTrainer: ")]
         assert progress and progress[-1].startswith("AveragingTrainer: 2000/2000 samples, ")
+        # Its server's commits are epoch ends, not exchanges: no commit rate.
+        assert not any("commits/s" in line for line in progress)
     else:  # more workers than local[2]'s slots: a Spark job, and a line, per epoch
         for epoch in (1, 2):
             progress = [line for line in lines
