@@ -114,6 +114,13 @@ def _check_number(name, value):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
+def _uses_ema(optimizer):
+    """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
+    if isinstance(optimizer, dict):
+        return bool(optimizer.get("config", {}).get("use_ema", False))
+    return bool(getattr(optimizer, "use_ema", False))
+
+
 def _check_columns(name, value):
     """Refuses a column setting that is not a name or a non-empty list of names."""
     names = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -923,6 +930,12 @@ class DistributedTrainer(Trainer):
     def validate_arguments(self):
         super().validate_arguments()
         _check_int("num_workers", self.num_workers)
+        if _uses_ema(self.worker_optimizer):
+            logger.warning(
+                "%s: the worker optimizer's use_ema=True keeps moving averages in each "
+                "worker, which are not exchanged: the returned model holds the trained "
+                "weights, not their moving averages (SingleTrainer returns them, as fit "
+                "does).", type(self).__name__)
         _check_int("parallelism_factor", self.parallelism_factor)
 
     def num_partitions(self):

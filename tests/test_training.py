@@ -323,3 +323,18 @@ def test_averaging_ignores_the_replica_of_an_empty_partition(fashion_train):
     # One epoch (a job of its own): the empty replica changes nothing.
     for with_empty, alone in zip(moved(one_sided, 2), moved(one_sided.coalesce(1), 1)):
         np.testing.assert_allclose(with_empty, alone, atol=1e-5)
+
+
+def test_distributed_trainers_say_that_use_ema_is_not_exchanged(caplog):
+    import keras
+
+    from conftest import build_mlp
+    from distkeras.trainers import ADAG, AveragingTrainer, SingleTrainer
+
+    for trainer_class in (ADAG, AveragingTrainer, SingleTrainer):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="distkeras.trainers"):
+            trainer_class(build_mlp(32), keras.optimizers.Adam(use_ema=True),
+                          "categorical_crossentropy").validate_arguments()
+        warned = "not their moving averages" in caplog.text
+        assert warned == (trainer_class is not SingleTrainer), trainer_class.__name__
