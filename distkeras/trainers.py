@@ -1465,6 +1465,13 @@ class EnsembleTrainer(DistributedTrainer):
             member = deserialize_model(serialize_model(self.master_model))
             member.set_weights(list(message["weights"]))
             models.append(member)
+        trained = {record["worker_id"] for record in self.history}
+        untrained = [index for index in range(len(models)) if index not in trained]
+        if untrained:
+            logger.warning(
+                "EnsembleTrainer: member(s) %s had no rows (their partitions were empty) "
+                "and are returned untrained, with their initial weights. Use fewer "
+                "num_ensembles, or more rows.", untrained)
         return models
 
     def _compile(self, models):

@@ -61,6 +61,18 @@ def test_ensemble_members_are_independent(fashion_train):
     assert not np.allclose(first, second)
 
 
+def test_an_ensemble_member_without_rows_is_named_as_untrained(fashion_train, caplog):
+    from distkeras.trainers import EnsembleTrainer
+
+    trainer = EnsembleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                              num_ensembles=3)
+    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+        models = trainer.train(fashion_train.limit(2), verbose=0)
+    assert len(models) == 3
+    (untrained,) = {0, 1, 2} - {record["worker_id"] for record in trainer.get_history()}
+    assert f"member(s) [{untrained}] had no rows" in caplog.text
+
+
 @pytest.mark.parametrize("name", sorted(TRAINERS))
 def test_config_round_trip(name):
     trainer = _build(name, worker_optimizer={"class_name": "SGD",
