@@ -1,8 +1,9 @@
 """Bytes to and from any path the cluster's filesystem understands.
 
-``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``, ``file://`` and plain paths go through the
-active SparkSession's Hadoop filesystem, so the cluster's own configuration and credentials
-apply. Without a SparkSession, plain and ``file://`` paths use local files. Writes go to a
+``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``, ``file://`` and plain paths are resolved by
+the active SparkSession's Hadoop filesystem, so the cluster's own configuration and
+credentials apply; local files are then read and written directly. Without a SparkSession,
+plain and ``file://`` paths use local files. Writes go to a
 temporary name first and are renamed into place, so a reader never sees half a file.
 """
 
@@ -67,12 +68,27 @@ class _HadoopFS:
         context.rename(source, target, renames)
 
 
+def _local_file(path, spark):
+    """The local file that ``path`` names, or None when it is on another filesystem.
+
+    With a SparkSession, a plain path is resolved as Spark resolves it (against the
+    cluster's default filesystem, HDFS on many clusters). Local files are then read and
+    written directly: Hadoop's local filesystem would leave a hidden ``.crc`` checksum
+    file beside each file written.
+    """
+    if spark is None:
+        _require_local(path)
+        return _local_path(path)
+    uri = _HadoopFS(spark, path).path.toUri()
+    return uri.getPath() if uri.getScheme() == "file" else None
+
+
 def is_directory(path):
     """Whether ``path`` is an existing folder."""
     spark = _active_spark()
-    if spark is None:
-        _require_local(path)
-        return os.path.isdir(_local_path(path))
+    local = _local_file(path, spark)
+    if local is not None:
+        return os.path.isdir(local)
     return _HadoopFS(spark, path).is_directory()
 
 
@@ -88,9 +104,8 @@ def read_bytes(path):
         IsADirectoryError: Naming the path, when it is a folder.
     """
     spark = _active_spark()
-    if spark is None:
-        _require_local(path)
-        local = _local_path(path)
+    local = _local_file(path, spark)
+    if local is not None:
         if not os.path.exists(local):
             raise FileNotFoundError(f"No such file: {path}")
         if os.path.isdir(local):
@@ -123,9 +138,8 @@ def atomic_writer(path):
     if is_directory(path):
         raise _folder_error(path)
     spark = _active_spark()
-    if spark is None:
-        _require_local(path)
-        local = _local_path(path)
+    local = _local_file(path, spark)
+    if local is not None:
         folder = os.path.dirname(os.path.abspath(local))
         os.makedirs(folder, exist_ok=True)
         temporary = os.path.join(folder, f".{os.path.basename(local)}.tmp-{uuid.uuid4().hex}")
