@@ -1087,6 +1087,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         job_group = self._new_job_group()
         self._begin_epoch(1)  # the monitor begins the later ones as the epochs end
         self._hand_learning_rate_to(server)
+        updates_before = server.num_updates  # a resumed run starts from the checkpoint's
         server.start()
         monitor = None
         try:
@@ -1134,7 +1135,24 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             from distkeras.checkpoints import save_checkpoint
 
             save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
+        self._warn_if_nothing_committed(server.num_updates - updates_before, worker)
         return server.get_model()
+
+    def _warn_if_nothing_committed(self, num_updates, worker):
+        """Warns when no commit reached the center: the model returned is the one given."""
+        if num_updates or not self.history:
+            return
+        # A custom worker's loop (the seed's) commits only every `communication_window`
+        # steps; on a partition with fewer minibatches, nothing reaches the center.
+        steps = max(record.get("iteration", 0) for record in self.history)
+        logger.warning(
+            "%s trained %d steps on its workers but applied no commit to the center "
+            "variable: the returned model holds the initial weights. The workers took at "
+            "most %d steps (communication_window=%s). Commit in %s.optimize() more often, "
+            "or commit the last, unfinished window in finish() as the built-in workers do "
+            "(docs/optimizers.md, \"Write your own optimizer\").",
+            type(self).__name__, len(self.history), steps,
+            getattr(worker, "communication_window", None), type(worker).__name__)
 
 
 class DOWNPOUR(AsynchronousDistributedTrainer):

@@ -1,5 +1,7 @@
 """Seed 000's tutorial: a new optimizer from three small classes, run as printed."""
 
+import logging
+
 import numpy as np
 from conftest import build_mlp
 
@@ -47,14 +49,16 @@ class DefaultServerOptimizer(AsynchronousDistributedTrainer):
         return MyWorker(self.master_model)
 
 
-def test_seed_tutorial_runs_as_printed(fashion_train):
+def test_seed_tutorial_runs_as_printed(fashion_train, caplog):
     mlp = build_mlp()
     keras_optimizer = "adam"
     trainer = MyOptimizer(keras_model=mlp, worker_optimizer=keras_optimizer,
                           loss="categorical_crossentropy", num_workers=4, batch_size=32,
                           communication_window=8)
     dataframe = fashion_train.limit(1200)
-    model = trainer.train(dataframe)
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        model = trainer.train(dataframe)
+    assert not [r for r in caplog.records if "applied no commit" in r.getMessage()]
 
     server = trainer.parameter_server
     assert isinstance(server, MyParameterServer)
@@ -67,6 +71,20 @@ def test_seed_tutorial_runs_as_printed(fashion_train):
     moved = [np.abs(c - i).max() for c, i in zip(model.get_weights(), initial)]
     assert max(moved) > 0 and all(np.isfinite(moved))
     assert sum(r["batch_size"] for r in trainer.get_history()) == 1200
+
+
+def test_a_run_that_commits_nothing_says_so(fashion_train, caplog):
+    # The seed's loop commits every 8 steps only: 100 rows per worker are 4 minibatches,
+    # so nothing reaches the center and the model comes back as it was given.
+    trainer = MyOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
+                          loss="categorical_crossentropy", num_workers=2, batch_size=32,
+                          communication_window=8)
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        trainer.train(fashion_train.limit(200))
+    assert trainer.parameter_server.num_updates == 0
+    warnings = [r.getMessage() for r in caplog.records if "applied no commit" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "communication_window=8" in warnings[0] and "MyWorker" in warnings[0]
 
 
 def test_default_parameter_server_is_delta(fashion_train, fashion_test):
