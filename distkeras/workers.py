@@ -497,10 +497,27 @@ class Worker:
                     self.optimize()
                 except StopIteration:
                     pass  # the seed's `while True` loop ends when the data runs out
+                except ValueError as error:
+                    hint = self._weighted_unpack_hint(error)
+                    if hint is None:
+                        raise
+                    raise ValueError(hint) from error
                 self.finish()
             finally:
                 self.teardown()
             return self.result()
+
+    def _weighted_unpack_hint(self, error):
+        """What to write instead, when a custom loop's ``x, y = self.get_next_minibatch()``
+        meets weighted training (Python says only "too many values to unpack")."""
+        weighted = (getattr(self, "sample_weight_col", None) is not None
+                    or getattr(self, "class_table", None) is not None)
+        if not weighted or "too many values to unpack" not in str(error):
+            return None
+        return (f"{error} in {type(self).__name__}.optimize(): with sample_weight_col or "
+                "class_weight, get_next_minibatch() returns (x, y, sample_weight). Write "
+                "`x, y, *weights = self.get_next_minibatch()` and "
+                "`self.model.train_on_batch(x, y, *weights)`.")
 
     def setup(self):
         """Hook run before `optimize()` (network workers connect here)."""

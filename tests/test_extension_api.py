@@ -3,6 +3,7 @@
 import logging
 
 import numpy as np
+import pytest
 from conftest import build_mlp
 
 from distkeras.networking import recv_data
@@ -85,6 +86,17 @@ def test_a_run_that_commits_nothing_says_so(fashion_train, caplog):
     warnings = [r.getMessage() for r in caplog.records if "applied no commit" in r.getMessage()]
     assert len(warnings) == 1
     assert "communication_window=8" in warnings[0] and "MyWorker" in warnings[0]
+
+
+def test_seed_loop_with_class_weight_says_what_to_write(fashion_train):
+    # The seed's `X, Y = self.get_next_minibatch()` meets (x, y, sample_weight).
+    from distkeras.trainers import TrainingError
+
+    trainer = MyOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
+                          loss="categorical_crossentropy", num_workers=2,
+                          communication_window=8)
+    with pytest.raises(TrainingError, match=r"x, y, \*weights = self.get_next_minibatch\(\)"):
+        trainer.train(fashion_train.limit(200), class_weight={0: 2.0})
 
 
 def test_default_parameter_server_is_delta(fashion_train, fashion_test):
