@@ -1135,12 +1135,19 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             from distkeras.checkpoints import save_checkpoint
 
             save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
-        self._warn_if_nothing_committed(server.num_updates - updates_before, worker)
+        self._warn_if_nothing_committed(server.num_updates - updates_before, server, worker)
         return server.get_model()
 
-    def _warn_if_nothing_committed(self, num_updates, worker):
+    def _warn_if_nothing_committed(self, num_updates, server, worker):
         """Warns when no commit reached the center: the model returned is the one given."""
         if num_updates or not self.history:
+            return
+        refused = getattr(server, "refused", 0)
+        if refused:
+            logger.warning(
+                "%s applied none of its workers' commits (the parameter server refused %d, "
+                "logged above): the returned model holds the initial weights.",
+                type(self).__name__, refused)
             return
         # A custom worker's loop (the seed's) commits only every `communication_window`
         # steps; on a partition with fewer minibatches, nothing reaches the center.

@@ -88,6 +88,35 @@ def test_a_run_that_commits_nothing_says_so(fashion_train, caplog):
     assert "communication_window=8" in warnings[0] and "MyWorker" in warnings[0]
 
 
+class NaNWorker(NetworkWorker):
+    """Commits NaN every step: DeltaParameterServer refuses every commit."""
+
+    def optimize(self):
+        self.pull()
+        while True:
+            x, y = self.get_next_minibatch()
+            self.model.train_on_batch(x, y)
+            self.commit(self.center_variable * np.nan)
+            self.pull()
+            self.iteration += 1
+
+
+class NaNOptimizer(AsynchronousDistributedTrainer):
+    def allocate_worker(self):
+        return NaNWorker(self.master_model)
+
+
+def test_a_run_whose_commits_were_all_refused_says_so(fashion_train, caplog):
+    trainer = NaNOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
+                           loss="categorical_crossentropy", num_workers=2)
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        trainer.train(fashion_train.limit(128))
+    warnings = [r.getMessage() for r in caplog.records if "applied none" in r.getMessage()]
+    refused = trainer.parameter_server.refused
+    assert refused >= 2 and trainer.parameter_server.num_updates == 0
+    assert len(warnings) == 1 and f"refused {refused}," in warnings[0]
+
+
 def test_seed_loop_with_class_weight_says_what_to_write(fashion_train):
     # The seed's `X, Y = self.get_next_minibatch()` meets (x, y, sample_weight).
     from distkeras.trainers import TrainingError
