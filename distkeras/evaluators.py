@@ -49,6 +49,22 @@ def _class_index(dataset, name, role):
         .otherwise(_argmax(values).cast(T.DoubleType()))
 
 
+def _step_mean(labels, predictions, term, evaluator):
+    """The mean over steps of ``term(label, step_predictions)`` for a row holding one class
+    index per step (a tagger's labels, ``(steps,)``) against its flattened predictions
+    (``(steps, classes)``, as ModelPredictor writes them); a row whose prediction length is
+    not a multiple of its label length stops the job."""
+    steps = F.size(labels)
+    classes = (F.size(predictions) / steps).cast(T.IntegerType())
+    terms = F.transform(labels, lambda y, i: term(
+        y, F.slice(predictions, i * classes + 1, classes)))
+    valid = (steps > 0) & (F.size(predictions) % steps == 0)
+    return F.when(valid, _sum(terms) / steps).otherwise(_fail(
+        f"{evaluator}: a row's prediction array is not a whole number of steps of its "
+        "label array (one class index per step, against the flattened (steps, classes) "
+        "predictions); check that the label and prediction columns belong together."))
+
+
 def _mean_of(dataset, per_row, what):
     """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows."""
     value = dataset.select(F.avg(per_row).alias("mean"), F.count(F.lit(1)).alias("rows")) \
@@ -73,7 +89,11 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     Each column may hold class indices (numbers) or vectors (arrays or Spark ML vectors,
     one-hot labels or predicted probabilities), which count by their argmax; a vector of
     one value (a sigmoid output) is class 1 above 0.5, else class 0, as in Keras's binary
-    accuracy. Rows with a null prediction or label count as wrong.
+    accuracy. A label array shorter than the prediction arrays holds a class index per
+    step (a tagger's output of shape ``(steps, classes)``, flattened by ModelPredictor):
+    each row counts the fraction of its steps right, as Keras's accuracy over every step
+    (padded steps too: a ``mask_zero`` model's Keras metrics skip them). Rows with a null
+    prediction or label count as wrong.
 
     Args:
         prediction_col: Predicted classes (default ``"prediction_index"``).
@@ -89,9 +109,23 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
         _set_given(self, predictionCol=prediction_col, labelCol=label_col)
 
     def _evaluate(self, dataset):
-        prediction = _class_index(dataset, self.getPredictionCol(), "prediction column")
-        label = _class_index(dataset, self.getLabelCol(), "label column")
-        correct = F.coalesce(prediction == label, F.lit(False)).cast(T.DoubleType())
+        prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        prediction = _class_index(dataset, prediction_col, "prediction column")
+        label = _class_index(dataset, label_col, "label column")
+        correct = (prediction == label).cast(T.DoubleType())
+        if "scalar" not in (_kind(dataset, prediction_col, "prediction column"),
+                            _kind(dataset, label_col, "label column")):
+            # Arrays of different lengths are a class index per step (a tagger): their
+            # argmaxes are no classes of each other.
+            predictions = _double_array(dataset, prediction_col, "prediction column")
+            labels = _double_array(dataset, label_col, "label column")
+            per_step = _step_mean(labels, predictions,
+                                  lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
+                                  "AccuracyEvaluator")
+            nulls = predictions.isNull() | labels.isNull()
+            correct = F.when(nulls | (F.size(predictions) == F.size(labels)), correct) \
+                .otherwise(per_step)
+        correct = F.coalesce(correct, F.lit(0.0))
         return _mean_of(dataset, correct, "the accuracy")
 
     def isLargerBetter(self):
@@ -108,7 +142,10 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
     Keras does too.
 
     - ``categorical_crossentropy``: one-hot (or soft) label arrays, prediction arrays.
-    - ``sparse_categorical_crossentropy``: integer labels, prediction arrays.
+    - ``sparse_categorical_crossentropy``: integer labels, prediction arrays; or, for an
+      output of shape ``(steps, classes)`` (a tagger), an array of one class index per step
+      against the flattened predictions: the mean over steps (padded steps too, which a
+      ``mask_zero`` model's Keras loss skips).
     - ``binary_crossentropy``: numbers or arrays of 0/1 labels and probabilities (arrays:
       the mean over elements).
     - ``mse`` (or ``mean_squared_error``): numbers or arrays (arrays: the mean over elements).
@@ -203,12 +240,10 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
 
     @staticmethod
     def _sparse_categorical(dataset, prediction_col, label_col, label_kind):
-        if label_kind != "scalar":
-            raise TypeError(
-                f"sparse_categorical_crossentropy needs class indices (numbers) in label "
-                f"column {label_col!r}; it holds {label_kind} values. Use "
-                "categorical_crossentropy for one-hot labels.")
         predictions = _double_array(dataset, prediction_col, "prediction column")
+        if label_kind != "scalar":
+            LossEvaluator._check_not_one_hot(dataset, predictions, label_col)
+            return LossEvaluator._sparse_per_step(dataset, predictions, label_col)
         label = column(label_col).cast(T.DoubleType())
         index = label.cast(T.LongType())
         picked = F.element_at(predictions, (index + 1).cast(T.IntegerType()))
@@ -218,6 +253,37 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
         return F.when(valid, per_row).otherwise(_fail(
             f"LossEvaluator: label column {label_col!r} holds a class index that is null, "
             f"fractional or outside the prediction arrays of column {prediction_col!r}."))
+
+    @staticmethod
+    def _sparse_per_step(dataset, predictions, label_col):
+        """A tagger's loss: one class index per step against its ``(steps, classes)``
+        predictions, the mean over steps (as Keras's, without a mask)."""
+        labels = _double_array(dataset, label_col, "label column")
+
+        def term(y, p):
+            picked = F.element_at(p, (y.cast(T.LongType()) + 1).cast(T.IntegerType()))
+            valid = (y >= 0) & (y < F.size(p)) & (y == F.floor(y))
+            return F.when(valid, -F.log(_clip(picked / _sum(p)))).otherwise(_fail(
+                f"LossEvaluator: label column {label_col!r} holds a class index that is "
+                "fractional or outside a step's predictions."))
+
+        return _step_mean(labels, predictions, term, "LossEvaluator")
+
+    @staticmethod
+    def _check_not_one_hot(dataset, predictions, label_col):
+        """Refuses label arrays as long as the predictions (one-hot labels, judged on the
+        first row holding both) on the driver: class indices per step are fewer."""
+        labels = _double_array(dataset, label_col, "label column")
+        row = dataset.where(predictions.isNotNull() & labels.isNotNull()) \
+            .select(F.size(labels).alias("labels"), F.size(predictions).alias("predictions")) \
+            .first()
+        if row is not None and row["labels"] >= row["predictions"]:
+            raise TypeError(
+                f"sparse_categorical_crossentropy needs class indices in label column "
+                f"{label_col!r}: numbers, or an array of one per step for a model with an "
+                f"output of shape (steps, classes); it holds arrays of {row['labels']} "
+                f"values against predictions of {row['predictions']}. Use "
+                "categorical_crossentropy for one-hot labels.")
 
     def isLargerBetter(self):
         """A loss: smaller is better."""

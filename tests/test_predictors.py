@@ -433,3 +433,33 @@ def test_inputs_typed_as_integers_are_predicted_from_exact_ids(spark):
     # Through float32, 2**24 + 1 became 2**24: even.
     assert {row["id"]: row["prediction"] for row in rows} == \
         {value: [float(value % 2)] for value in ids}
+
+
+def test_evaluators_score_a_tagger_per_step_as_keras(spark):
+    """A tagger's predictions (steps x classes, flattened by ModelPredictor) against one
+    class index per step: AccuracyEvaluator compared the argmax of the whole flattened
+    array with the argmax of the label array (silently wrong), and LossEvaluator refused
+    the labels, calling them one-hot."""
+    import keras
+
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    rng = np.random.default_rng(3)
+    steps, classes, rows = 4, 3, 6
+    probabilities = rng.random((rows, steps, classes)).astype("float32")
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    labels = rng.integers(0, classes, (rows, steps))
+    frame = spark.createDataFrame(
+        [(p.reshape(-1).tolist(), y.tolist()) for p, y in zip(probabilities, labels)],
+        "prediction array<float>, label array<int>")
+    accuracy = float(np.mean(keras.metrics.sparse_categorical_accuracy(labels, probabilities)))
+    loss = float(keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+        labels, probabilities)))
+    assert AccuracyEvaluator("prediction", "label").evaluate(frame) == \
+        pytest.approx(accuracy, rel=1e-6)
+    assert LossEvaluator("sparse_categorical_crossentropy").evaluate(frame) == \
+        pytest.approx(loss, rel=1e-4)
+    seven = spark.createDataFrame([([0.5] * 7, [0, 1])], "prediction array<float>, "
+                                                         "label array<int>")
+    with pytest.raises(Exception, match="not a whole number of steps"):
+        AccuracyEvaluator("prediction", "label").evaluate(seven)
