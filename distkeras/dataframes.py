@@ -85,6 +85,18 @@ def _sample_size(value):
     return np.asarray(value, dtype=np.float64).size if isinstance(value, (list, tuple)) else 0
 
 
+def _packed_hint(value, shape):
+    """For a binary row of the wrong size, how distkeras reads it: raw image bytes (one
+    byte per value) look like a quarter of the values."""
+    if not isinstance(value, (bytes, bytearray)):
+        return ""
+    raw = (" They hold one byte per value: raw pixels (uint8) or an encoded image? Decode "
+           "them into an array of numbers first.") if len(value) == _flat_size(shape) else ""
+    return (f" A binary column is read as packed float32 values, 4 bytes each (as "
+            f"PackedTensorTransformer writes them): its rows have {len(value)} bytes, the "
+            f"model needs {4 * _flat_size(shape)}.{raw}")
+
+
 def _model_shapes(tensors):
     return [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in tensors]
 
@@ -237,7 +249,7 @@ def validate(dataframe, model, features_col, label_col):
             raise ValueError(
                 f"Column {name!r} holds {size} values per row but the model's input expects "
                 f"shape {shape} ({_flat_size(shape)} values). Reshape the data or the model."
-            )
+                + _packed_hint(row[name], shape))
     label_shapes = []
     for name, shape in zip(label_cols, _model_shapes(model.outputs)):
         size = _sample_size(row[name])

@@ -156,6 +156,26 @@ def test_packed_features_of_the_wrong_size_fail_before_training(spark):
 
 
 @pytest.mark.spark
+def test_raw_image_bytes_are_named_as_such_before_training(spark):
+    """Raw uint8 pixels in a binary column were reported as "48 values per row" for an
+    8x8x3 image, with nothing about bytes: the error now says how a binary column is read
+    and to decode the pixels first."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    pixels = np.arange(8 * 8 * 3, dtype=np.uint8).tobytes()
+    frame = spark.createDataFrame([(bytearray(pixels), 1)], "image binary, label int")
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(2, activation="softmax")])
+    trainer = SingleTrainer(keras_model=model, worker_optimizer="adam",
+                            loss="sparse_categorical_crossentropy", features_col="image")
+    with pytest.raises(ValueError, match=r"packed float32 values, 4 bytes each.* 192 bytes, "
+                                         r"the model needs 768\..*raw pixels \(uint8\)"):
+        trainer.train(frame, verbose=0)
+
+
+@pytest.mark.spark
 def test_predictor_reads_packed_features_like_arrays(spark):
     import keras
 
