@@ -65,6 +65,24 @@ def _step_mean(labels, predictions, term, evaluator):
         "predictions); check that the label and prediction columns belong together."))
 
 
+def _is_nested(dataset, name):
+    """Whether column ``name`` holds arrays of arrays (a tagger's one-hot labels,
+    ``(steps, classes)``, as the trainers read them)."""
+    data_type = dataset.schema[name].dataType if name in dataset.columns else None
+    return isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType,
+                                                            T.ArrayType)
+
+
+def _nested_rows(dataset, name):
+    """Column ``name`` (arrays of arrays of numbers) as ``array<array<double>>``."""
+    inner = dataset.schema[name].dataType.elementType
+    if not isinstance(inner.elementType, (T.NumericType, T.BooleanType)):
+        raise TypeError(f"Column {name!r} (the label column) has type "
+                        f"{dataset.schema[name].dataType.simpleString()}; expected arrays "
+                        "(of arrays) of numbers.")
+    return column(name).cast(T.ArrayType(T.ArrayType(T.DoubleType())))
+
+
 def _mean_of(dataset, per_row, what):
     """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows."""
     value = dataset.select(F.avg(per_row).alias("mean"), F.count(F.lit(1)).alias("rows")) \
@@ -92,7 +110,8 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     accuracy. A label array shorter than the prediction arrays holds a class index per
     step (a tagger's output of shape ``(steps, classes)``, flattened by ModelPredictor):
     each row counts the fraction of its steps right, as Keras's accuracy over every step
-    (padded steps too: a ``mask_zero`` model's Keras metrics skip them). Rows with a null
+    (padded steps too: a ``mask_zero`` model's Keras metrics skip them); one-hot labels per
+    step (``array<array<...>>``) count by each step's argmax. Rows with a null
     prediction or label count as wrong.
 
     Args:
@@ -110,6 +129,15 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
 
     def _evaluate(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        if _is_nested(dataset, label_col):
+            # One-hot labels per step: each step's class is its argmax.
+            predictions = _double_array(dataset, prediction_col, "prediction column")
+            labels = F.transform(_nested_rows(dataset, label_col),
+                                 lambda step: _argmax(step).cast(T.DoubleType()))
+            per_step = _step_mean(labels, predictions,
+                                  lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
+                                  "AccuracyEvaluator")
+            return _mean_of(dataset, F.coalesce(per_step, F.lit(0.0)), "the accuracy")
         prediction = _class_index(dataset, prediction_col, "prediction column")
         label = _class_index(dataset, label_col, "label column")
         correct = (prediction == label).cast(T.DoubleType())
@@ -146,6 +174,9 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
       output of shape ``(steps, classes)`` (a tagger), an array of one class index per step
       against the flattened predictions: the mean over steps (padded steps too, which a
       ``mask_zero`` model's Keras loss skips).
+    - Labels of shape ``(steps, classes)`` (``array<array<...>>``, a tagger's one-hot labels)
+      against the flattened predictions: ``categorical_crossentropy`` per step, the others
+      per element, each the mean over the row.
     - ``binary_crossentropy``: numbers or arrays of 0/1 labels and probabilities (arrays:
       the mean over elements).
     - ``mse`` (or ``mean_squared_error``): numbers or arrays (arrays: the mean over elements).
@@ -175,8 +206,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
             raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}")
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         prediction_kind = _kind(dataset, prediction_col, "prediction column")
-        label_kind = _kind(dataset, label_col, "label column")
-        if loss == "sparse_categorical_crossentropy":
+        nested = _is_nested(dataset, label_col) and loss != "sparse_categorical_crossentropy"
+        label_kind = "array" if nested else _kind(dataset, label_col, "label column")
+        if nested:
+            per_row = self._nested(dataset, loss, prediction_col, label_col)
+        elif loss == "sparse_categorical_crossentropy":
             per_row = self._sparse_categorical(dataset, prediction_col, label_col, label_kind)
         else:
             scalars = prediction_kind == "scalar"
@@ -237,6 +271,29 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
         return F.when(F.size(labels) == F.size(predictions), per_row).otherwise(_fail(
             f"LossEvaluator: label column {label_col!r} and prediction column "
             f"{prediction_col!r} hold arrays of different lengths in some row."))
+
+    def _nested(self, dataset, loss, prediction_col, label_col):
+        """Labels of shape ``(steps, classes)`` (a tagger's one-hot labels) against the
+        flattened predictions: categorical cross-entropy per step, the others per element,
+        each the mean over the row as Keras's."""
+        predictions = _double_array(dataset, prediction_col, "prediction column")
+        labels = _nested_rows(dataset, label_col)
+        if loss != "categorical_crossentropy":
+            flat = F.flatten(labels)
+            terms = F.zip_with(flat, predictions, lambda y, p: self._term(loss, y, p))
+            return F.when(F.size(flat) == F.size(predictions), _sum(terms) / F.size(terms)) \
+                .otherwise(_fail(f"LossEvaluator: label column {label_col!r} and prediction "
+                                 f"column {prediction_col!r} hold different numbers of "
+                                 "values in some row."))
+
+        def term(y, p):
+            total = _sum(p)
+            cross = -_sum(F.zip_with(y, p, lambda a, b: a * F.log(_clip(b / total))))
+            return F.when(F.size(y) == F.size(p), cross).otherwise(_fail(
+                f"LossEvaluator: label column {label_col!r} holds steps of another number of "
+                f"classes than prediction column {prediction_col!r}."))
+
+        return _step_mean(labels, predictions, term, "LossEvaluator")
 
     @staticmethod
     def _sparse_categorical(dataset, prediction_col, label_col, label_kind):

@@ -463,3 +463,26 @@ def test_evaluators_score_a_tagger_per_step_as_keras(spark):
                                                          "label array<int>")
     with pytest.raises(Exception, match="not a whole number of steps"):
         AccuracyEvaluator("prediction", "label").evaluate(seven)
+
+
+def test_evaluators_read_a_taggers_one_hot_labels_per_step_as_keras(spark):
+    """One-hot labels per step (``array<array<float>>``, as the trainers take them for a
+    tagger) were refused by both evaluators."""
+    import keras
+
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    rng = np.random.default_rng(4)
+    steps, classes, rows = 3, 4, 5
+    probabilities = rng.random((rows, steps, classes)).astype("float32")
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    one_hot = np.eye(classes, dtype="float32")[rng.integers(0, classes, (rows, steps))]
+    frame = spark.createDataFrame(
+        [(p.reshape(-1).tolist(), y.tolist()) for p, y in zip(probabilities, one_hot)],
+        "prediction array<float>, label array<array<float>>")
+    accuracy = float(np.mean(keras.metrics.categorical_accuracy(one_hot, probabilities)))
+    assert AccuracyEvaluator("prediction", "label").evaluate(frame) == \
+        pytest.approx(accuracy, rel=1e-6)
+    for name in ("categorical_crossentropy", "mse"):
+        expected = float(keras.ops.mean(keras.losses.get(name)(one_hot, probabilities)))
+        assert LossEvaluator(name).evaluate(frame) == pytest.approx(expected, rel=1e-4)
