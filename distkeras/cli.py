@@ -102,7 +102,8 @@ def _train_parser(trainer_class=None, add_help=True):
                         help="loss (default: the model's compiled loss; required otherwise)")
     parser.add_argument("--metrics", default=None,
                         help="comma-separated metrics (default: the model's compiled ones, "
-                             "else accuracy for one output and none for several)")
+                             "else accuracy for one output with a classification "
+                             "loss and none otherwise)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle rows each epoch")
     parser.add_argument("--validation", default=None,
                         help="a fraction of the rows to hold out (0.1), or a Parquet path, "

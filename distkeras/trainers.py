@@ -114,6 +114,19 @@ def _check_number(name, value):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
+def _is_classification_loss(loss):
+    """Whether a loss (a name, a Keras loss or function, or its config) classifies: a
+    cross-entropy, hinge or focal loss, for which accuracy means something."""
+    if isinstance(loss, dict):
+        name = str(loss.get("class_name", ""))
+    elif isinstance(loss, str):
+        name = loss
+    else:
+        name = getattr(loss, "__name__", None) or type(loss).__name__
+    name = name.lower()
+    return any(kind in name for kind in ("crossentropy", "hinge", "focal"))
+
+
 def _uses_ema(optimizer):
     """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
     if isinstance(optimizer, dict):
@@ -281,7 +294,8 @@ class Trainer:
     def _use_compiled_settings(self):
         """Takes the optimizer, loss, metrics and loss weights that were not given from
         the model, when it was compiled (what its `fit` would train with); metrics not
-        given for a model not compiled are ``["accuracy"]`` for one output, else none."""
+        given for a model not compiled are ``["accuracy"]`` for one output trained with a
+        classification loss, else none (an accuracy of a regression reads 0)."""
         model = self.master_model
         if getattr(model, "compiled", False):
             compiled = model.get_compile_config() or {}
@@ -295,7 +309,8 @@ class Trainer:
                 self.loss_weights = compiled.get("loss_weights")
         if self.metrics is None:
             outputs = getattr(model, "outputs", None) or [None]
-            self.metrics = ["accuracy"] if len(outputs) == 1 else []
+            self.metrics = ["accuracy"] if len(outputs) == 1 and \
+                _is_classification_loss(self.loss) else []
 
     # -- results ------------------------------------------------------------------------
 

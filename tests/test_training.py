@@ -338,3 +338,19 @@ def test_distributed_trainers_say_that_use_ema_is_not_exchanged(caplog):
                           "categorical_crossentropy").validate_arguments()
         warned = "not their moving averages" in caplog.text
         assert warned == (trainer_class is not SingleTrainer), trainer_class.__name__
+
+
+@pytest.mark.parametrize("loss, metrics", [
+    ("categorical_crossentropy", ["accuracy"]),
+    ({"class_name": "SparseCategoricalCrossentropy", "config": {}}, ["accuracy"]),
+    ("squared_hinge", ["accuracy"]),
+    ("mse", []),
+    ("huber", []),
+])
+def test_accuracy_is_the_default_metric_of_classification_losses_only(loss, metrics):
+    from conftest import build_mlp
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(32), "adam", loss)
+    trainer.validate_arguments()
+    assert trainer.metrics == metrics
