@@ -10,6 +10,7 @@ Every trainer is used the same way::
 
 import contextlib
 import logging
+import re
 import socket
 import sys
 import threading
@@ -142,14 +143,31 @@ def _check_columns(name, value):
                         f"model input or output). Received: {name}={value!r}")
 
 
+_CRASHED_WORKER = "Python worker exited unexpectedly"
+
+
 def _worker_error_message(error):
     """The most telling line of a failed Spark job: the worker's own exception."""
     text = str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if _CRASHED_WORKER in text and "WorkerFailure" not in text:
+        # A process that died raised nothing: Spark's last "Caused by" is only the broken
+        # pipe it saw (a "Connection reset"), which does not say that a worker died.
+        return _crashed_worker_message(text)
     python_errors = [line for line in lines
                      if ("Error:" in line or "Exception:" in line) and not line.startswith("at ")]
     cause = python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
     return cause
+
+
+def _crashed_worker_message(text):
+    """What to tell the user when a task's Python process died, from Spark's ``text``."""
+    task = re.search(r"Lost (task \S+ in stage \S+)", text)
+    where = f" ({task.group(1)})" if task else ""
+    return (f"a Python worker process exited unexpectedly{where}: it was killed (out of "
+            "memory, or by a signal) or crashed in native code, and raised no Python error. "
+            "The executor's log tells more; spark.python.worker.faulthandler.enabled=true "
+            "adds the Python traceback of a crash.")
 
 
 def _register_user_module(obj):

@@ -10,8 +10,8 @@ from conftest import build_mlp
 from distkeras import networking
 from distkeras.networking import weights_array
 from distkeras.parameter_servers import DeltaParameterServer
-from distkeras.trainers import ADAG, TrainingError
-from distkeras.workers import ADAGWorker
+from distkeras.trainers import ADAG, SingleTrainer, TrainingError
+from distkeras.workers import ADAGWorker, SequentialWorker
 
 
 class SleepyWorker(ADAGWorker):
@@ -295,6 +295,32 @@ def test_retries_exhausted_names_the_partition_and_cause(fashion_train):
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     probe.bind(("127.0.0.1", trainer.parameter_server.port))  # the server's port is free
     probe.close()
+
+
+class CrashingWorker(SequentialWorker):
+    """Its Python process dies at once on every attempt (killed, out of memory)."""
+
+    def optimize(self):
+        import os
+
+        os._exit(17)  # no exception to report: Spark sees a broken pipe
+
+
+class CrashingSingleTrainer(SingleTrainer):
+    def allocate_worker(self):
+        return CrashingWorker(self.master_model)
+
+
+def test_a_crashed_worker_process_is_named_in_the_training_error(fashion_train):
+    """Spark's last "Caused by" for a dead process is a "Connection reset": the user was
+    told only that, not that a worker had died."""
+    trainer = CrashingSingleTrainer(keras_model=build_mlp(), worker_optimizer="adam",
+                                    loss="categorical_crossentropy")
+    with pytest.raises(TrainingError) as raised:
+        trainer.train(fashion_train.limit(200), verbose=0)
+    message = str(raised.value)
+    assert "Python worker process exited unexpectedly (task 0." in message
+    assert "Connection reset" not in message
 
 
 def test_a_thousand_silent_connections_do_not_stop_an_honest_worker():
