@@ -1055,6 +1055,11 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             logger.warning("No checkpoint in %s: starting from the model's weights.",
                            self.checkpoint_dir)
             return
+        written_by = checkpoint.get("trainer")
+        if written_by and written_by != type(self).__name__:
+            # The weights fit (they were checked), but the update rule that made them differs.
+            logger.warning("The checkpoint in %s was written by %s; resuming it with %s.",
+                           self.checkpoint_dir, written_by, type(self).__name__)
         server.center_variable = checkpoint["center"]
         server.num_updates = int(checkpoint["num_updates"])
         logger.info("Resuming from %s (%s updates)", self.checkpoint_dir, server.num_updates)
