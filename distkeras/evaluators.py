@@ -92,6 +92,36 @@ def _mean_of(dataset, per_row, what):
     return float(value["mean"])
 
 
+def _binary_accuracy(dataset, prediction_col, label_col):
+    """Per row, the fraction of label elements equal to the predictions thresholded at
+    0.5 (Keras's ``binary_accuracy``); 0 for a null row, and a job error for a row whose
+    two arrays differ in length."""
+    predictions = _double_array(dataset, prediction_col, "prediction column")
+    labels = _double_array(dataset, label_col, "label column")
+    matches = F.transform(F.arrays_zip(predictions.alias("p"), labels.alias("y")),
+                          lambda pair: ((pair["p"] > 0.5).cast(T.DoubleType())
+                                        == pair["y"]).cast(T.DoubleType()))
+    same_length = (F.size(predictions) == F.size(labels)) & (F.size(labels) > 0)
+    per_row = F.when(same_length, _sum(matches) / F.size(labels)).otherwise(_fail(
+        f"AccuracyEvaluator(multi_label=True): a row's prediction array ({prediction_col!r})"
+        f" and label array ({label_col!r}) differ in length (or are empty); multi-label "
+        "accuracy compares them element by element."))
+    return F.when(predictions.isNull() | labels.isNull(), F.lit(0.0)).otherwise(per_row)
+
+
+def _refusing_multi_hot(labels, label, name):
+    """``label`` (a class index), or a job error for a row of 0s and 1s that is not one-hot
+    (several 1s, or none): a multi-label row, whose argmax would name only its first
+    class. Soft labels (fractions summing to 1) and a single sigmoid label pass."""
+    zeros_and_ones = F.forall(labels, lambda x: (x == 0.0) | (x == 1.0))
+    multi_hot = (F.size(labels) > 1) & zeros_and_ones & (_sum(labels) != 1.0)
+    return F.when(multi_hot, _fail(
+        f"AccuracyEvaluator: the label column {name!r} holds multi-hot labels (several "
+        "1s, or none, in one row), whose argmax would count only the first class. For a "
+        "multi-label model, pass AccuracyEvaluator(..., multi_label=True): Keras's binary "
+        "accuracy, each element thresholded at 0.5.")).otherwise(label)
+
+
 def _sum(array):
     return F.aggregate(array, F.lit(0.0), lambda total, x: total + x)
 
@@ -114,21 +144,43 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     step (``array<array<...>>``) count by each step's argmax. Rows with a null
     prediction or label count as wrong.
 
+    Multi-label outputs (sigmoid units with multi-hot labels, trained with
+    ``binary_crossentropy``) need ``multi_label=True``: each row then counts the fraction
+    of its labels matched by its predictions thresholded at 0.5, as Keras's binary
+    accuracy does. Without it, a multi-hot label (several 1s, or none) stops the job with
+    that advice, since its argmax would name only its first class.
+
     Args:
         prediction_col: Predicted classes (default ``"prediction_index"``).
         label_col: True classes (default ``"label_index"``).
+        multi_label: Score arrays element by element (default False).
     """
 
+    multiLabel = Param(Params._dummy(), "multiLabel",
+                       "score multi-hot labels element by element (Keras's binary "
+                       "accuracy, threshold 0.5) instead of by their argmax",
+                       typeConverter=TypeConverters.toBoolean)
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
+    setMultiLabel = _setter("multiLabel")
 
-    def __init__(self, prediction_col="prediction_index", label_col="label_index"):
+    def __init__(self, prediction_col="prediction_index", label_col="label_index",
+                 multi_label=None):
         super().__init__()
-        self._setDefault(predictionCol="prediction_index", labelCol="label_index")
-        _set_given(self, predictionCol=prediction_col, labelCol=label_col)
+        self._setDefault(predictionCol="prediction_index", labelCol="label_index",
+                         multiLabel=False)
+        _set_given(self, predictionCol=prediction_col, labelCol=label_col,
+                   multiLabel=multi_label)
+
+    def getMultiLabel(self):
+        """Whether arrays are scored element by element (Keras's binary accuracy)."""
+        return self.getOrDefault(self.multiLabel)
 
     def _evaluate(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        if self.getMultiLabel():
+            return _mean_of(dataset, _binary_accuracy(dataset, prediction_col, label_col),
+                            "the accuracy")
         if _is_nested(dataset, label_col):
             # One-hot labels per step: each step's class is its argmax.
             predictions = _double_array(dataset, prediction_col, "prediction column")
@@ -140,6 +192,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
             return _mean_of(dataset, F.coalesce(per_step, F.lit(0.0)), "the accuracy")
         prediction = _class_index(dataset, prediction_col, "prediction column")
         label = _class_index(dataset, label_col, "label column")
+        if _kind(dataset, label_col, "label column") != "scalar":
+            label = _refusing_multi_hot(
+                _double_array(dataset, label_col, "label column"), label, label_col)
         correct = (prediction == label).cast(T.DoubleType())
         if "scalar" not in (_kind(dataset, prediction_col, "prediction column"),
                             _kind(dataset, label_col, "label column")):

@@ -313,6 +313,45 @@ def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
         AccuracyEvaluator("probability", "label").evaluate(numbers)
 
 
+def test_accuracy_evaluator_scores_multi_label_outputs_as_keras_binary_accuracy(spark):
+    """Sigmoid outputs against multi-hot labels: the argmax compared each row's first
+    label only (silently wrong). ``multi_label=True`` gives Keras's binary accuracy;
+    without it, a multi-hot label stops the job with that advice."""
+    import keras
+    from pyspark.ml.functions import array_to_vector
+
+    from distkeras.evaluators import AccuracyEvaluator
+
+    rng = np.random.default_rng(5)
+    probabilities = rng.random((8, 5)).astype("float32")
+    labels = (rng.random((8, 5)) > 0.5).astype("float32")
+    labels[0] = 0.0  # a row with no label at all
+    expected = float(np.mean(keras.metrics.binary_accuracy(labels, probabilities)))
+    frame = spark.createDataFrame(
+        [(p.tolist(), y.tolist()) for p, y in zip(probabilities, labels)],
+        "prediction array<float>, label array<float>")
+    frame = frame.withColumn("label_vector", array_to_vector("label"))
+    for label_col in ("label", "label_vector"):
+        evaluator = AccuracyEvaluator("prediction", label_col, multi_label=True)
+        assert evaluator.evaluate(frame) == pytest.approx(expected, rel=1e-6)
+    assert AccuracyEvaluator("prediction", "label").setMultiLabel(True).getMultiLabel()
+    with pytest.raises(Exception, match="multi-hot labels.*multi_label=True"):
+        AccuracyEvaluator("prediction", "label").evaluate(frame)
+    # One-hot and soft labels still count by their argmax.
+    one_hot = np.eye(5, dtype="float32")[np.argmax(labels + 0.1 * probabilities, axis=1)]
+    soft = 0.9 * one_hot + 0.02
+    rows = spark.createDataFrame(
+        [(p.tolist(), y.tolist(), s.tolist()) for p, y, s in zip(probabilities, one_hot, soft)],
+        "prediction array<float>, one_hot array<float>, soft array<float>")
+    argmax_accuracy = float(np.mean(np.argmax(probabilities, 1) == np.argmax(one_hot, 1)))
+    assert AccuracyEvaluator("prediction", "one_hot").evaluate(rows) == argmax_accuracy
+    assert AccuracyEvaluator("prediction", "soft").evaluate(rows) == argmax_accuracy
+    short = spark.createDataFrame([([0.5, 0.5, 0.5], [1.0, 0.0])],
+                                  "prediction array<float>, label array<float>")
+    with pytest.raises(Exception, match="differ in length"):
+        AccuracyEvaluator("prediction", "label", multi_label=True).evaluate(short)
+
+
 def test_loss_evaluator_matches_hand_computed_values(scored, spark):
     from distkeras.evaluators import LossEvaluator
 
