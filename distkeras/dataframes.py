@@ -174,6 +174,43 @@ def check_spark_dataframe(dataframe, role="training data"):
                         f"{type(dataframe).__module__}.{type(dataframe).__name__}.{hint}")
 
 
+def columns_by_name(value, model, what, parameter):
+    """``value`` as given, or, for a dict of columns keyed by the model's input (output)
+    names, as Keras's ``fit`` takes ``x`` (``y``), the list of its columns in the order of
+    the model's inputs (outputs).
+
+    Args:
+        value: A column name, a list of names, or a dict ``{input or output name: column}``.
+        model: The `keras.Model`.
+        what: ``"inputs"`` or ``"outputs"``.
+        parameter: The parameter that named the columns.
+
+    Raises:
+        ValueError: When the dict's keys are not exactly the model's names.
+    """
+    if not isinstance(value, dict):
+        return value
+    names = model_names(model, what)
+    if sorted(map(str, value)) != sorted(names):
+        missing = [name for name in names if name not in value]
+        unknown = [key for key in value if key not in names]
+        raise ValueError(
+            f"{parameter} is a dict, so its keys must be the model's {what}' names, "
+            f"{names}. Missing: {missing}; not the model's: {unknown}.")
+    return [value[name] for name in names]
+
+
+def model_names(model, what):
+    """The names of a model's inputs or outputs (``what``), in the order of its tensors."""
+    from distkeras.feed import input_names
+
+    if what == "inputs":
+        return input_names(model) or [tensor.name for tensor in model.inputs]
+    # A Sequential model has no `output_names` (and one output).
+    return list(getattr(model, "output_names", None) or
+                [tensor.name for tensor in model.outputs])
+
+
 def check_column_order(columns, names, what, parameter):
     """Refuses columns named exactly as the model's inputs (outputs) but listed in another
     order: they pair with ``model.inputs`` (``model.outputs``) by position, so each would
@@ -193,7 +230,7 @@ def check_column_order(columns, names, what, parameter):
             f"{parameter}={list(columns)} names the model's {what} in another order than "
             f"the model's, {list(names)}: columns pair with the {what} by position (for a "
             f"model built on a dict, Keras orders them by name). Pass {parameter}="
-            f"{list(names)}.")
+            f"{list(names)}, or a dict keyed by the {what}' names.")
 
 
 def validate(dataframe, model, features_col, label_col):

@@ -22,7 +22,8 @@ import zipfile
 import numpy as np
 
 from distkeras.dataframes import (check_column_order, check_input_count, check_known_inputs,
-                                  check_spark_dataframe, column, vector_values)
+                                  check_spark_dataframe, column, columns_by_name,
+                                  vector_values)
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -204,7 +205,8 @@ class ModelPredictor:
 
     Args:
         keras_model: The `keras.Model` (one input per ``features_col``).
-        features_col: The input column, or a list of columns for a multi-input model.
+        features_col: The input column, or a list of columns for a multi-input model (or a
+            dict keyed by the inputs' names).
         output_col: Name of the prediction column to add; for a multi-output model, a list
             of names (one per output, in order) or a prefix.
         batch_size: Rows per model call.
@@ -226,6 +228,8 @@ class ModelPredictor:
         _check_batch_size(self.batch_size)
         check_spark_dataframe(dataframe, "DataFrame to predict on")
         check_known_inputs(self.model)
+        self.features_col = columns_by_name(self.features_col, self.model, "inputs",
+                                            "features_col")
         features = (list(self.features_col) if isinstance(self.features_col, (list, tuple))
                     else [self.features_col])
         check_input_count(self.model, features)

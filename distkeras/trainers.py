@@ -136,11 +136,13 @@ def _uses_ema(optimizer):
 
 
 def _check_columns(name, value):
-    """Refuses a column setting that is not a name or a non-empty list of names."""
+    """Refuses a column setting that is not a name or a non-empty list of names (a dict
+    keyed by the model's names has become the list by now)."""
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not names or not all(isinstance(column, str) and column for column in names):
-        raise TypeError(f"`{name}` must be a column name or a list of column names (one per "
-                        f"model input or output). Received: {name}={value!r}")
+        raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
+                        "model input or output, in the model's order) or a dict keyed by the "
+                        f"model's input or output names. Received: {name}={value!r}")
 
 
 _CRASHED_WORKER = "Python worker exited unexpectedly"
@@ -222,8 +224,10 @@ class Trainer:
             if it has several.
         loss_weights: Optional loss weights for multi-output models; None: those
             ``keras_model`` was compiled with, if any.
-        features_col: Input column, or a list of columns for a multi-input model.
-        label_col: Target column, or a list of columns for a multi-output model.
+        features_col: Input column, or a list of columns for a multi-input model (in the
+            order of ``model.inputs``), or a dict keyed by the inputs' names.
+        label_col: Target column, or a list of columns for a multi-output model (in the
+            order of ``model.outputs``), or a dict keyed by the outputs' names.
         batch_size: Rows per minibatch.
         num_epoch: Passes over the data.
     """
@@ -306,6 +310,12 @@ class Trainer:
                                  "keras_model is compiled (its own is then used).")
         _check_int("batch_size", self.batch_size)
         _check_int("num_epoch", self.num_epoch)
+        # A dict keyed by the model's input (output) names, as `fit` takes x (y), becomes
+        # the list of its columns in the model's order.
+        self.features_col = dataframes.columns_by_name(
+            self.features_col, self.master_model, "inputs", "features_col")
+        self.label_col = dataframes.columns_by_name(
+            self.label_col, self.master_model, "outputs", "label_col")
         for name in ("features_col", "label_col"):
             _check_columns(name, getattr(self, name))
 

@@ -535,3 +535,51 @@ def test_columns_named_as_the_inputs_or_outputs_but_out_of_order_are_refused(spa
                       label_col=["y_z", "y_a"]).train(frame, verbose=0)
     with pytest.raises(ValueError, match=r"Pass features_col=\['aa', 'zz'\]"):
         ModelPredictor(model, features_col=["zz", "aa"]).predict(frame)
+
+
+def test_columns_given_as_dicts_keyed_by_the_models_names_pair_by_name(spark):
+    """As `fit` takes ``x`` and ``y`` as dicts keyed by input and output names, the
+    columns may be too, whatever their own names (a list pairs them by position)."""
+    import keras
+    import numpy as np
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(8)
+    x_z = rng.normal(size=(96, 2)).astype("float32")
+    x_a = rng.normal(size=(96, 2)).astype("float32")
+    y_z, y_a = x_z.sum(axis=1), 3.0 * x_a[:, 0]
+    frame = spark.createDataFrame(
+        [(z.tolist(), a.tolist(), float(t), float(u))
+         for z, a, t, u in zip(x_z, x_a, y_z, y_a)],
+        "col_z array<float>, col_a array<float>, target_z double, target_a double")
+
+    def model():
+        keras.utils.set_random_seed(3)
+        z, a = keras.Input((2,), name="zz"), keras.Input((2,), name="aa")
+        hidden = keras.layers.Dense(4)(keras.layers.Concatenate()([z, a]))
+        return keras.Model({"zz": z, "aa": a},
+                           {"y_z": keras.layers.Dense(1, name="y_z")(hidden),
+                            "y_a": keras.layers.Dense(1, name="y_a")(hidden)})
+
+    x, y = {"zz": x_z, "aa": x_a}, {"y_z": y_z, "y_a": y_a}
+    reference = model()
+    reference.compile("adam", "mse")
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    features = {"zz": "col_z", "aa": "col_a"}
+    trainer = SingleTrainer(model(), "adam", "mse", metrics=[], features_col=features,
+                            label_col={"y_a": "target_a", "y_z": "target_z"})
+    trained = trainer.train(frame.coalesce(1), verbose=0)
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert trainer.label_col == ["target_a", "target_z"]  # the model's order: names sorted
+    predicted = ModelPredictor(trained, features_col=features).predict(frame)
+    values = np.array([row["prediction_y_z"] for row in predicted.collect()])
+    np.testing.assert_allclose(values, trained.predict(x, verbose=0)["y_z"], rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match=r"keys must be the model's outputs' names, "
+                                         r"\['y_a', 'y_z'\]. Missing: \['y_z'\]; not the "
+                                         r"model's: \['z'\]"):
+        SingleTrainer(model(), "adam", "mse", features_col=features,
+                      label_col={"y_a": "target_a", "z": "target_z"}).train(frame, verbose=0)

@@ -95,8 +95,8 @@ def test_user_model_is_not_modified(fashion_train):
     ({"num_workers": 0}, "`num_workers` must be an integer >= 1. Received: num_workers=0"),
     ({"communication_window": 0}, "`communication_window` must be an integer >= 1"),
     ({"batch_size": 2.5}, "`batch_size` must be an integer >= 1"),
-    ({"features_col": 5}, "`features_col` must be a column name or a list"),
-    ({"label_col": []}, "`label_col` must be a column name or a list"),
+    ({"features_col": 5}, "`features_col` must be a column name, a list"),
+    ({"label_col": []}, "`label_col` must be a column name, a list"),
 ])
 def test_bad_input_fails_before_training(kwargs, message, fashion_train):
     from distkeras.trainers import ADAG
