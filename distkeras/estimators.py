@@ -21,6 +21,7 @@ and, for the estimator, the trainer's class and ``get_config()``.
 
 import importlib
 import logging
+import threading
 
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -29,7 +30,7 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.predictors import ModelPredictor, _check_batch_size
-from distkeras.transformers import _set_given, _setter
+from distkeras.transformers import _set_given, _setter, _to_int, _to_number
 from distkeras.validation import as_callback_list
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,28 @@ def _to_class_weight(value):
     except (TypeError, ValueError) as error:
         raise TypeError(f"`class_weight` must map class indices (integers) to numbers. "
                         f"Received: {value!r}") from error
+
+
+def _to_optimizer_name(value):
+    """TypeConverter: the name of a Keras optimizer ("adam", "sgd", ...)."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"`workerOptimizer` must be the name of a Keras optimizer, for "
+                        f"example 'adam'. Received: {value!r}")
+    return value
+
+
+def _optimizer_config(optimizer, learning_rate):
+    """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
+    new object: the trainer's own optimizer stays as it was."""
+    import keras
+
+    if optimizer is None:
+        raise ValueError("`learningRate` sets the learning rate of the trainer's "
+                         "worker_optimizer, and the trainer has none: give the trainer "
+                         "worker_optimizer=..., or set the estimator's workerOptimizer.")
+    config = keras.optimizers.serialize(keras.optimizers.get(optimizer))
+    config["config"]["learning_rate"] = learning_rate
+    return config
 
 
 def _write_bytes(spark, path, data):
@@ -210,6 +233,19 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             the Pipeline: pass them again after loading).
         shuffle: Whether to shuffle the rows before each epoch (Param ``shuffle``; the
             ``shuffle`` of `train()`), as Keras's ``fit`` does by default.
+        num_epoch: Passes over the data (Param ``numEpoch``), or None: the trainer's
+            ``num_epoch``.
+        training_batch_size: Rows per training minibatch (Param ``trainingBatchSize``), or
+            None: the trainer's ``batch_size``.
+        worker_optimizer: The name of a Keras optimizer (Param ``workerOptimizer``), or
+            None: the trainer's ``worker_optimizer``.
+        learning_rate: The learning rate of the worker optimizer (Param ``learningRate``;
+            not AEASGD's elastic ``learning_rate``), or None: the optimizer's own.
+
+    The training Params (``numEpoch``, ``trainingBatchSize``, ``workerOptimizer``,
+    ``learningRate``) replace the trainer's settings for one fit, so
+    ``ParamGridBuilder().addGrid(estimator.numEpoch, [1, 2])`` tunes them with Spark's
+    ``CrossValidator``; the trainer itself keeps its own.
     """
 
     validation = Param(Params._dummy(), "validation",
@@ -223,24 +259,60 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
     classWeight = Param(Params._dummy(), "classWeight",
                         "weight of each class's rows, by class index",
                         typeConverter=_to_class_weight)
+    numEpoch = Param(Params._dummy(), "numEpoch",
+                     "passes over the data (unset: the trainer's num_epoch)",
+                     typeConverter=_to_int)
+    trainingBatchSize = Param(Params._dummy(), "trainingBatchSize",
+                              "rows per training minibatch (unset: the trainer's batch_size)",
+                              typeConverter=_to_int)
+    workerOptimizer = Param(Params._dummy(), "workerOptimizer",
+                            "name of the Keras optimizer of the workers (unset: the "
+                            "trainer's worker_optimizer)", typeConverter=_to_optimizer_name)
+    learningRate = Param(Params._dummy(), "learningRate",
+                         "learning rate of the worker optimizer (unset: the optimizer's own)",
+                         typeConverter=_to_number)
     setWeightCol = _setter("weightCol")
     setValidation = _setter("validation")
     setShuffle = _setter("shuffle")
     setClassWeight = _setter("classWeight")
+    setNumEpoch = _setter("numEpoch")
+    setTrainingBatchSize = _setter("trainingBatchSize")
+    setWorkerOptimizer = _setter("workerOptimizer")
+    setLearningRate = _setter("learningRate")
 
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
                  weight_col=None, validation=None, callbacks=None, class_weight=None,
-                 shuffle=False):
+                 shuffle=False, num_epoch=None, training_batch_size=None,
+                 worker_optimizer=None, learning_rate=None):
         super().__init__()
         self.trainer = trainer
         self.callbacks = as_callback_list(callbacks)  # one alone, as fit takes
         self._init_params(output_col, batch_size)
         self._setDefault(shuffle=False)
         _set_given(self, weightCol=weight_col, validation=validation,
-                   classWeight=class_weight, shuffle=shuffle)
+                   classWeight=class_weight, shuffle=shuffle, numEpoch=num_epoch,
+                   trainingBatchSize=training_batch_size, workerOptimizer=worker_optimizer,
+                   learningRate=learning_rate)
 
     def _given(self, param):
         return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def _trainer_settings(self):
+        """The trainer attributes that this estimator's training Params replace."""
+        settings = {}
+        if self.isDefined(self.numEpoch):
+            settings["num_epoch"] = self.getOrDefault(self.numEpoch)
+        if self.isDefined(self.trainingBatchSize):
+            settings["batch_size"] = self.getOrDefault(self.trainingBatchSize)
+        optimizer = self._given(self.workerOptimizer)
+        if self.isDefined(self.learningRate):
+            if optimizer is None:
+                self.trainer._use_compiled_settings()  # a compiled model lends its own
+                optimizer = self.trainer.worker_optimizer
+            optimizer = _optimizer_config(optimizer, self.getOrDefault(self.learningRate))
+        if optimizer is not None:
+            settings["worker_optimizer"] = optimizer
+        return settings
 
     def _fit(self, dataset):
         import keras
@@ -254,11 +326,23 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         if isinstance(self.trainer, EnsembleTrainer):  # refused before it trains, not after
             raise TypeError("EnsembleTrainer returns several models; KerasEstimator supports "
                             "trainers that return one keras.Model.")
-        model = self.trainer.train(dataset, shuffle=self.getOrDefault(self.shuffle),
-                                   sample_weight_col=self._given(self.weightCol) or None,
-                                   class_weight=self._given(self.classWeight),
-                                   validation_data=self._given(self.validation),
-                                   callbacks=self.callbacks or None)
+        # Copies of an estimator share its trainer: its lock keeps each fit's settings
+        # to that fit, also when CrossValidator fits copies in parallel threads.
+        with self.trainer.__dict__.setdefault("_run_lock", threading.RLock()):
+            settings = self._trainer_settings()
+            saved = {name: getattr(self.trainer, name) for name in settings}
+            for name, value in settings.items():
+                setattr(self.trainer, name, value)
+            try:
+                model = self.trainer.train(
+                    dataset, shuffle=self.getOrDefault(self.shuffle),
+                    sample_weight_col=self._given(self.weightCol) or None,
+                    class_weight=self._given(self.classWeight),
+                    validation_data=self._given(self.validation),
+                    callbacks=self.callbacks or None)
+            finally:
+                for name, value in saved.items():
+                    setattr(self.trainer, name, value)
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "

@@ -249,7 +249,7 @@ class Trainer:
         self._validator = None
         self.verbose = 1
         self._progress_total = None
-        self._run_lock = threading.Lock()
+        self._run_lock = threading.RLock()
 
     def __getstate__(self):
         import types
@@ -269,7 +269,7 @@ class Trainer:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._run_lock = threading.Lock()
+        self._run_lock = threading.RLock()
 
     # -- configuration ------------------------------------------------------------------
 
@@ -397,7 +397,8 @@ class Trainer:
         """
         # One run at a time: a run keeps its state on the trainer (copies of a Spark ML
         # estimator share one, and CrossValidator may fit them in parallel threads).
-        with self.__dict__.setdefault("_run_lock", threading.Lock()):
+        # Reentrant: KerasEstimator holds it while its training Params are set.
+        with self.__dict__.setdefault("_run_lock", threading.RLock()):
             return self._run(dataframe, shuffle, verbose, checkpoint_dir, checkpoint_every,
                              resume, sample_weight_col, class_weight, validation_data,
                              callbacks)

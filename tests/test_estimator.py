@@ -308,3 +308,96 @@ def test_estimator_refuses_an_ensemble_before_training(spark, fashion_train):
     with pytest.raises(TypeError, match="EnsembleTrainer returns several models"):
         KerasEstimator(trainer).fit(fashion_train.limit(64))
     assert trainer.get_history() == []  # nothing trained
+
+
+def _small_frame(spark, rows=64):
+    return spark.createDataFrame([([float(i % 4), float(i % 3)], i % 2) for i in range(rows)],
+                                 "features array<double>, label int")
+
+
+def _small_model():
+    import keras
+
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+
+
+def test_cross_validator_tunes_the_training_params(spark, tmp_path):
+    """A grid over epochs, minibatch size and optimizer reached nothing: the estimator had
+    no Params for them (its batchSize is the prediction batch). Each fit now trains with
+    its own, and the trainer keeps its settings."""
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.evaluators import AccuracyEvaluator
+    from distkeras.trainers import SingleTrainer
+
+    seen = []
+
+    class Recording(SingleTrainer):
+        def _train(self, frame, label_shapes, shuffle):
+            seen.append((self.num_epoch, self.batch_size,
+                         self.worker_optimizer["class_name"],
+                         self.worker_optimizer["config"]["learning_rate"]))
+            return super()._train(frame, label_shapes, shuffle)
+
+    trainer = Recording(_small_model(), worker_optimizer="adam",
+                        loss="sparse_categorical_crossentropy", batch_size=32, num_epoch=1)
+    estimator = KerasEstimator(trainer, learning_rate=0.05)
+    grid = ParamGridBuilder().addGrid(estimator.numEpoch, [1, 3]) \
+        .addGrid(estimator.trainingBatchSize, [4, 16]) \
+        .addGrid(estimator.workerOptimizer, ["sgd", "rmsprop"]).build()
+    fitted = CrossValidator(estimator=estimator, estimatorParamMaps=grid, numFolds=2, seed=3,
+                            evaluator=AccuracyEvaluator("prediction", "label")) \
+        .fit(_small_frame(spark))
+    expected = {(epochs, batch, optimizer.lower(), 0.05) for epochs in (1, 3)
+                for batch in (4, 16) for optimizer in ("sgd", "rmsprop")}
+    assert {(e, b, o.lower(), round(lr, 6)) for e, b, o, lr in seen[:-1]} == expected
+    assert len(seen) == 2 * len(grid) + 1  # each map on each fold, then the best on all
+    assert len(fitted.avgMetrics) == len(grid)
+    assert (trainer.num_epoch, trainer.batch_size, trainer.worker_optimizer) == \
+        (1, 32, "adam")
+    assert sum(record["batch_size"] for record in trainer.get_history()) == \
+        64 * seen[-1][0]  # the last fit's history, with its own epochs
+
+    plain = KerasEstimator(SingleTrainer(_small_model(), worker_optimizer="adam",
+                                         loss="sparse_categorical_crossentropy"),
+                           num_epoch=2, learning_rate=0.05)
+    plain.setTrainingBatchSize(8).setWorkerOptimizer("sgd").save(str(tmp_path / "estimator"))
+    loaded = KerasEstimator.load(str(tmp_path / "estimator"))
+    assert [loaded.getOrDefault(name) for name in (
+        "numEpoch", "trainingBatchSize", "workerOptimizer", "learningRate")] == \
+        [2, 8, "sgd", 0.05]
+
+
+def test_learning_rate_param_reaches_the_workers(spark):
+    """learningRate=0 trains nothing: the weights come back as they were; the trainer's
+    own optimizer (an instance here) is left as it was."""
+    import keras
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import ADAG
+
+    model = _small_model()
+    optimizer = keras.optimizers.SGD(learning_rate=0.5)
+    trainer = ADAG(model, worker_optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                   num_workers=2, batch_size=4, communication_window=2)
+    frozen = KerasEstimator(trainer, learning_rate=0.0).fit(_small_frame(spark))
+    for trained, initial in zip(frozen.keras_model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(trained, initial)
+    assert trainer.worker_optimizer is optimizer
+    assert float(optimizer.learning_rate) == pytest.approx(0.5)
+    moved = KerasEstimator(trainer).fit(_small_frame(spark))
+    assert any(not np.array_equal(trained, initial) for trained, initial in
+               zip(moved.keras_model.get_weights(), model.get_weights()))
+
+
+def test_learning_rate_param_without_an_optimizer_says_what_to_set(spark):
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    trainer = SingleTrainer(_small_model(), loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="workerOptimizer"):
+        KerasEstimator(trainer, learning_rate=0.1).fit(_small_frame(spark))
+    model = KerasEstimator(trainer, learning_rate=0.1, worker_optimizer="sgd") \
+        .fit(_small_frame(spark)).keras_model
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
