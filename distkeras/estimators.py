@@ -384,6 +384,24 @@ class _KerasEstimatorWriter(MLWriter):
         _write_bytes(self.sparkSession, _model_path(path), serialize_model(trainer.master_model))
 
 
+def _trainer_class(qualified_name, path):
+    """The trainer class saved as ``qualified_name``, or an error that says to define or
+    import it first (a trainer of one's own, written in a notebook or a script, is not
+    there in a new session until that code runs again)."""
+    module_name, _, class_name = qualified_name.rpartition(".")
+    try:
+        trainer_class = getattr(importlib.import_module(module_name), class_name, None)
+    except ImportError:
+        trainer_class = None
+    if trainer_class is None:
+        raise ValueError(
+            f"The estimator saved at {path} trains with {qualified_name}, which this session "
+            f"cannot find: define or import {class_name} before loading (a trainer "
+            "class defined inside a function cannot be found again: define it at the top "
+            "level of a module or notebook).")
+    return trainer_class
+
+
 class _KerasEstimatorReader(MLReader):
     def __init__(self, cls):
         super().__init__()
@@ -393,8 +411,7 @@ class _KerasEstimatorReader(MLReader):
         from distkeras.trainers import Trainer
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        module_name, _, class_name = metadata["trainer"]["class"].rpartition(".")
-        trainer_class = getattr(importlib.import_module(module_name), class_name, None)
+        trainer_class = _trainer_class(metadata["trainer"]["class"], path)
         if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):
             raise TypeError(f"{metadata['trainer']['class']} (saved at {path}) is not a "
                             "distkeras trainer class.")

@@ -401,3 +401,19 @@ def test_learning_rate_param_without_an_optimizer_says_what_to_set(spark):
     model = KerasEstimator(trainer, learning_rate=0.1, worker_optimizer="sgd") \
         .fit(_small_frame(spark)).keras_model
     assert float(model.optimizer.learning_rate) == pytest.approx(0.1)
+
+
+def test_loading_an_estimator_whose_trainer_class_is_gone_says_to_define_it(spark, tmp_path):
+    """A custom trainer defined in a notebook is not there in a new session: loading said
+    it was "not a distkeras trainer class", or named a module that never existed."""
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    class NotebookTrainer(SingleTrainer):
+        pass
+
+    estimator = KerasEstimator(NotebookTrainer(_small_model(), worker_optimizer="adam",
+                                               loss="sparse_categorical_crossentropy"))
+    estimator.save(str(tmp_path / "estimator"))
+    with pytest.raises(ValueError, match="cannot find: define or import NotebookTrainer"):
+        KerasEstimator.load(str(tmp_path / "estimator"))
