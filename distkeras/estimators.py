@@ -5,9 +5,10 @@ a `KerasModel`, a Transformer that adds the model's predictions with `ModelPredi
 preprocessing, training and postprocessing run as one Pipeline::
 
     from pyspark.ml import Pipeline
+    # train: a "features" column and a class index per row in "label_index"
     trainer = SingleTrainer(keras_model=mlp, worker_optimizer="adam",
-                            loss="categorical_crossentropy", label_col="label")
-    pipeline = Pipeline(stages=[OneHotTransformer(10, "label_index", "label"),
+                            loss="categorical_crossentropy", label_col="one_hot")
+    pipeline = Pipeline(stages=[OneHotTransformer(10, "label_index", "one_hot"),
                                 KerasEstimator(trainer),
                                 LabelIndexTransformer(10)])
     fitted = pipeline.fit(train)              # trains the model
