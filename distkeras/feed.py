@@ -37,7 +37,7 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
     ``(rows, *shape)``.
 
     Lists and packed (binary) rows become float32; scalar integer columns (sparse labels)
-    become int32. With an integer ``dtype`` (an input typed so, `integer_dtype`), numbers
+    become int32, or float32 where their values do not fit in int32. With an integer ``dtype`` (an input typed so, `integer_dtype`), numbers
     and lists become that dtype instead.
 
     Raises:
@@ -75,8 +75,18 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
     if dtype is not None:
         return flat.astype(dtype, copy=False)
     if np.issubdtype(flat.dtype, np.integer):
-        return flat.astype(np.int32, copy=False)
+        return _integers(flat)
     return flat.astype(np.float32, copy=False)
+
+
+def _integers(values):
+    """Integer numbers as int32 (class indices), or as float32 where some do not fit in
+    int32: a ``long`` regression target or feature (an amount in cents, a timestamp in
+    milliseconds) would otherwise wrap around, silently."""
+    bounds = np.iinfo(np.int32)
+    if values.size and (values.min() < bounds.min or values.max() > bounds.max):
+        return values.astype(np.float32)
+    return values.astype(np.int32, copy=False)
 
 
 def _flatten_rows(column, name, sample_shape):

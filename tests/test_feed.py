@@ -232,3 +232,37 @@ def test_inputs_typed_as_integers_are_fed_as_integers():
                          feature_dtypes=[np.dtype("int32")])
     x, y = next(feed)
     assert x.dtype == np.int32 and x[0, 0] == 2**24 + 1 and y.dtype == np.int32
+
+
+def test_long_numbers_beyond_int32_are_not_wrapped_around(spark):
+    """A ``long`` target or feature (cents, a timestamp in ms) reaches the model as its
+    value, as Keras gets float32 targets, not wrapped around into int32."""
+    import keras
+    import pyarrow as pa
+
+    from distkeras.feed import column_to_numpy
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    big = column_to_numpy(pa.array([5_000_000_000, 3], pa.int64()), (1,), "y")
+    assert big.dtype == np.float32 and big[:, 0].tolist() == [5e9, 3.0]
+    small = column_to_numpy(pa.array([2, 0, 1], pa.int64()), (), "label")
+    assert small.dtype == np.int32 and small.tolist() == [2, 0, 1]  # class indices
+
+    rows = [(float(index % 4), 4_000_000_000 + index) for index in range(32)]
+    frame = spark.createDataFrame(rows, "features double, target long").coalesce(1)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "sgd", "mse", metrics=[], batch_size=32,
+                            features_col="features", label_col="target")
+    trainer.train(frame, verbose=0)
+    x = np.array([[row[0]] for row in rows], np.float32)
+    y = np.array([row[1] for row in rows], np.float32)
+    initial = model.predict(x, verbose=0)[:, 0].astype(np.float64)
+    expected = np.mean((initial - y) ** 2)  # the first step's loss: the initial weights'
+    assert np.isclose(trainer.get_history()[0]["loss"], expected, rtol=1e-3)
+
+    scale = keras.Sequential([keras.Input((1,)), keras.layers.Rescaling(1e-12)])
+    stamps = spark.createDataFrame([(1_700_000_000_000,)], "ts long")
+    (predicted,) = ModelPredictor(scale, features_col="ts").predict(stamps).collect()
+    assert np.isclose(predicted["prediction"][0], 1.7, rtol=1e-4)
