@@ -107,7 +107,33 @@ def serialize_keras_object(obj):
         return obj
     if isinstance(obj, dict):
         return {key: serialize_keras_object(value) for key, value in obj.items()}
-    return keras.saving.serialize_keras_object(obj)
+    return _with_loss_arguments(obj, keras.saving.serialize_keras_object(obj))
+
+
+def _with_loss_arguments(obj, config):
+    """``config`` with the constructor arguments that Keras's own loss leaves out of it.
+
+    Keras's ``Huber``, ``CosineSimilarity`` and ``SparseCategoricalCrossentropy`` keep
+    ``delta`` or ``axis`` out of ``get_config()``: ``Huber(delta=2.0)`` would be rebuilt on
+    the executors (and in the returned model) as ``delta=1.0``, silently. They are put
+    back from the arguments the loss passes to its function.
+    """
+    import inspect
+
+    import keras
+
+    # Keras's built-in losses wrap a function and keep its arguments in `_fn_kwargs`.
+    arguments = getattr(obj, "_fn_kwargs", None)
+    if not isinstance(obj, keras.losses.Loss) or not isinstance(arguments, dict) or \
+            not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        return config
+    accepted = inspect.signature(type(obj).__init__).parameters
+    missing = {name: value for name, value in arguments.items()
+               if name in accepted and name not in config["config"]}
+    if not missing:
+        return config
+    return {**config, "config": {**config["config"],
+                                 **keras.saving.serialize_keras_object(missing)}}
 
 
 def compile_arguments(optimizer, loss, metrics, loss_weights=None):

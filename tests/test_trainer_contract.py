@@ -346,6 +346,37 @@ def test_a_compiled_model_lends_its_optimizer_and_loss(fashion_train):
         SingleTrainer(build_mlp(32), loss="mse").train(fashion_train, verbose=0)
 
 
+
+def test_a_huber_loss_trains_with_its_delta_as_fit_does(spark):
+    """Keras's Huber leaves `delta` out of its config: it must still reach the workers and
+    the returned model (delta=1 instead of 4 trains other weights, silently)."""
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 3)).astype("float32")
+    y = (3.0 * x.sum(axis=1)).astype("float32")  # errors of several units: past delta=1
+    frame = spark.createDataFrame([(x[i].tolist(), float(y[i])) for i in range(32)],
+                                  "features array<float>, target double").coalesce(1)
+
+    def build():
+        keras.utils.set_random_seed(3)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+    trainer = SingleTrainer(build(), "sgd", keras.losses.Huber(delta=4.0), metrics=[],
+                            batch_size=16, label_col="target")
+    trained = trainer.train(frame, verbose=0)
+    expected = build()
+    expected.compile("sgd", keras.losses.Huber(delta=4.0))
+    expected.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    for ours, theirs in zip(trained.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert np.isclose(trained.evaluate(x, y, verbose=0), expected.evaluate(x, y, verbose=0))
+
+
 def _two_outputs():
     import keras
 
