@@ -214,11 +214,9 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
             "driver. Pass a sample of them (`validation_df.sample(fraction=...)`) or a "
             "smaller fraction.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
-    x = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name,
-                         integer_dtype(tensor))
+    x = [_column(table, name, shape, integer_dtype(tensor))
          for name, shape, tensor in zip(features, input_shapes, model.inputs)]
-    y = [column_to_numpy(table.column(arrow_name(name)).combine_chunks(), given, name)
-         for name, given in zip(labels, label_shapes)]
+    y = [_column(table, name, given) for name, given in zip(labels, label_shapes)]
     single_input = not isinstance(features_col, (list, tuple))
     single_output = not isinstance(label_col, (list, tuple))
     weights = None
@@ -229,6 +227,19 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
     logger.info("Validating on %d rows held on the driver", table.num_rows)
     return model_inputs(x, input_names(model), single_input), \
         (y[0] if single_output else y), weights
+
+
+def _column(table, name, shape, dtype=None):
+    """Column ``name`` of the collected validation rows as `column_to_numpy` reads it; its
+    errors (nulls, rows of the wrong length) say that the validation data holds them, not a
+    training partition."""
+    try:
+        return column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name,
+                               dtype)
+    except ValueError as error:
+        message = str(error).replace(" in this partition", "").replace(
+            " (in one Arrow batch of this partition)", "")
+        raise ValueError(f"In the validation data: {message}") from error
 
 
 # Callbacks that change the optimizer's learning rate between epochs: the trainers hand the

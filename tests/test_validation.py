@@ -300,6 +300,27 @@ def test_validation_rows_that_do_not_fit_the_model_fail_before_training(spark, f
     assert trainer.get_history() == []
 
 
+
+def test_null_validation_labels_are_named_as_the_validation_datas(spark):
+    """The validation rows are read on the driver: their nulls are not "in this
+    partition" of the training data."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    rows = [([float(index)], float(index)) for index in range(8)]
+    train = spark.createDataFrame(rows, "features array<float>, label double")
+    holed = spark.createDataFrame(rows[:3] + [([1.0], None)], "features array<float>, "
+                                                              "label double")
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "sgd", "mse", metrics=[])
+
+    with pytest.raises(ValueError, match="In the validation data: Column 'label' has 1 null "
+                                         "values; drop or fill") as raised:
+        trainer.train(train, verbose=0, validation_data=holed)
+    assert "partition" not in str(raised.value)
+
+
 def _stop_after_first_epoch():
     import keras
 
