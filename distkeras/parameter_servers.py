@@ -99,6 +99,7 @@ class SocketParameterServer(ParameterServer):
         # (ReduceLROnPlateau, LearningRateScheduler): sent with every pull once set.
         self.optimizer_learning_rate = None
         self.refused = 0
+        self.refused_by_worker = {}  # worker id: commits refused (NaN, ...)
         self._history_lock = threading.Lock()
         self._server_socket = None
         self._accept_thread = None
@@ -245,7 +246,10 @@ class SocketParameterServer(ParameterServer):
                 try:
                     self.handle_commit(conn, addr)
                 except RefusedUpdate as refusal:
-                    self.refused += 1
+                    with self._history_lock:
+                        self.refused += 1
+                        self.refused_by_worker[conn.worker_id] = \
+                            self.refused_by_worker.get(conn.worker_id, 0) + 1
                     logger.warning("Refused a commit from worker %s (%s): %s",
                                    conn.worker_id, addr, refusal)
                     continue

@@ -1188,10 +1188,21 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         return server.get_model()
 
     def _warn_if_nothing_committed(self, num_updates, server, worker):
-        """Warns when no commit reached the center: the model returned is the one given."""
+        """Warns when no commit reached the center (the model returned is the one given),
+        or when some were refused (those workers' training is not in it)."""
+        refused = getattr(server, "refused", 0)
+        if num_updates and refused:
+            by_worker = getattr(server, "refused_by_worker", {})
+            logger.warning(
+                "%s: the parameter server refused %d commits (NaN or infinite values) from "
+                "workers %s; the returned model holds the other %d, so it lacks those "
+                "workers' training since their first refusal. A NaN loss usually means NaN "
+                "or infinite values in that worker's data (features or labels) or a learning "
+                "rate too high; Keras's fit would have returned NaN weights.",
+                type(self).__name__, refused, dict(sorted(by_worker.items())), num_updates)
+            return
         if num_updates or not self.history:
             return
-        refused = getattr(server, "refused", 0)
         if refused:
             logger.warning(
                 "%s applied none of its workers' commits (the parameter server refused %d, "

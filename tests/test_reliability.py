@@ -1,5 +1,6 @@
 """Failures the driver must survive: stalled workers, poisoned updates, back-to-back runs."""
 
+import logging
 import threading
 import time
 
@@ -77,6 +78,7 @@ def test_non_finite_commit_is_refused_and_the_worker_goes_on():
         center = networking.recv_data(sock)["center"]  # the connection is still open
         assert all(np.array_equal(a, b) for a, b in zip(center, before))
         assert server.refused == 1 and server.num_updates == 0
+        assert server.refused_by_worker == {7: 1}
         honest = weights_array(np.ones(w.shape, w.dtype) for w in before)
         networking.send_action(sock, networking.ACTION_COMMIT)
         networking.send_data(sock, {"delta": honest})
@@ -432,3 +434,28 @@ def test_a_keras_layer_error_names_its_cause_in_the_training_error(fashion_train
     with pytest.raises(TrainingError, match=r"ValueError: Exception encountered when calling "
                                             r"Refusing.call\(\)\..* the cause: pixel 42 out"):
         trainer.train(fashion_train.limit(200), verbose=0)
+
+
+def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
+    """A NaN label in one partition: the server refuses that worker's NaN commits and the
+    model keeps the other worker's training; it used to return it with only a log line
+    per commit, as if all had trained."""
+    import keras
+
+    from distkeras.trainers import DOWNPOUR
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(400, 3)).astype("float32")
+    y = x.sum(axis=1)
+    y[300] = np.nan  # in the second partition
+    # Two slices in order: rows 0-199, then 200-399.
+    frame = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)],
+                                  "features array<float>, label double")
+    assert frame.rdd.getNumPartitions() == 2
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        trained = DOWNPOUR(model, "sgd", "mse", num_workers=2, communication_window=2,
+                           metrics=[]).train(frame, verbose=0)
+    assert all(np.isfinite(w).all() for w in trained.get_weights())
+    warnings = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(warnings) == 1 and "from workers {1: " in warnings[0], warnings
