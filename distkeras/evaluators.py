@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 EPSILON = 1e-7  # keras.config.epsilon(): predictions are clipped to [EPSILON, 1 - EPSILON]
 
 LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
-          "binary_crossentropy", "mse", "mean_squared_error")
+          "binary_crossentropy", "mse", "mean_squared_error", "mae", "mean_absolute_error",
+          "huber", "log_cosh")
+# Keras's long names of the regression losses, read as their short ones.
+_ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae"}
+HUBER_DELTA = 1.0  # keras.losses.huber's default
 
 
 def _class_index(dataset, name, role):
@@ -234,7 +238,9 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
       per element, each the mean over the row.
     - ``binary_crossentropy``: numbers or arrays of 0/1 labels and probabilities (arrays:
       the mean over elements).
-    - ``mse`` (or ``mean_squared_error``): numbers or arrays (arrays: the mean over elements).
+    - ``mse`` (or ``mean_squared_error``), ``mae`` (or ``mean_absolute_error``), ``huber``
+      (delta 1, Keras's default) and ``log_cosh``: numbers or arrays (arrays: the mean over
+      elements).
 
     Args:
         loss: One of the names above.
@@ -259,6 +265,7 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
         loss = self.getOrDefault(self.loss)
         if loss not in LOSSES:
             raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}")
+        loss = _ALIASES.get(loss, loss)
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         prediction_kind = _kind(dataset, prediction_col, "prediction column")
         nested = _is_nested(dataset, label_col) and loss != "sparse_categorical_crossentropy"
@@ -298,10 +305,19 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
 
     @staticmethod
     def _term(loss, y, p):
+        """The loss of one element (before the mean over a row's elements)."""
         if loss == "binary_crossentropy":
             p = _clip(p)
             return -(y * F.log(p) + (1.0 - y) * F.log(1.0 - p))
-        return (y - p) * (y - p)
+        error = p - y
+        if loss == "mae":
+            return F.abs(error)
+        if loss == "huber":
+            return F.when(F.abs(error) <= HUBER_DELTA, 0.5 * error * error) \
+                .otherwise(HUBER_DELTA * (F.abs(error) - 0.5 * HUBER_DELTA))
+        if loss == "log_cosh":  # log(cosh(x)) = |x| + log1p(exp(-2|x|)) - log(2): no overflow
+            return F.abs(error) + F.log1p(F.exp(-2.0 * F.abs(error))) - F.log(F.lit(2.0))
+        return error * error
 
     def _one_value_term(self, dataset, loss, prediction_col, label_col):
         predictions = _double_array(dataset, prediction_col, "prediction column")

@@ -424,6 +424,25 @@ def test_loss_evaluator_agrees_with_keras(scored):
         assert LossEvaluator(name).evaluate(scored) == pytest.approx(expected, rel=1e-4)
 
 
+def test_loss_evaluator_computes_the_regression_losses_as_keras(spark):
+    import keras
+
+    from distkeras.evaluators import LossEvaluator
+
+    rng = np.random.default_rng(9)
+    y = rng.normal(scale=3.0, size=(12, 3)).astype("float32")
+    p = (y + rng.normal(scale=2.0, size=y.shape)).astype("float32")  # errors above 1 too
+    frame = spark.createDataFrame(
+        [(a.tolist(), b.tolist(), float(a[0]), float(b[0])) for a, b in zip(y, p)],
+        "label array<float>, prediction array<float>, label_1 double, prediction_1 double")
+    for name in ("mse", "mae", "mean_absolute_error", "huber", "log_cosh"):
+        expected = float(keras.ops.mean(keras.losses.get(name)(y, p)))
+        assert LossEvaluator(name).evaluate(frame) == pytest.approx(expected, rel=1e-5), name
+        one = float(keras.ops.mean(keras.losses.get(name)(y[:, :1], p[:, :1])))
+        assert LossEvaluator(name, "prediction_1", "label_1").evaluate(frame) == \
+            pytest.approx(one, rel=1e-5), name
+
+
 def test_loss_evaluator_reads_one_unit_outputs_against_number_labels_as_keras(spark):
     import keras
 
