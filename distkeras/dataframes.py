@@ -3,7 +3,7 @@
 
 import numpy as np
 from pyspark.ml.functions import vector_to_array
-from pyspark.ml.linalg import VectorUDT
+from pyspark.ml.linalg import SparseVector, VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -313,14 +313,37 @@ def validate(dataframe, model, features_col, label_col):
     return label_shapes
 
 
-def training_frame(dataframe, features_col, label_col, sample_weight_col=None):
-    """Selects the training columns, with Spark ML vectors turned into arrays, each
-    named as the workers read it (`feed.arrow_name`)."""
+def sparse_vector_columns(dataframe, names):
+    """The Spark ML vector columns among ``names`` whose first row is a sparse vector
+    (``HashingTF``, ``CountVectorizer``, ``IDF``, ``OneHotEncoder``); reads that row only
+    where there are vector columns.
+
+    Such a column is sent to Python as its struct and densified there a minibatch at a
+    time (`feed.column_rows`): ``vector_to_array`` would write every zero into Arrow on
+    the JVM (1 MiB per row for ``HashingTF``'s default 2**18 features). A column of dense
+    vectors keeps ``vector_to_array``. A column that mixes both is read right either way.
+    """
+    vectors = [name for name in names
+               if isinstance(dataframe.schema[name].dataType, VectorUDT)]
+    if not vectors:
+        return set()
+    row = dataframe.select(*map(column, vectors)).first()
+    if row is None:
+        return set()
+    return {name for name in vectors if isinstance(row[name], SparseVector)}
+
+
+def training_frame(dataframe, features_col, label_col, sample_weight_col=None,
+                   sparse=True):
+    """Selects the training columns, each named as the workers read it
+    (`feed.arrow_name`): Spark ML vectors as arrays, or with ``sparse`` and sparse
+    vectors (`sparse_vector_columns`), as their struct."""
     # Each once: a column may feed two outputs, or be both input and target (an
     # autoencoder); the workers read columns by name.
     columns = list(dict.fromkeys(as_column_list(features_col) + as_column_list(label_col)))
-    selected = [_to_training_column(dataframe, name).alias(arrow_name(name))
-                for name in columns]
+    as_sent = sparse_vector_columns(dataframe, columns) if sparse else set()
+    selected = [(column(name) if name in as_sent else _to_training_column(dataframe, name))
+                .alias(arrow_name(name)) for name in columns]
     if sample_weight_col is not None and sample_weight_col not in columns:
         selected.append(column(sample_weight_col).cast("float").alias(
             arrow_name(sample_weight_col)))

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from distkeras.sample_weights import per_row, row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
+from distkeras.vectors import VectorRows, is_vector_type
 
 
 def arrow_name(name):
@@ -32,23 +33,40 @@ def integer_dtype(tensor):
     return dtype if np.issubdtype(dtype, np.integer) else None
 
 
-def column_to_numpy(column, sample_shape, name, dtype=None):
-    """An Arrow column of numbers, (nested) lists or packed tensors as a numpy array of
-    ``(rows, *shape)``.
+def column_rows(column, sample_shape, name, dtype=None):
+    """An Arrow column as `column_to_numpy` reads it, except that Spark ML vectors stay as
+    they came (`vectors.VectorRows`): slicing it gives dense rows, so a sparse column is
+    densified one minibatch at a time."""
+    if is_vector_type(column.type):
+        _check_no_nulls(column, name)
+        return VectorRows(column, sample_shape, name, dtype)
+    return column_to_numpy(column, sample_shape, name, dtype)
 
-    Lists and packed (binary) rows become float32; scalar integer columns (sparse labels)
-    become int32, or float32 where their values do not fit in int32. With an integer ``dtype`` (an input typed so, `integer_dtype`), numbers
-    and lists become that dtype instead.
 
-    Raises:
-        ValueError: Naming the column, for nulls or a number of values that does not fit.
-    """
-    rows = len(column)
+def _check_no_nulls(column, name):
     if column.null_count:
         raise ValueError(
             f"Column {name!r} has {column.null_count} null values in this partition; "
             "drop or fill them first (for example `df.dropna()`)."
         )
+
+
+def column_to_numpy(column, sample_shape, name, dtype=None):
+    """An Arrow column of numbers, (nested) lists, packed tensors or Spark ML vectors (as
+    their struct, `vectors.VectorRows`) as a numpy array of ``(rows, *shape)``.
+
+    Lists, vectors and packed (binary) rows become float32; scalar integer columns (sparse
+    labels) become int32, or float32 where their values do not fit in int32. With an
+    integer ``dtype`` (an input typed so, `integer_dtype`), numbers, vectors and lists
+    become that dtype instead.
+
+    Raises:
+        ValueError: Naming the column, for nulls or a number of values that does not fit.
+    """
+    rows = len(column)
+    _check_no_nulls(column, name)
+    if is_vector_type(column.type):
+        return VectorRows(column, sample_shape, name, dtype).to_numpy()
     if is_packed_type(column.type):
         return unpack_column(column, sample_shape, name)
     if is_list_type(column.type):
@@ -241,7 +259,9 @@ class MinibatchFeed:
         return next(self._iterator)
 
     def _convert(self, record_batch):
-        x = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name, dtype)
+        # Features may be sparse vectors (1 MiB a row once dense for HashingTF's 2**18):
+        # kept as they came, they are densified by the minibatch slice.
+        x = [column_rows(record_batch.column(arrow_name(name)), shape, name, dtype)
              for name, shape, dtype in zip(self.features_cols, self.feature_shapes,
                                            self.feature_dtypes)]
         y = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)

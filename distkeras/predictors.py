@@ -23,7 +23,7 @@ import numpy as np
 
 from distkeras.dataframes import (check_column_order, check_input_count, check_known_inputs,
                                   check_spark_dataframe, column, columns_by_name,
-                                  vector_values)
+                                  sparse_vector_columns, vector_values)
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -132,11 +132,11 @@ def _predict_arrays(model, columns, names, input_shapes, batch_size, output_fiel
     import pyarrow as pa
 
     from distkeras.datasets import float_lists
-    from distkeras.feed import column_to_numpy, integer_dtype
+    from distkeras.feed import column_rows, integer_dtype
 
     dtypes = [integer_dtype(tensor) for tensor in model.inputs]
-    arrays = [column_to_numpy(column, shape, name, dtype).astype(dtype or np.float32,
-                                                                   copy=False)
+    # Sparse vectors stay sparse here: `_predict_in_chunks` densifies a chunk at a time.
+    arrays = [column_rows(column, shape, name, dtype or np.float32)
               for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
     outputs = [float_lists(matrix) for matrix in _predict_in_chunks(model, arrays, batch_size)]
     if output_fields is None:
@@ -284,8 +284,9 @@ class ModelPredictor:
         from distkeras.utils import serialize_model
 
         features, kinds, outputs = self._validate(dataframe)
-        columns = [vector_values(name) if kind == "vector" else column(name)
-                   for name, kind in zip(features, kinds)]
+        sparse = sparse_vector_columns(dataframe, features)
+        columns = [vector_values(name) if kind == "vector" and name not in sparse
+                   else column(name) for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
                         for tensor in self.model.inputs]
         model_bytes = serialize_model(self.model)

@@ -204,8 +204,11 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
         logger.info("The validation data has no %r column: its rows are not weighted.",
                     sample_weight_col)
         sample_weight_col = None
+    # Dense vectors: the rows are held on the driver whole anyway, and `toArrow` fails
+    # on a null vector struct (with an Arrow error that names no column).
     table = dataframes.training_frame(validation, features_col, label_col,
-                                      sample_weight_col).limit(MAX_ROWS + 1).toArrow()
+                                      sample_weight_col, sparse=False
+                                      ).limit(MAX_ROWS + 1).toArrow()
     if table.num_rows == 0:
         raise ValueError("The validation data has no rows.")
     if table.num_rows > MAX_ROWS:

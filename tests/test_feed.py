@@ -266,3 +266,81 @@ def test_long_numbers_beyond_int32_are_not_wrapped_around(spark):
     stamps = spark.createDataFrame([(1_700_000_000_000,)], "ts long")
     (predicted,) = ModelPredictor(scale, features_col="ts").predict(stamps).collect()
     assert np.isclose(predicted["prediction"][0], 1.7, rtol=1e-4)
+
+
+def _vector_structs(rows):
+    """Spark ML vectors as Spark sends them through Arrow: ``(size, {index: value})`` for
+    a sparse row, a list for a dense one."""
+    import pyarrow as pa
+
+    kind = pa.struct([("type", pa.int8()), ("size", pa.int32()),
+                      ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
+    return pa.array([{"type": 0, "size": row[0], "indices": list(row[1]),
+                      "values": list(row[1].values())} if isinstance(row, tuple)
+                     else {"type": 1, "size": None, "indices": None, "values": row}
+                     for row in rows], kind)
+
+
+def test_vector_structs_mix_sparse_and_dense_rows_and_slice_into_dense_minibatches():
+    import pyarrow as pa
+    import pytest
+
+    from distkeras.feed import MinibatchFeed, column_to_numpy
+
+    rows = [(6, {1: 1.0, 4: 2.0}), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], (6, {}), (6, {0: 7.0}),
+            [0.0, 0.0, 0.0, 0.0, 0.0, 9.0]]
+    expected = np.zeros((5, 6), np.float32)
+    expected[0, [1, 4]] = [1.0, 2.0]
+    expected[1] = np.arange(1, 7)
+    expected[3, 0], expected[4, 5] = 7.0, 9.0
+    vectors = _vector_structs(rows)
+    assert np.array_equal(column_to_numpy(vectors, (2, 3), "v"), expected.reshape(5, 2, 3))
+    assert np.array_equal(column_to_numpy(vectors.slice(2, 3), (6,), "v"), expected[2:])
+    # Minibatches of 2 over two Arrow batches: one carries over into the next.
+    batches = [pa.RecordBatch.from_arrays([vectors.slice(0, 3), pa.array([0, 1, 0])],
+                                          ["v", "label"]),
+               pa.RecordBatch.from_arrays([vectors.slice(3), pa.array([1, 1])],
+                                          ["v", "label"])]
+    feed = MinibatchFeed(iter(batches), ["v"], ["label"], 2, [(6,)], [()])
+    x = [batch[0] for batch in feed]
+    assert [len(part) for part in x] == [2, 2, 1] and x[0].dtype == np.float32
+    assert np.array_equal(np.concatenate(x), expected)
+    with pytest.raises(ValueError, match=r"Column 'v' holds vectors of different sizes .* "
+                                         r"a vector of size 7 \(row 1 of a batch of 2\)"):
+        column_to_numpy(_vector_structs([(6, {0: 1.0}), (7, {0: 1.0})]), (6,), "v")
+
+
+def test_sparse_vectors_travel_sparse_and_train_as_the_same_dense_rows(spark):
+    """A HashingTF column is not densified on the JVM (1 MiB a row at 2**18 features)."""
+    import keras
+    from pyspark.ml.feature import HashingTF, Tokenizer
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+
+    from distkeras.dataframes import training_frame
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    words = ["good", "bad", "movie", "plot", "great", "awful", "actor", "the"]
+    text = [(" ".join(words[(i * j) % 8] for j in range(1, 2 + i % 5)), float(i % 2))
+            for i in range(200)]
+    frame = HashingTF(inputCol="words", outputCol="features", numFeatures=2 ** 10).transform(
+        Tokenizer(inputCol="text", outputCol="words").transform(
+            spark.createDataFrame(text, ["text", "label"]))).coalesce(1).cache()
+    sent = training_frame(frame, "features", "label").schema["features"].dataType
+    assert isinstance(sent, VectorUDT)  # its indices and values, densified per minibatch
+    dense = frame.withColumn("features", vector_to_array("features", "float32"))
+    weights = []
+    for data in (frame, dense):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((2 ** 10,)),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        trainer = SingleTrainer(model, "adam", "binary_crossentropy", batch_size=16,
+                                num_epoch=2)
+        weights.append(trainer.train(data, verbose=0).get_weights())
+    for sparse_trained, dense_trained in zip(*weights):
+        np.testing.assert_allclose(sparse_trained, dense_trained, rtol=1e-5, atol=1e-6)
+    predicted = ModelPredictor(model, batch_size=64).predict(frame).select("prediction")
+    rows = np.array([row.features for row in dense.select("features").collect()])
+    np.testing.assert_allclose(np.array([row.prediction for row in predicted.collect()]),
+                               model.predict(rows, verbose=0), rtol=1e-5, atol=1e-6)
