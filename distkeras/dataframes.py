@@ -7,7 +7,7 @@ from pyspark.ml.linalg import SparseVector, VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.feed import arrow_name
+from distkeras.feed import arrow_name, integer_dtype, padding_hint
 from distkeras.tensors import packed_size
 
 
@@ -278,15 +278,18 @@ def validate(dataframe, model, features_col, label_col):
             raise ValueError(
                 f"Column {name!r} holds null values (its first row is null); drop or fill "
                 f"them first, for example `df.dropna(subset=[{name!r}])`.")
-    for name, shape in zip(features_cols, _model_shapes(model.inputs)):
+    for name, shape, tensor in zip(features_cols, _model_shapes(model.inputs), model.inputs):
         size = _sample_size(row[name])
         if size == 0 and not isinstance(row[name], (list, tuple)):
             size = 1  # a number per row: an input of one value (as ModelPredictor reads it)
         if size != _flat_size(shape):
+            tokens = isinstance(row[name], (list, tuple)) and len(shape) == 1 \
+                and integer_dtype(tensor) is not None
             raise ValueError(
                 f"Column {name!r} holds {size} values per row but the model's input expects "
-                f"shape {shape} ({_flat_size(shape)} values). Reshape the data or the model."
-                + _packed_hint(row[name], shape))
+                f"shape {shape} ({_flat_size(shape)} values). "
+                + (padding_hint(name, shape[0]) if tokens
+                   else "Reshape the data or the model." + _packed_hint(row[name], shape)))
     label_shapes = []
     for name, shape in zip(label_cols, _model_shapes(model.outputs)):
         size = _sample_size(row[name])

@@ -74,11 +74,13 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
         values, counts = _flatten_rows(column, name, sample_shape)
         if len(values) != rows * size or (counts != size).any():
             row = int(np.flatnonzero(counts != size)[0])
+            tokens = dtype is not None and np.issubdtype(dtype, np.integer)
+            fix = padding_hint(name, size) if tokens and len(sample_shape) == 1 else ("Drop or fix those rows, for example "
+                                             "`df.where(F.size(column) == expected)`.")
             raise ValueError(
                 f"Column {name!r} holds arrays of different lengths or of the wrong length: "
                 f"a row of {int(counts[row])} values (row {row} of a batch of {rows}), but "
-                f"the model expects {size} per row (shape {tuple(sample_shape)}). Drop or "
-                "fix those rows, for example `df.where(F.size(column) == expected)`."
+                f"the model expects {size} per row (shape {tuple(sample_shape)}). {fix}"
             )
         flat = values.to_numpy(zero_copy_only=False)
         return flat.astype(dtype or np.float32, copy=False).reshape((rows, *sample_shape))
@@ -105,6 +107,15 @@ def _integers(values):
     if values.size and (values.min() < bounds.min or values.max() > bounds.max):
         return values.astype(np.float32)
     return values.astype(np.int32, copy=False)
+
+
+def padding_hint(name, length):
+    """How to pad or cut sequences of token ids (a column feeding an integer input) to the
+    model's ``length``: dropping the rows that do not fit would drop most of a text set."""
+    return (f"For token ids, pad or cut every row to {length} first, for example "
+            f"`df.withColumn({name!r}, F.slice(F.concat(F.col({name!r}), "
+            f"F.array_repeat(F.lit(0), {length})), 1, {length}))` (0 is the padding that "
+            "Embedding(mask_zero=True) masks).")
 
 
 def _flatten_rows(column, name, sample_shape):

@@ -344,3 +344,35 @@ def test_sparse_vectors_travel_sparse_and_train_as_the_same_dense_rows(spark):
     rows = np.array([row.features for row in dense.select("features").collect()])
     np.testing.assert_allclose(np.array([row.prediction for row in predicted.collect()]),
                                model.predict(rows, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_ragged_token_ids_are_told_how_to_pad_and_the_padding_trains(spark):
+    """Sentences have different numbers of tokens: the error for an Embedding's input says
+    how to pad them, not to drop the rows (which would drop most of a text set)."""
+    import keras
+    import pyarrow as pa
+    import pytest
+    from pyspark.sql import functions as F  # noqa: F401  (the hint's code uses it)
+
+    from distkeras.feed import column_to_numpy
+    from distkeras.trainers import SingleTrainer
+
+    with pytest.raises(ValueError, match=r"a row of 2 values .* pad or cut every row to 3"):
+        column_to_numpy(pa.array([[1, 2, 3], [4, 5]]), (3,), "tokens", np.dtype("int32"))
+    with pytest.raises(ValueError, match="Drop or fix those rows"):  # not token ids
+        column_to_numpy(pa.array([[1.0, 2.0, 3.0], [4.0, 5.0]]), (3,), "f", np.float32)
+    rows = [([1 + i % 7] * (2 + i % 5), i % 2) for i in range(60)]
+    ragged = spark.createDataFrame(rows, "tokens array<int>, label int").coalesce(1)
+    inputs = keras.Input((4,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(8, 4, mask_zero=True)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(pooled))
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", metrics=[],
+                            features_col="tokens")
+    with pytest.raises(ValueError, match="pad or cut every row to 4") as error:
+        trainer.train(ragged, verbose=0)
+    fix = str(error.value).split("`")[1]
+    assert fix.startswith("df.withColumn('tokens', F.slice(")
+    padded = eval(fix, {"df": ragged, "F": F})  # the code the error suggests, as written
+    trainer.train(padded, verbose=0)
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 60
