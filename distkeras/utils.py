@@ -113,10 +113,11 @@ def serialize_keras_object(obj):
 def _with_loss_arguments(obj, config):
     """``config`` with the constructor arguments that Keras's own loss leaves out of it.
 
-    Keras's ``Huber``, ``CosineSimilarity`` and ``SparseCategoricalCrossentropy`` keep
-    ``delta`` or ``axis`` out of ``get_config()``: ``Huber(delta=2.0)`` would be rebuilt on
-    the executors (and in the returned model) as ``delta=1.0``, silently. They are put
-    back from the arguments the loss passes to its function.
+    Keras's ``Huber``, ``CosineSimilarity`` and ``SparseCategoricalCrossentropy`` losses
+    (and the ``CosineSimilarity`` metric) keep ``delta`` or ``axis`` out of
+    ``get_config()``: ``Huber(delta=2.0)`` would be rebuilt on the executors (and in the
+    returned model) as ``delta=1.0``, silently. They are put back from the arguments the
+    loss or metric passes to its function.
     """
     import inspect
 
@@ -124,7 +125,8 @@ def _with_loss_arguments(obj, config):
 
     # Keras's built-in losses wrap a function and keep its arguments in `_fn_kwargs`.
     arguments = getattr(obj, "_fn_kwargs", None)
-    if not isinstance(obj, keras.losses.Loss) or not isinstance(arguments, dict) or \
+    if not isinstance(obj, (keras.losses.Loss, keras.metrics.Metric)) or \
+            not isinstance(arguments, dict) or \
             not isinstance(config, dict) or not isinstance(config.get("config"), dict):
         return config
     accepted = inspect.signature(type(obj).__init__).parameters

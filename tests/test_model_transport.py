@@ -59,3 +59,27 @@ def test_a_model_round_trips_with_its_weights():
     assert [type(layer) for layer in rebuilt.layers] == [type(layer) for layer in model.layers]
     for got, want in zip(rebuilt.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(got, want)
+
+
+def test_losses_and_metrics_keep_the_arguments_their_configs_leave_out():
+    """Keras's Huber loss and CosineSimilarity metric leave ``delta`` / ``axis`` out of
+    their configs: rebuilt from them on the executors, they trained and reported with
+    Keras's defaults instead, silently."""
+    import keras
+
+    from distkeras.utils import serialize_keras_object
+
+    rebuilt = keras.saving.deserialize_keras_object(
+        serialize_keras_object(keras.losses.Huber(delta=4.0)))
+    y, p = np.zeros((1, 1), "float32"), np.full((1, 1), 3.0, "float32")
+    assert float(rebuilt(y, p)) == pytest.approx(4.5)  # 0.5 * 3**2 with delta 4 (2.5 with 1)
+    y, p = np.random.default_rng(1).normal(size=(2, 3, 4))
+    results = {}
+    for name, metric in (("rebuilt", keras.saving.deserialize_keras_object(
+            serialize_keras_object(keras.metrics.CosineSimilarity(axis=0)))),
+                         ("axis 0", keras.metrics.CosineSimilarity(axis=0)),
+                         ("axis -1", keras.metrics.CosineSimilarity())):
+        metric.update_state(y, p)
+        results[name] = float(metric.result())
+    assert results["rebuilt"] == pytest.approx(results["axis 0"])
+    assert results["axis 0"] != pytest.approx(results["axis -1"])
