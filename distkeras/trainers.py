@@ -709,12 +709,14 @@ class Trainer:
                 "AEASGD, EAMSGD, DynSGD, Experimental or your own).")
 
     def _compile(self, model):
-        from distkeras.utils import compile_arguments, serialize_keras_object
+        from distkeras.utils import (compile_arguments, optimizer_as_compiled,
+                                     serialize_keras_object)
 
         # From configs, so the returned model never shares optimizer state with objects the
-        # user passed in.
+        # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
         model.compile(**compile_arguments(
-            serialize_keras_object(self.worker_optimizer), serialize_keras_object(self.loss),
+            optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights))
         # Built now, as after `fit`: a saved model then holds the optimizer's variables,
         # and loading it does not warn that their number differs.
@@ -725,14 +727,15 @@ class Trainer:
         """Fills the worker's unset settings from the trainer's."""
         import keras
 
+        from distkeras.utils import optimizer_as_compiled, serialize_keras_object
+
         defaults = {
-            "optimizer": self.worker_optimizer, "loss": self.loss,
+            "optimizer": optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            "loss": self.loss,
             "loss_weights": self.loss_weights, "metrics": self.metrics,
             "features_col": self.features_col, "label_col": self.label_col,
             "batch_size": self.batch_size, "num_epoch": self.num_epoch,
         }
-        from distkeras.utils import serialize_keras_object
-
         for name, value in defaults.items():
             if getattr(worker, name, None) is None:
                 setattr(worker, name, serialize_keras_object(value))

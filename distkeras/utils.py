@@ -173,6 +173,34 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None):
             "metrics": resolve_metrics(metrics) if metrics else None}
 
 
+def optimizer_as_compiled(optimizer, model):
+    """The optimizer ``model.compile`` trains ``model`` with, as a config.
+
+    Keras's ``compile`` wraps the optimizer of a ``mixed_float16`` model in a
+    ``LossScaleOptimizer``. The model's own policy comes from the global policy where it
+    was built; executors rebuild it under theirs (float32), so their ``compile`` would
+    train without loss scaling, where float16 gradients underflow: the wrapping is done
+    here, on the driver, where the model was built.
+
+    Args:
+        optimizer: A name, an optimizer or its config.
+        model: The Keras model the optimizer trains.
+    """
+    import copy
+
+    import keras
+
+    config = serialize_keras_object(optimizer)
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    # A compiled model's own optimizer is already as its compile made it (perhaps with
+    # auto_scale_loss=False).
+    if policy != "mixed_float16" or optimizer is getattr(model, "optimizer", None) or (
+            isinstance(config, dict) and config.get("class_name") == "LossScaleOptimizer"):
+        return config
+    inner = keras.optimizers.get(copy.deepcopy(config))  # `get` edits the dict it gets
+    return serialize_keras_object(keras.optimizers.LossScaleOptimizer(inner))
+
+
 # Metric names that `model.compile` resolves itself, from the loss and the labels' shape.
 _COMPILE_METRIC_NAMES = ("accuracy", "acc", "crossentropy", "ce")
 

@@ -310,6 +310,47 @@ def test_single_trainer_ends_with_the_ema_weights_as_fit_does(spark):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_a_mixed_float16_model_trains_with_loss_scaling_as_fit_does(spark):
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(320, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+
+    def model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                                 keras.layers.Dense(2, activation="softmax", dtype="float32")])
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        reference = model()
+        reference.compile("adam", "sparse_categorical_crossentropy")
+        reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+        trained = SingleTrainer(model(), "adam", "sparse_categorical_crossentropy",
+                                metrics=[]).train(frame, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+    # The executors rebuild the model under their own (float32) global policy; it still
+    # trains with the LossScaleOptimizer `compile` gives it here, whose state comes back.
+    assert isinstance(trained.optimizer, keras.optimizers.LossScaleOptimizer)
+    inner = trained.optimizer.inner_optimizer
+    assert int(np.asarray(inner.iterations.value)) == 10  # 10 steps of 32 rows
+    mine = [np.asarray(variable.value) for variable in trained.optimizer.variables]
+    theirs = [np.asarray(variable.value) for variable in reference.optimizer.variables]
+    assert len(mine) == len(theirs)
+    for got, want in zip(mine, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("name", ["ADAG", "AveragingTrainer"])
 def test_returned_models_save_and_load_without_warnings(name, fashion_train, tmp_path):
     import warnings
