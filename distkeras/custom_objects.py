@@ -171,8 +171,9 @@ def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
 
     Args:
         model_bytes: The model's `.keras` archive.
-        compile_config: ``(optimizer, loss, metrics, loss_weights)`` as serialized configs,
-            or None for a model that is not compiled there (prediction).
+        compile_config: ``(optimizer, loss, metrics, loss_weights[, weighted_metrics])`` as
+            serialized configs, or None for a model that is not compiled there
+            (prediction).
         objects: The objects `find` returned.
         unresolved: The names `find` found no object for (named in the error).
 

@@ -321,12 +321,16 @@ class Trainer:
 
     def _use_compiled_settings(self):
         """Takes the optimizer, loss, metrics and loss weights that were not given from
-        the model, when it was compiled (what its `fit` would train with); metrics not
+        the model, when it was compiled (what its `fit` would train with), and its
+        weighted metrics (``compile(weighted_metrics=...)``) always; metrics not
         given for a model not compiled are ``["accuracy"]`` for one output trained with a
         classification loss, else none (an accuracy of a regression reads 0)."""
         model = self.master_model
+        # Not a setting of its own: only a compiled model's, measured as its fit would.
+        self._weighted_metrics = None
         if getattr(model, "compiled", False):
             compiled = model.get_compile_config() or {}
+            self._weighted_metrics = compiled.get("weighted_metrics") or None
             if self.worker_optimizer is None:
                 self.worker_optimizer = model.optimizer
             if self.loss is None:
@@ -574,11 +578,13 @@ class Trainer:
         from distkeras.utils import serialize_keras_object, serialize_model
 
         compile_objects = (self.worker_optimizer, self.loss, self.metrics)
-        found, unresolved = custom_objects.find(self.master_model, compile_objects)
+        found, unresolved = custom_objects.find(
+            self.master_model, compile_objects + (self._weighted_metrics,))
         if found or unresolved:  # Keras's own objects always rebuild: only custom ones fail
             custom_objects.check_rebuildable(
                 serialize_model(self.master_model),
-                [serialize_keras_object(obj) for obj in compile_objects] + [self.loss_weights],
+                [serialize_keras_object(obj) for obj in compile_objects]
+                + [self.loss_weights, serialize_keras_object(self._weighted_metrics)],
                 found, unresolved)
         return found
 
@@ -717,7 +723,8 @@ class Trainer:
         model.compile(**compile_arguments(
             optimizer_as_compiled(self.worker_optimizer, self.master_model),
             serialize_keras_object(self.loss),
-            serialize_keras_object(self.metrics), self.loss_weights))
+            serialize_keras_object(self.metrics), self.loss_weights,
+            serialize_keras_object(getattr(self, "_weighted_metrics", None))))
         # Built now, as after `fit`: a saved model then holds the optimizer's variables,
         # and loading it does not warn that their number differs.
         model.optimizer.build(model.trainable_variables)
@@ -741,6 +748,8 @@ class Trainer:
                 setattr(worker, name, serialize_keras_object(value))
         worker.backend = keras.backend.backend()
         worker.custom_objects = dict(getattr(self, "_custom_objects", None) or {})
+        worker.weighted_metrics = serialize_keras_object(
+            getattr(self, "_weighted_metrics", None))
         worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
         worker.class_table = getattr(self, "_class_table", None)
         _register_user_module(worker)

@@ -138,7 +138,7 @@ def _with_loss_arguments(obj, config):
                                  **keras.saving.serialize_keras_object(missing)}}
 
 
-def compile_arguments(optimizer, loss, metrics, loss_weights=None):
+def compile_arguments(optimizer, loss, metrics, loss_weights=None, weighted_metrics=None):
     """``model.compile`` keyword arguments from names, objects or config dicts.
 
     Config dicts may be full Keras configs or the short ``{"class_name": "SGD", "config":
@@ -170,7 +170,8 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None):
         return resolve(keras.metrics.get, structure)
 
     return {"optimizer": optimizer, "loss": loss, "loss_weights": loss_weights,
-            "metrics": resolve_metrics(metrics) if metrics else None}
+            "metrics": resolve_metrics(metrics) if metrics else None,
+            "weighted_metrics": resolve_metrics(weighted_metrics) if weighted_metrics else None}
 
 
 def optimizer_as_compiled(optimizer, model):

@@ -350,6 +350,7 @@ class Worker:
         self.learning_rate = learning_rate
         self.backend = None
         self.custom_objects = {}  # set by the trainer: see `distkeras.custom_objects`
+        self.weighted_metrics = None  # set by the trainer: a compiled model's
         self.worker_id = 0
         self.iteration = 1
         self._trained_samples = 0
@@ -371,7 +372,8 @@ class Worker:
         with custom_objects.scope(getattr(self, "custom_objects", None)):
             model = self.build_model()
             model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
-                                              self.loss_weights))
+                                              self.loss_weights,
+                                              getattr(self, "weighted_metrics", None)))
         self.model = ModelReplica(model, self._record_step, self._record_window)
         # One flag per entry of get_weights(): False for state such as BatchNormalization's
         # moving statistics (see `update_rules`).

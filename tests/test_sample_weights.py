@@ -98,6 +98,43 @@ def test_single_trainer_with_class_weight_matches_keras_fit(spark):
     assert not np.allclose(plain.get_weights()[0], reference.get_weights()[0], atol=1e-3)
 
 
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "ADAG"])
+def test_a_compiled_models_weighted_metrics_are_measured_as_fit_does(trainer_name, spark):
+    import keras
+
+    from distkeras import trainers
+
+    x, y = _imbalanced(rows=320)
+    weight = np.where(y == 1, 10.0, 1.0)
+
+    def compiled():
+        model = _linear_model()
+        # The learning rate 0 keeps the predictions, so each step's values can be checked.
+        model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy",
+                      metrics=["accuracy"], weighted_metrics=["accuracy"])
+        return model
+
+    reference = compiled()
+    fitted = reference.fit(x, y, sample_weight=weight, batch_size=32, epochs=1, verbose=0)
+    kwargs = {"num_workers": 1, "communication_window": 2} if trainer_name == "ADAG" else {}
+    trainer = getattr(trainers, trainer_name)(compiled(), batch_size=32, **kwargs)
+    model = trainer.train(_frame(spark, x, y, weight=weight), verbose=0,
+                          sample_weight_col="weight")
+
+    history = trainer.get_history()
+    assert set(fitted.history) <= set(history[0])  # loss, accuracy, weighted_accuracy
+    right = (reference.predict(x, verbose=0).argmax(axis=1) == y).astype(np.float64)
+    for step, record in enumerate(history):
+        rows = slice(32 * step, 32 * (step + 1))
+        assert record["accuracy"] == pytest.approx(right[rows].mean(), abs=1e-6)
+        assert record["weighted_accuracy"] == pytest.approx(
+            np.average(right[rows], weights=weight[rows]), abs=1e-6)
+    # The returned model measures them too, as the model `fit` trained.
+    logs = model.evaluate(x, y, sample_weight=weight, verbose=0, return_dict=True)
+    assert logs["weighted_accuracy"] == pytest.approx(np.average(right, weights=weight),
+                                                      abs=1e-6)
+
+
 def test_zero_sample_weights_leave_the_model_untouched(spark):
     from distkeras.trainers import ADAG
 
