@@ -13,6 +13,23 @@ of their change.
 import numpy as np
 
 
+def _in_dtypes(result, like):
+    """``result`` with each array in the dtype of ``like``'s array at the same place.
+
+    Scaling or dividing integer state (a ``Normalization`` layer's count) gives float64,
+    which the model does not hold and the parameter server refuses: such arrays are
+    rounded back to their integers.
+    """
+    converted = np.empty(len(result), dtype=object)
+    for index, (part, reference) in enumerate(zip(result, like)):
+        dtype = np.asarray(reference).dtype
+        part = np.asarray(part)
+        if part.dtype != dtype and np.issubdtype(dtype, np.integer):
+            part = np.rint(part)
+        converted[index] = part.astype(dtype, copy=False)
+    return converted
+
+
 def downpour_delta(weights, pulled):
     """DOWNPOUR worker: the change since the last pull, ``W - W_pull``."""
     return weights - pulled
@@ -32,7 +49,7 @@ def adag_residual(weights, pulled, communication_window, trainable=None):
     if trainable is not None and len(trainable) != len(delta):
         raise ValueError(f"{len(trainable)} trainable flags for {len(delta)} weights.")
     if trainable is None or all(trainable):
-        return delta / communication_window
+        return _in_dtypes(delta / communication_window, delta)
     residual = np.empty(len(delta), dtype=object)
     for index, (part, is_trainable) in enumerate(zip(delta, trainable)):
         residual[index] = part / communication_window if is_trainable else part
@@ -52,7 +69,8 @@ def elastic_difference(weights, center, rho, learning_rate):
     statistics are then the elastic average of the workers' (measured better, for the
     center's weights, than the latest worker's alone).
     """
-    return (rho * learning_rate) * (weights - center)
+    delta = weights - center
+    return _in_dtypes((rho * learning_rate) * delta, delta)
 
 
 def momentum_velocity(velocity, weights_before, weights_after):
@@ -80,7 +98,7 @@ def dynsgd_update(center, delta, num_updates, last_update):
         last_update: The update count the worker saw at its last pull.
     """
     staleness = num_updates - last_update + 1
-    return center + delta / staleness
+    return _in_dtypes(center + delta / staleness, center)
 
 
 def experimental_update(center, residual, stale_center, learning_rate):
@@ -89,7 +107,8 @@ def experimental_update(center, residual, stale_center, learning_rate):
     Weights that moved a lot since the worker pulled them (high disagreement) get a damped
     update; weights that did not move get the full residual.
     """
-    return center + residual / ((1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0)
+    damping = (1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0
+    return _in_dtypes(center + residual / damping, center)
 
 
 def average_weights(weight_sets):
@@ -98,4 +117,4 @@ def average_weights(weight_sets):
     total = weight_sets[0]
     for weights in weight_sets[1:]:
         total = total + weights
-    return total / len(weight_sets)
+    return _in_dtypes(total / len(weight_sets), weight_sets[0])

@@ -302,6 +302,26 @@ def test_row_weights_weigh_every_step_of_a_taggers_output_as_fit_does(spark):
         weighted["loss"], rel=1e-4)
 
 
+@pytest.mark.parametrize("name", ["AEASGD", "DynSGD", "Experimental"])
+def test_a_model_holding_integer_state_trains_with_every_rule(name, fashion_train):
+    import keras
+
+    from distkeras import trainers
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    images, _ = load_fashion_mnist_numpy("train")
+    norm = keras.layers.Normalization()  # its count is an int32 weight
+    norm.adapt(images[:500].reshape(500, -1).astype("float32") / 255.0)
+    model = keras.Sequential([keras.Input((784,)), norm,
+                              keras.layers.Dense(10, activation="softmax")])
+    # 300 rows a worker, 10 steps: a window of 4 commits twice.
+    trained = getattr(trainers, name)(model, "adam", "categorical_crossentropy", num_workers=2,
+                                      communication_window=4).train(fashion_train.limit(600),
+                                                                    verbose=0)
+    np.testing.assert_allclose(trained.layers[0].mean, norm.mean, atol=1e-6)
+    assert trained.layers[0].count.dtype == "int32"
+
+
 def test_averaging_ignores_the_replica_of_an_empty_partition(fashion_train):
     import keras
     from pyspark.sql import functions as F

@@ -176,6 +176,27 @@ def test_average_weights_golden():
     assert all(new is not old for new, old in zip(single, a))
 
 
+def test_rules_keep_integer_state_in_its_dtype():
+    # A Normalization layer's count is int32 state: scaled or divided, it stays int32 (the
+    # server refuses a float64 array where the model holds int32), rounded.
+    weights = weights_array([np.array([1.0, 2.0], F32), np.array(7, np.int32)])
+    center = weights_array([np.array([0.0, 2.0], F32), np.array(4, np.int32)])
+    results = {
+        "elastic": update_rules.elastic_difference(weights, center, 5.0, 0.1),
+        "dynsgd": update_rules.dynsgd_update(center, weights, 3, 1),
+        "experimental": update_rules.experimental_update(center, weights, center, 1.0),
+        "average": update_rules.average_weights([weights, center]),
+        "adag": update_rules.adag_residual(weights, center, 2),
+    }
+    want = {"elastic": ([0.5, 0.0], 2), "dynsgd": ([1.0 / 3, 2.0 + 2.0 / 3], 6),
+            "experimental": ([1.0, 4.0], 11), "average": ([0.5, 2.0], 6),
+            "adag": ([0.5, 0.0], 2)}
+    for name, result in results.items():
+        assert [np.asarray(part).dtype for part in result] == [F32, np.int32], name
+        np.testing.assert_allclose(result[0], want[name][0], rtol=1e-6)
+        assert int(result[1]) == want[name][1], name
+
+
 # -- 2. EAMSGD momentum ---------------------------------------------------------------------
 
 
