@@ -724,11 +724,23 @@ class Trainer:
             optimizer_as_compiled(self.worker_optimizer, self.master_model),
             serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights,
-            serialize_keras_object(getattr(self, "_weighted_metrics", None))))
+            serialize_keras_object(getattr(self, "_weighted_metrics", None))),
+            **self._execution_options())
         # Built now, as after `fit`: a saved model then holds the optimizer's variables,
         # and loading it does not warn that their number differs.
         model.optimizer.build(model.trainable_variables)
         return model
+
+    def _execution_options(self):
+        """How the given model, if compiled, runs its later `fit`, `evaluate` and `predict`
+        (``jit_compile``, ``steps_per_execution``, ``run_eagerly``): the returned model keeps
+        them. (The workers' steps are distkeras's own, one window per compiled call.)"""
+        model = self.master_model
+        if not getattr(model, "compiled", False):
+            return {}
+        config = model.get_compile_config() or {}
+        return {name: config[name] for name in ("jit_compile", "steps_per_execution",
+                                                "run_eagerly") if name in config}
 
     def _configure_worker(self, worker):
         """Fills the worker's unset settings from the trainer's."""

@@ -372,12 +372,15 @@ def test_a_compiled_model_lends_its_optimizer_and_loss(fashion_train):
     from distkeras.trainers import ADAG, SingleTrainer
 
     model = build_mlp(32)
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "categorical_crossentropy")
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "categorical_crossentropy",
+                  jit_compile=False, steps_per_execution=4)
     trainer = ADAG(model, num_workers=2, communication_window=4)
     trained = trainer.train(fashion_train.limit(600), verbose=0)
 
     assert isinstance(trained.optimizer, keras.optimizers.SGD)
     assert trained.optimizer.get_config()["momentum"] == 0.5
+    # How the model runs later (fit, evaluate, predict) is kept too.
+    assert trained.jit_compile is False and trained.steps_per_execution == 4
     assert trainer.get_config()["loss"] == "categorical_crossentropy"
     with pytest.raises(ValueError, match="`loss` is required, for example "
                                          "loss='categorical_crossentropy', unless keras_model "
