@@ -369,6 +369,9 @@ class Validator:
                                       if type(callback).__name__ == "TerminateOnNaN"]
         self.num_epoch = num_epoch
         self.stopped_epoch = None
+        # The last epoch's logs (loss, metrics, val_*), which `fit` hands to
+        # `on_train_end`; as there, without what callbacks added to their own copy.
+        self.last_logs = None
         # The monitor's thread evaluates epoch ends while the trainer's may end the run.
         self._lock = threading.RLock()
 
@@ -432,6 +435,7 @@ class Validator:
                     for callback in self._batch_loss_callbacks:
                         callback.on_batch_end(0, {"loss": float(loss)})
                 self.callbacks.on_epoch_end(epoch - 1, logs)  # Keras counts epochs from 0
+                self.last_logs = logs
                 if self.stop_requested and self.stopped_epoch is None:
                     self.stopped_epoch = epoch
                     logger.info("A callback stopped the training after epoch %d", epoch)
@@ -453,7 +457,9 @@ class Validator:
             if self.stopped_epoch is None:
                 self.evaluate(model.get_weights(), self.num_epoch, samples, loss, metrics)
             if self.callbacks is not None:
-                self.callbacks.on_train_end()
+                # As fit does: the logs of the last epoch that ended (the one a callback
+                # stopped after), not None.
+                self.callbacks.on_train_end(self.last_logs)
                 model.set_weights(self.model.get_weights())
                 if self.sets_learning_rate:
                     model.optimizer.learning_rate = self.learning_rate()

@@ -778,6 +778,41 @@ def test_every_trainer_calls_each_epochs_begin_and_end(trainer_name, fashion_tra
     assert order.calls == ["begin 0", "end 0", "begin 1", "end 1", "begin 2", "end 2"]
 
 
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "ADAG"])
+def test_on_train_end_gets_the_last_epochs_logs_as_fit_gives_them(trainer_name,
+                                                                  fashion_train):
+    import keras
+
+    from distkeras import trainers
+
+    class Last(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epoch_logs = []
+            self.train_end_logs = "not called"
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_logs.append(logs)
+
+        def on_train_end(self, logs=None):
+            self.train_end_logs = None if logs is None else dict(logs)
+
+    last = Last()
+    callbacks = [keras.callbacks.ReduceLROnPlateau(monitor="val_loss"), last]
+    trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
+                                              "categorical_crossentropy",
+                                              metrics=["accuracy"], num_epoch=2)
+    trainer.train(fashion_train.limit(500), verbose=0, validation_data=0.2,
+                  callbacks=callbacks)
+    # fit calls on_train_end(logs=<the last epoch's logs>), without the `learning_rate`
+    # that ReduceLROnPlateau adds to the copy the callbacks see.
+    assert len(last.epoch_logs) == 2
+    expected = {key: value for key, value in last.epoch_logs[-1].items()
+                if key != "learning_rate"}
+    assert last.train_end_logs == expected
+    assert set(expected) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+
+
 def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
     import keras
 
