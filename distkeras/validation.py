@@ -248,8 +248,15 @@ def _column(table, name, shape, dtype=None):
 # Callbacks that change the optimizer's learning rate between epochs: the trainers hand the
 # rate they leave on the driver's model to their workers' optimizers.
 LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
-# Callbacks that act on `fit`'s own loop or on the optimizer's internals.
-_REFUSED_CALLBACKS = ("BackupAndRestore", "SwapEMAWeights")
+# Callbacks that act on `fit`'s own loop or on the optimizer's internals, with what to
+# use instead.
+_REFUSED_CALLBACKS = {
+    "BackupAndRestore": " To go on after an interrupted run, pass train(df, "
+                        "checkpoint_dir=..., resume=True) to a parameter-server trainer "
+                        "(ADAG, DOWNPOUR, ...), or save each epoch's model with "
+                        "keras.callbacks.ModelCheckpoint.",
+    "SwapEMAWeights": "",
+}
 
 
 def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callbacks=False):
@@ -276,7 +283,7 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
         name = type(callback).__name__
         if name in _REFUSED_CALLBACKS:
             raise ValueError(f"{name} acts on Keras's own training loop, which does not run "
-                             "here: it would change nothing.")
+                             f"here: it would change nothing.{_REFUSED_CALLBACKS[name]}")
         if name == "ProgbarLogger":
             raise ValueError("ProgbarLogger draws Keras's own progress bar, per step: "
                              "train() draws its own (verbose=1 for a bar, 2 for lines).")

@@ -601,16 +601,21 @@ def test_early_stopping_ends_averaging_trainer_on_a_plateau(spark, fashion_train
 @pytest.mark.parametrize("callback, trainer_name, error, message", [
     ("not a callback", "SingleTrainer", TypeError, "must be keras.callbacks.Callback"),
     ("SwapEMAWeights", "SingleTrainer", ValueError, "acts on Keras's own training loop"),
+    ("BackupAndRestore", "SingleTrainer", ValueError,
+     "would change nothing. To go on after an interrupted run, pass train\\(df, "
+     "checkpoint_dir=..., resume=True\\)"),
     ("ProgbarLogger", "ADAG", ValueError, "train\\(\\) draws its own \\(verbose=1"),
     ("EarlyStopping", "EnsembleTrainer", ValueError, "independent models: callbacks"),
 ])
 def test_callbacks_that_cannot_work_are_refused(callback, trainer_name, error, message,
-                                                fashion_train):
+                                                fashion_train, tmp_path):
     import keras
 
     from distkeras import trainers
 
-    if callback != "not a callback":
+    if callback == "BackupAndRestore":
+        callback = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    elif callback != "not a callback":
         callback = getattr(keras.callbacks, callback)()
     trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
                                               "categorical_crossentropy")
