@@ -472,6 +472,8 @@ class Trainer:
         if callbacks and isinstance(self, EnsembleTrainer):
             raise ValueError("EnsembleTrainer trains independent models: callbacks, which "
                              "watch one model, do not apply. Use validation_data alone.")
+        if callbacks:
+            validation.warn_of_step_mean_metrics(self.metrics)
         x = y = weights = None
         if isinstance(validation_frame, tuple):
             x, y, weights = self._validation_arrays(validation_frame)

@@ -314,6 +314,45 @@ def as_callback_list(callbacks):
     return list(callbacks or [])
 
 
+def warn_of_step_mean_metrics(metrics):
+    """Warns that the callbacks' training value of each compile metric that ``fit``
+    accumulates over the epoch (``AUC``, ``Precision``, ``RootMeanSquaredError``, ...) is
+    the mean of its per-step values here, which differs (its ``val_`` value is exact).
+
+    Args:
+        metrics: The trainer's ``metrics``, as ``compile`` takes them (names, instances,
+            functions; a list, or a list or dict per output).
+    """
+    names = sorted(set(_step_mean_metric_names(metrics)))
+    if names:
+        logger.warning(
+            "In the callbacks' epoch logs, the training %s is the mean of per-step values, "
+            "not fit's value over the whole epoch (these metrics accumulate over it); the "
+            "validation values are exact: monitor %s.", " and ".join(names),
+            " or ".join(f"val_{name}" for name in names))
+
+
+def _step_mean_metric_names(metrics):
+    """Names of the metrics in ``metrics`` whose epoch value is not a mean of steps."""
+    import keras
+
+    if isinstance(metrics, dict):
+        metrics = list(metrics.values())
+    if isinstance(metrics, (list, tuple)):
+        for metric in metrics:
+            yield from _step_mean_metric_names(metric)
+        return
+    if isinstance(metrics, str):
+        try:
+            metrics = keras.metrics.get(metrics)
+        except ValueError:  # a name compile resolves itself ("acc"): a mean
+            return
+    # Means (accuracy, mae, a function's wrapper) average exactly over steps.
+    if isinstance(metrics, keras.metrics.Metric) and \
+            type(metrics).result is not keras.metrics.Mean.result:
+        yield metrics.name
+
+
 # Keys of a step record that describe the step rather than measure it.
 _STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "epoch"})
 

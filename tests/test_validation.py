@@ -1,6 +1,7 @@
 """Validation during training: the split, the monitor's per-epoch evaluations of the
 center variable, and the records each trainer keeps, against Keras's own evaluate."""
 
+import os
 import threading
 
 import numpy as np
@@ -864,6 +865,41 @@ def test_callbacks_see_the_training_metrics_as_fit_gives_them(trainer_name, fash
             np.average([record["accuracy"] for record in first], weights=rows))
         assert seen[0]["loss"] == pytest.approx(
             np.average([record["loss"] for record in first], weights=rows))
+
+
+def test_callbacks_are_warned_that_accumulated_metrics_are_step_means(fashion_train,
+                                                                      caplog):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    # fit's epoch AUC is computed over the epoch's rows; the logs here average the steps'.
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                            metrics=["accuracy", keras.metrics.AUC(name="auc"),
+                                     "precision"])
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        trainer.train(fashion_train.limit(200), verbose=0,
+                      callbacks=[keras.callbacks.CSVLogger(os.devnull)])
+    warnings = [record.getMessage() for record in caplog.records
+                if "mean of per-step values" in record.getMessage()]
+    assert len(warnings) == 1
+    assert "training auc and precision" in warnings[0] and "val_auc" in warnings[0]
+    assert "accuracy" not in warnings[0]
+
+
+def test_mean_metrics_need_no_warning(caplog):
+    import keras
+
+    from distkeras.validation import warn_of_step_mean_metrics
+
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        warn_of_step_mean_metrics(["accuracy", "acc", "mae",
+                                   keras.metrics.SparseCategoricalAccuracy(),
+                                   {"out": ["mse"]}, None])
+    assert caplog.records == []
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        warn_of_step_mean_metrics({"out": [keras.metrics.RootMeanSquaredError()]})
+    assert "root_mean_squared_error" in caplog.records[0].getMessage()
 
 
 def test_epoch_logs_average_each_measured_value():
