@@ -10,6 +10,7 @@ Every trainer is used the same way::
 
 import contextlib
 import logging
+import math
 import re
 import socket
 import sys
@@ -431,6 +432,9 @@ class Trainer:
             self._validator = self._make_validator(validation_frame, callbacks)
             self._progress_total = self._samples_for_progress(frame) \
                 if self.verbose or self._validator else None
+            if self._validator is not None and self._progress_total:
+                self._validator.set_steps_per_epoch(
+                    math.ceil(self._progress_total / self.num_epoch / self.batch_size))
             start = time.time()
             self.history = []
             if self._validator is not None:

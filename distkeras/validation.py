@@ -440,6 +440,14 @@ class Validator:
         """Whether a callback asked to stop (``model.stop_training``)."""
         return bool(getattr(self.model, "stop_training", False))
 
+    def set_steps_per_epoch(self, steps):
+        """Gives the callbacks ``params["steps"]``, as `fit` does: the minibatches of an
+        epoch, over all workers (each partition's last one may be partial, so a
+        distributed epoch may take a few more)."""
+        if self.callbacks is not None:
+            self.callbacks.set_params({"verbose": 0, "epochs": self.num_epoch,
+                                       "steps": steps})
+
     def begin(self):
         """Calls the callbacks' ``on_train_begin``."""
         self.model.stop_training = False

@@ -803,6 +803,9 @@ def test_on_train_end_gets_the_last_epochs_logs_as_fit_gives_them(trainer_name,
         def on_train_end(self, logs=None):
             self.train_end_logs = None if logs is None else dict(logs)
 
+        def on_train_begin(self, logs=None):
+            self.begin_params = dict(self.params)
+
     last = Last()
     callbacks = [keras.callbacks.ReduceLROnPlateau(monitor="val_loss"), last]
     trainer = getattr(trainers, trainer_name)(build_mlp(32), "adam",
@@ -817,6 +820,11 @@ def test_on_train_end_gets_the_last_epochs_logs_as_fit_gives_them(trainer_name,
                 if key != "learning_rate"}
     assert last.train_end_logs == expected
     assert set(expected) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    # fit's params: the epochs and the minibatches of an epoch (here, over all workers;
+    # each partition's last minibatch may be partial, hence one more per worker at most).
+    steps = sum(1 for record in trainer.get_history() if record.get("epoch", 0) == 0)
+    assert last.begin_params["epochs"] == 2
+    assert 0 <= steps - last.begin_params["steps"] <= 1
 
 
 def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
