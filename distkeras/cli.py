@@ -366,8 +366,12 @@ def command_predict(argv):
     parser.add_argument("--data", required=True, help="Parquet path to predict on")
     parser.add_argument("--model", required=True, help="the model, a .keras archive")
     parser.add_argument("--output", required=True, help="Parquet path for the predictions")
-    parser.add_argument("--features", default="features", help="feature column")
-    parser.add_argument("--prediction", default="prediction", help="output column")
+    parser.add_argument("--features", default="features",
+                        help="feature column(s), comma-separated for several inputs, as "
+                             "for train")
+    parser.add_argument("--prediction", default="prediction",
+                        help="output column; for several outputs, comma-separated names "
+                             "(one per output) or a prefix (prediction_<output name>)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if present")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: spark-submit's, else local[*])")
@@ -384,12 +388,14 @@ def command_predict(argv):
             raise CommandError(f"{args.output} already exists: pass --overwrite to replace "
                                "it, or another --output") from None
     dataframe = _read_parquet(spark, args.data)
-    if args.features not in dataframe.columns:
-        raise CommandError(f"column {args.features!r} is not in {args.data}; columns: "
-                           f"{', '.join(dataframe.columns)}")
+    features = _columns(args.features)
+    for name in features if isinstance(features, list) else [features]:
+        if name not in dataframe.columns:
+            raise CommandError(f"column {name!r} is not in {args.data}; columns: "
+                               f"{', '.join(dataframe.columns)}")
     model = _load_model(args.model)
-    predictions = ModelPredictor(model, features_col=args.features,
-                                 output_col=args.prediction).predict(dataframe)
+    predictions = ModelPredictor(model, features_col=features,
+                                 output_col=_columns(args.prediction)).predict(dataframe)
     started = time.time()
     _write_then_replace(spark, predictions, args.output)
     sys.stdout.write(f"predictions written to {args.output} in {time.time() - started:.1f} s\n")

@@ -243,3 +243,37 @@ def test_predict_overwrite_replaces_the_output_only_once_the_new_one_is_written(
                      "--prediction", "again", "--overwrite"]) == 0
     again = spark.read.parquet(output)
     assert again.count() == 1500 and {"prediction", "again"} <= set(again.columns)
+
+
+def test_predict_takes_the_columns_of_a_multi_input_multi_output_model(spark, tmp_path):
+    """`--features a,b` as for train (was refused: "column 'a,b' is not in ..."), and
+    `--prediction` names one column per output."""
+    import keras
+    import numpy as np
+
+    from distkeras import cli, utils
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(40, 4)), rng.normal(size=(40, 3))
+    data = str(tmp_path / "multi.parquet")
+    spark.createDataFrame([(x.tolist(), y.tolist()) for x, y in zip(a, b)],
+                          "a array<float>, b array<float>").write.parquet(data)
+    in_a, in_b = keras.Input((4,), name="a"), keras.Input((3,), name="b")
+    hidden = keras.layers.Concatenate()([in_a, in_b])
+    model = keras.Model([in_a, in_b], [keras.layers.Dense(2, name="cls")(hidden),
+                                       keras.layers.Dense(1, name="reg")(hidden)])
+    model_file = str(tmp_path / "multi.keras")
+    utils.save_model(model, model_file)
+    output = str(tmp_path / "predictions.parquet")
+    argv = ["predict", "--data", data, "--model", model_file, "--output", output,
+            "--features", "a, b", "--prediction", "p_cls,p_reg"]
+    assert cli.main(argv) == 0
+    rows = spark.read.parquet(output).orderBy("a").collect()
+    expected = [np.asarray(out) for out in model.predict(
+        [np.array([row["a"] for row in rows]), np.array([row["b"] for row in rows])],
+        verbose=0)]
+    np.testing.assert_allclose([row["p_cls"] for row in rows], expected[0], atol=1e-5)
+    np.testing.assert_allclose([row["p_reg"] for row in rows], expected[1], atol=1e-5)
+    prefixed = str(tmp_path / "prefixed.parquet")
+    assert cli.main(argv[:5] + ["--output", prefixed, "--features", "a,b"]) == 0
+    assert {"prediction_cls", "prediction_reg"} <= set(spark.read.parquet(prefixed).columns)
