@@ -277,3 +277,29 @@ def test_predict_takes_the_columns_of_a_multi_input_multi_output_model(spark, tm
     prefixed = str(tmp_path / "prefixed.parquet")
     assert cli.main(argv[:5] + ["--output", prefixed, "--features", "a,b"]) == 0
     assert {"prediction_cls", "prediction_reg"} <= set(spark.read.parquet(prefixed).columns)
+
+
+def test_predict_on_parquet_holding_spark_ml_vectors(spark, tmp_path):
+    """VectorAssembler's output saved to Parquet: the write failed with Spark's
+    "[UNSUPPORTED_DATATYPE] Unsupported data type UDT(...)" (its vectorized reader)."""
+    import keras
+    import numpy as np
+    from pyspark.ml.feature import VectorAssembler
+
+    from distkeras import cli, utils
+
+    rng = np.random.default_rng(1)
+    rows = [tuple(float(v) for v in row) for row in rng.normal(size=(30, 3))]
+    data = str(tmp_path / "vectors.parquet")
+    VectorAssembler(inputCols=["x0", "x1", "x2"], outputCol="vec").transform(
+        spark.createDataFrame(rows, ["x0", "x1", "x2"])).write.parquet(data)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model_file = str(tmp_path / "model.keras")
+    utils.save_model(model, model_file)
+    output = str(tmp_path / "predictions.parquet")
+    assert cli.main(["predict", "--data", data, "--model", model_file, "--output", output,
+                     "--features", "vec"]) == 0
+    rows = spark.read.parquet(output).orderBy("x0").collect()
+    expected = model.predict(np.array([row["vec"].toArray() for row in rows]), verbose=0)
+    np.testing.assert_allclose([row["prediction"] for row in rows], expected, atol=1e-5)
+    assert spark.conf.get("spark.sql.parquet.enableVectorizedReader", "true") == "true"
