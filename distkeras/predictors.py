@@ -187,6 +187,40 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
     return F.arrow_udf(predict, return_type)
 
 
+COLUMNAR_UDF_INPUT = "spark.sql.execution.arrow.pythonUDF.columnarInput.enabled"
+
+
+def _avoid_columnar_udf_input(dataframe):
+    """Turns off Spark's columnar input to Arrow UDFs when ``dataframe`` holds a
+    user-defined type (a Spark ML vector), in any column.
+
+    With it on, Spark 4.3 hands the UDF's whole input batch, every column, to Arrow
+    straight from a columnar scan (Parquet's vectorized reader), and Arrow has no type for
+    a UDT: predicting on Parquet that holds `VectorAssembler`'s output fails with
+    UNSUPPORTED_DATATYPE. The setting is read when the job runs, not when `predict`
+    returns, so it is changed for the session (it only skips a conversion).
+    """
+    from pyspark.sql import types as T
+
+    def has_udt(data_type):
+        if isinstance(data_type, T.UserDefinedType):
+            return True
+        if isinstance(data_type, T.StructType):
+            return any(has_udt(field.dataType) for field in data_type.fields)
+        if isinstance(data_type, T.ArrayType):
+            return has_udt(data_type.elementType)
+        if isinstance(data_type, T.MapType):
+            return has_udt(data_type.keyType) or has_udt(data_type.valueType)
+        return False
+
+    conf = dataframe.sparkSession.conf
+    if not has_udt(dataframe.schema) or conf.get(COLUMNAR_UDF_INPUT, "true") != "true":
+        return
+    conf.set(COLUMNAR_UDF_INPUT, "false")
+    logger.info("Set %s=false for this session: Spark's columnar input to Arrow UDFs "
+                "fails on Spark ML vector columns.", COLUMNAR_UDF_INPUT)
+
+
 class ModelPredictor:
     """Adds a Keras model's predictions to a DataFrame, on the executors.
 
@@ -284,6 +318,7 @@ class ModelPredictor:
         from distkeras.utils import serialize_model
 
         features, kinds, outputs = self._validate(dataframe)
+        _avoid_columnar_udf_input(dataframe)
         sparse = sparse_vector_columns(dataframe, features)
         columns = [vector_values(name) if kind == "vector" and name not in sparse
                    else column(name) for name, kind in zip(features, kinds)]

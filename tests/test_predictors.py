@@ -544,3 +544,28 @@ def test_evaluators_read_a_taggers_one_hot_labels_per_step_as_keras(spark):
     for name in ("categorical_crossentropy", "mse"):
         expected = float(keras.ops.mean(keras.losses.get(name)(one_hot, probabilities)))
         assert LossEvaluator(name).evaluate(frame) == pytest.approx(expected, rel=1e-4)
+
+
+def test_predicts_from_parquet_holding_spark_ml_vectors(spark, tmp_path):
+    """`VectorAssembler` output saved to Parquet and read back: Spark 4.3's columnar input
+    to Arrow UDFs handed the vector column itself to Arrow, and every action on the
+    predictions failed with UNSUPPORTED_DATATYPE."""
+    import keras
+    from pyspark.ml.feature import VectorAssembler
+
+    from distkeras.predictors import COLUMNAR_UDF_INPUT, ModelPredictor
+
+    rows = spark.createDataFrame([(float(i), float(i % 3)) for i in range(40)],
+                                 "a double, b double")
+    VectorAssembler(inputCols=["a", "b"], outputCol="vec").transform(rows) \
+        .write.parquet(str(tmp_path / "data.parquet"))
+    spark.conf.set(COLUMNAR_UDF_INPUT, "true")  # Spark's default
+    data = spark.read.parquet(str(tmp_path / "data.parquet"))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    predicted = ModelPredictor(model, features_col="vec").predict(data)
+    predicted.write.parquet(str(tmp_path / "predicted.parquet"))
+    written = spark.read.parquet(str(tmp_path / "predicted.parquet")).orderBy("a").collect()
+    x = np.array([[row["a"], row["b"]] for row in written], np.float32)
+    np.testing.assert_allclose([row["prediction"] for row in written],
+                               model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    assert spark.conf.get(COLUMNAR_UDF_INPUT) == "false"
