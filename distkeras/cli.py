@@ -87,8 +87,8 @@ def _train_parser(trainer_class=None, add_help=True):
     parser.add_argument("--output", required=add_help,
                         help="where to write the trained .keras")
     parser.add_argument("--trainer", default="ADAG", help="trainer class name")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="parallel workers")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel workers (default 2; not for SingleTrainer)")
     parser.add_argument("--epochs", type=int, default=1, help="passes over the data")
     parser.add_argument("--batch-size", type=int, default=32, help="rows per minibatch")
     parser.add_argument("--window", type=int, default=None,
@@ -205,10 +205,14 @@ def build_trainer(trainer_class, model, args):
     settings = {"keras_model": model, "worker_optimizer": optimizer, "loss": loss,
                 "metrics": metrics, "batch_size": args.batch_size, "num_epoch": args.epochs,
                 "features_col": _columns(args.features), "label_col": _columns(args.label)}
+    workers = 2 if args.workers is None else args.workers
     if "num_workers" in parameters:
-        settings["num_workers"] = args.workers
+        settings["num_workers"] = workers
     if "num_ensembles" in parameters:
-        settings["num_ensembles"] = args.workers
+        settings["num_ensembles"] = workers
+    if args.workers is not None and not {"num_workers", "num_ensembles"} & set(parameters):
+        raise CommandError(f"{trainer_class.__name__} trains on one worker: --workers does "
+                           "not apply (use a distributed trainer, such as ADAG)")
     if args.window is not None:
         if "communication_window" not in parameters:
             raise CommandError(f"{trainer_class.__name__} has no communication window")

@@ -303,3 +303,22 @@ def test_predict_on_parquet_holding_spark_ml_vectors(spark, tmp_path):
     expected = model.predict(np.array([row["vec"].toArray() for row in rows]), verbose=0)
     np.testing.assert_allclose([row["prediction"] for row in rows], expected, atol=1e-5)
     assert spark.conf.get("spark.sql.parquet.enableVectorizedReader", "true") == "true"
+
+
+def test_workers_default_to_two_and_are_refused_for_a_single_trainer(spark):
+    """`--workers` was ignored by SingleTrainer without a word."""
+    from distkeras import cli
+    from distkeras.trainers import ADAG, SingleTrainer
+
+    required = ["--data", "d", "--model", "m", "--output", "o",
+                "--loss", "categorical_crossentropy"]
+    adag = cli._train_parser(ADAG)
+    assert cli.build_trainer(ADAG, build_mlp(16), adag.parse_args(required)).num_workers == 2
+    assert cli.build_trainer(ADAG, build_mlp(16), adag.parse_args(
+        required + ["--workers", "3"])).num_workers == 3
+    single = cli._train_parser(SingleTrainer)
+    cli.build_trainer(SingleTrainer, build_mlp(16), single.parse_args(required))
+    with pytest.raises(cli.CommandError, match="SingleTrainer trains on one worker: "
+                                               "--workers does not apply"):
+        cli.build_trainer(SingleTrainer, build_mlp(16),
+                          single.parse_args(required + ["--workers", "4"]))
