@@ -6,7 +6,6 @@ ends with a one-line message on stderr and a non-zero exit status.
 """
 
 import argparse
-import contextlib
 import inspect
 import json
 import logging
@@ -402,35 +401,9 @@ def command_predict(argv):
     predictions = ModelPredictor(model, features_col=features,
                                  output_col=_columns(args.prediction)).predict(dataframe)
     started = time.time()
-    with _row_reader_for_vectors(spark, dataframe):
-        _write_then_replace(spark, predictions, args.output)
+    _write_then_replace(spark, predictions, args.output)
     sys.stdout.write(f"predictions written to {args.output} in {time.time() - started:.1f} s\n")
     return 0
-
-
-@contextlib.contextmanager
-def _row_reader_for_vectors(spark, dataframe):
-    """Reads Parquet row by row while writing data that holds Spark ML vectors.
-
-    Spark's vectorized Parquet reader hands a vector column (a user-defined type) to the
-    prediction's Arrow UDF plan, which fails the write with "[UNSUPPORTED_DATATYPE]
-    Unsupported data type UDT(...)"; the row reader does not.
-    """
-    from pyspark.sql.types import UserDefinedType
-
-    key = "spark.sql.parquet.enableVectorizedReader"
-    if not any(isinstance(field.dataType, UserDefinedType) for field in dataframe.schema):
-        yield
-        return
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, "false")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
 
 
 def _write_then_replace(spark, dataframe, path):

@@ -281,7 +281,9 @@ def test_predict_takes_the_columns_of_a_multi_input_multi_output_model(spark, tm
 
 def test_predict_on_parquet_holding_spark_ml_vectors(spark, tmp_path):
     """VectorAssembler's output saved to Parquet: the write failed with Spark's
-    "[UNSUPPORTED_DATATYPE] Unsupported data type UDT(...)" (its vectorized reader)."""
+    "[UNSUPPORTED_DATATYPE] Unsupported data type UDT(...)" (its columnar input to Arrow
+    UDFs, which ModelPredictor turns off for such data); the Parquet reader is left as
+    the session has it."""
     import keras
     import numpy as np
     from pyspark.ml.feature import VectorAssembler
