@@ -120,6 +120,7 @@ def _train_parser(trainer_class=None, add_help=True):
                         help="where to write the validation history (JSON)")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: spark-submit's, else local[*])")
+    _add_conf_option(parser)
     parser.add_argument("--trainer-config", default=None,
                         help="JSON file of the trainer's get_config(); replaces the training "
                              "options above")
@@ -132,19 +133,44 @@ def _train_parser(trainer_class=None, add_help=True):
     return parser
 
 
-def _spark(master):
+def _spark_setting(text):
+    """A ``--conf KEY=VALUE`` option's ``(key, value)``."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, as spark-submit's --conf "
+                                         f"(spark.executor.cores=2). Received: {text!r}")
+    return key.strip(), value
+
+
+def _add_conf_option(parser):
+    parser.add_argument("--conf", dest="spark_conf", action="append", type=_spark_setting,
+                        default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for this run's session, as spark-submit's "
+                             "--conf (repeatable; spark.executor.instances=4, ...)")
+
+
+def _spark(master, conf=()):
+    """The run's SparkSession, with the ``(key, value)`` settings of ``conf``."""
     from distkeras.session import local_spark_session
 
+    conf = dict(conf)
     if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit
         from pyspark.sql import SparkSession
 
-        return SparkSession.builder.appName("distkeras").getOrCreate()
+        return _configured(SparkSession.builder.appName("distkeras"), conf).getOrCreate()
     master = master or "local[*]"
     if master.startswith("local"):
-        return local_spark_session(master)
+        return local_spark_session(master, **conf)
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.master(master).appName("distkeras").getOrCreate()
+    builder = SparkSession.builder.master(master).appName("distkeras")
+    return _configured(builder, conf).getOrCreate()
+
+
+def _configured(builder, conf):
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder
 
 
 def _read_parquet(spark, path):
@@ -323,7 +349,7 @@ def _check_outputs(args):
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     options = _train_options(args)  # the flags' mistakes, before Spark starts
-    spark = _spark(args.master)
+    spark = _spark(args.master, args.spark_conf)
     # The executors' Python workers start (and import Keras) while the driver loads the
     # model and reads the data's schema: seconds saved on every job.
     warm_up = threading.Thread(target=_warm_up, args=(spark,), daemon=True)
@@ -379,8 +405,9 @@ def command_predict(argv):
     parser.add_argument("--overwrite", action="store_true", help="replace --output if present")
     parser.add_argument("--master", default=None,
                         help="Spark master (default: spark-submit's, else local[*])")
+    _add_conf_option(parser)
     args = parser.parse_args(argv)
-    spark = _spark(args.master)
+    spark = _spark(args.master, args.spark_conf)
     from distkeras.predictors import ModelPredictor
 
     if not args.overwrite:

@@ -781,7 +781,17 @@ class Punchcard:
                 "--validation-history", os.path.join(job["job_dir"], "validation.json"),
                 "--status", os.path.join(job["job_dir"], "status.json"),
                 "--master", self.master,
-                "--job-id", job["id"]] + self._options_arguments(job)
+                "--job-id", job["id"]] + self._executor_arguments(job) + \
+            self._options_arguments(job)
+
+    def _executor_arguments(self, job):
+        """The job's executors, as it asked: ``num_executors`` of ``num_processes`` task
+        slots each, one worker a slot. A local master has one process whose threads
+        are its slots (``local[N]``): the server's administrator sizes it."""
+        if self.master.startswith("local"):
+            return []
+        return ["--conf", f"spark.executor.instances={job['num_executors']}",
+                "--conf", f"spark.executor.cores={job['num_processes']}"]
 
     @staticmethod
     def _options_arguments(job):

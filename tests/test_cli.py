@@ -324,3 +324,24 @@ def test_workers_default_to_two_and_are_refused_for_a_single_trainer(spark):
                                                "--workers does not apply"):
         cli.build_trainer(SingleTrainer, build_mlp(16),
                           single.parse_args(required + ["--workers", "4"]))
+
+
+def test_spark_settings_reach_the_session_and_malformed_ones_are_refused(spark, capsys):
+    from distkeras import cli
+    from distkeras.trainers import ADAG
+
+    parser = cli._train_parser(ADAG)
+    required = ["--data", "d", "--model", "m", "--output", "o"]
+    args = parser.parse_args(required + ["--conf", "spark.executor.cores=2",
+                                         "--conf", "spark.sql.shuffle.partitions=7"])
+    assert args.spark_conf == [("spark.executor.cores", "2"),
+                               ("spark.sql.shuffle.partitions", "7")]
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        assert cli._spark("local[2,4]", args.spark_conf) is spark
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    with pytest.raises(SystemExit):
+        parser.parse_args(required + ["--conf", "spark.executor.cores"])
+    assert "expected KEY=VALUE" in capsys.readouterr().err

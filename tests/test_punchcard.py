@@ -644,3 +644,25 @@ def test_a_hashed_secret_that_is_no_sha256_digest_is_refused_at_load(tmp_path, d
     good = secret_hash("s3cret").upper()  # upper case digits are fine
     path.write_text(json.dumps([{"secret_sha256": good, "identity": "a"}]))
     assert load_secrets(str(path)) == [(good.lower(), "a")]
+
+
+def test_a_cluster_job_asks_spark_for_the_executors_it_was_given(secrets, tmp_path):
+    # No job starts (max_running=0): only the command the job would run matters here.
+    punchcard = Punchcard(secrets[0], str(tmp_path / "work"), master="yarn", max_running=0)
+    try:
+        secret = secrets[1][12]
+        body = Job(secret, "sized", "hdfs:///data/fashion.parquet", 3, 2, _trainer()).payload()
+        punchcard.submit(secret_hash(secret), "user12", body)
+        command = punchcard.command(punchcard.job_of(secret_hash(secret)))
+        settings = [command[index + 1] for index, word in enumerate(command)
+                    if word == "--conf"]
+        # Spark's defaults otherwise (2 one-core executors on YARN): 6 workers taking turns.
+        assert settings == ["spark.executor.instances=3", "spark.executor.cores=2"]
+    finally:
+        punchcard.close()
+    local = Punchcard(secrets[0], str(tmp_path / "local"), master="local[2]", max_running=0)
+    try:
+        local.submit(secret_hash(secret), "user12", body)
+        assert "--conf" not in local.command(local.job_of(secret_hash(secret)))
+    finally:
+        local.close()
