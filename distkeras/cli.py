@@ -311,8 +311,12 @@ def _train_options(args):
     """The train options of ``--train-options`` and the flags, checked."""
     options = {}
     if args.train_options:
-        with open(args.train_options, encoding="utf-8") as handle:
-            options = json.load(handle)
+        try:
+            with open(args.train_options, encoding="utf-8") as handle:
+                options = json.load(handle)
+        except ValueError as error:  # the decoder's message names a line, not the file
+            raise CommandError(f"--train-options {args.train_options} is not JSON: "
+                               f"{error}") from error
         if not isinstance(options, dict):
             raise CommandError(f"{args.train_options} must hold a JSON object")
     if args.shuffle:

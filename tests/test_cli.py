@@ -345,3 +345,15 @@ def test_spark_settings_reach_the_session_and_malformed_ones_are_refused(spark, 
     with pytest.raises(SystemExit):
         parser.parse_args(required + ["--conf", "spark.executor.cores"])
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
+    from distkeras import cli
+
+    options = tmp_path / "options.json"
+    options.write_text('{"shuffle": true,}')
+    argv = ["train", "--data", "d.parquet", "--model", "m.keras", "--output", "o.keras",
+            "--train-options", str(options)]
+    assert cli.main(argv) == 1  # before Spark starts
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"distkeras train: error: --train-options {options} is not JSON:")
