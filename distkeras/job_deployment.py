@@ -875,7 +875,10 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         who = caller()
         if who is None:
             return error(403, "Unknown secret.")
-        body = request.get_json(silent=True)
+        try:
+            body = request.get_json(silent=True)
+        except RecursionError:  # silent covers ValueError only: nesting too deep is not one
+            return error(400, "The request body is JSON nested too deeply.")
         if body is None:
             return error(400, "The request body must be JSON.")
         try:

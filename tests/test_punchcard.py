@@ -666,3 +666,9 @@ def test_a_cluster_job_asks_spark_for_the_executors_it_was_given(secrets, tmp_pa
         assert "--conf" not in local.command(local.job_of(secret_hash(secret)))
     finally:
         local.close()
+
+
+def test_json_nested_too_deeply_is_a_bad_request(server, secrets):
+    # Python's decoder raises RecursionError, which Flask's silent get_json lets through.
+    status, answer = _raw(server.url, "/api/submit", secrets[1][13], data=b"[" * 100000)
+    assert status == 400 and answer["error"] == "The request body is JSON nested too deeply."
