@@ -821,7 +821,18 @@ class SingleTrainer(Trainer):
     the last one's). ``EarlyStopping`` stops before the next epoch starts, and a learning
     rate that ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next
     epoch.
+
+    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
+    ``num_epoch``, ``batch_size`` after ``metrics``), so code written for it trains as
+    written. Args: see `Trainer`.
     """
+
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
+                 features_col="features", label_col="label", num_epoch=1, batch_size=32,
+                 loss_weights=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         loss_weights=loss_weights, features_col=features_col,
+                         label_col=label_col, batch_size=batch_size, num_epoch=num_epoch)
 
     def allocate_worker(self):
         return workers.SequentialWorker(self.master_model)
@@ -1425,7 +1436,20 @@ class AveragingTrainer(DistributedTrainer):
     each worker replays its partition from local disk and the workers meet at each epoch's
     end on the driver's `AveragingServer` (a barrier stage, so they run at once);
     otherwise each epoch is a Spark job of its own and the driver averages the results.
+
+    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
+    ``num_epoch``, ``batch_size``, ``num_workers`` after ``metrics``), so code written for
+    it trains as written. Args: see `DistributedTrainer`.
     """
+
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
+                 features_col="features", label_col="label", num_epoch=1, batch_size=32,
+                 num_workers=2, loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         num_workers=num_workers, batch_size=batch_size,
+                         features_col=features_col, label_col=label_col,
+                         num_epoch=num_epoch, loss_weights=loss_weights,
+                         parallelism_factor=parallelism_factor)
 
     def allocate_worker(self, model):
         """The worker of one epoch's job (each epoch a Spark job)."""
@@ -1527,6 +1551,10 @@ class EnsembleTrainer(DistributedTrainer):
     Each member starts from its own random initial weights (seeded by ``seed`` plus its
     index) and trains on its share of the data. `train()` returns the list of models.
 
+    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
+    ``batch_size``, ``num_ensembles`` after ``metrics``), so code written for it trains as
+    written.
+
     Args:
         num_ensembles: Number of models.
         seed: Base seed for the members' initial weights.
@@ -1534,10 +1562,12 @@ class EnsembleTrainer(DistributedTrainer):
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_ensembles=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, loss_weights=None, seed=None):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_ensembles,
-                         batch_size, features_col, label_col, num_epoch, loss_weights)
+                 features_col="features", label_col="label", batch_size=32, num_ensembles=2,
+                 loss_weights=None, num_epoch=1, seed=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         num_workers=num_ensembles, batch_size=batch_size,
+                         features_col=features_col, label_col=label_col,
+                         num_epoch=num_epoch, loss_weights=loss_weights)
         self.num_ensembles = num_ensembles
         self.seed = seed
 

@@ -658,3 +658,34 @@ def test_columns_given_as_dicts_keyed_by_the_models_names_pair_by_name(spark):
                                          r"model's: \['z'\]"):
         SingleTrainer(model(), "adam", "mse", features_col=features,
                       label_col={"y_a": "target_a", "z": "target_z"}).train(frame, verbose=0)
+
+
+# dist-keras's constructors, positionally, as its README and examples call them.
+DIST_KERAS_POSITIONAL = {
+    "SingleTrainer": (["features", "label_encoded", 3, 64],
+                      {"features_col": "features", "label_col": "label_encoded",
+                       "num_epoch": 3, "batch_size": 64}),
+    "AveragingTrainer": (["features", "label_encoded", 3, 64, 4],
+                         {"features_col": "features", "label_col": "label_encoded",
+                          "num_epoch": 3, "batch_size": 64, "num_workers": 4}),
+    "EnsembleTrainer": (["features", "label_encoded", 64, 3],
+                        {"features_col": "features", "label_col": "label_encoded",
+                         "batch_size": 64, "num_ensembles": 3}),
+    "ADAG": ([4, 64, "features", "label_encoded", 3, 7],
+             {"num_workers": 4, "batch_size": 64, "features_col": "features",
+              "label_col": "label_encoded", "num_epoch": 3, "communication_window": 7}),
+    "EAMSGD": ([4, 64, "features", "label_encoded", 3, 7, 2.0, 0.05, 0.5],
+               {"num_workers": 4, "batch_size": 64, "num_epoch": 3,
+                "communication_window": 7, "rho": 2.0, "learning_rate": 0.05,
+                "momentum": 0.5}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIST_KERAS_POSITIONAL))
+def test_positional_arguments_follow_dist_keras_order(name):
+    positional, expected = DIST_KERAS_POSITIONAL[name]
+    trainer = getattr(trainers, name)(build_mlp(), "adam", "categorical_crossentropy",
+                                      ["accuracy"], *positional)
+    assert {key: getattr(trainer, key) for key in expected} == expected
+    assert trainer.loss_weights is None
+    trainer.validate_arguments()
