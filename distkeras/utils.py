@@ -395,3 +395,22 @@ def load_history(path):
     from distkeras import storage
 
     return json.loads(storage.read_bytes(path).decode("utf-8"))
+
+
+def shuffle(dataframe, seed=None):
+    """Returns ``dataframe``'s rows in a random order (dist-keras's ``utils.shuffle``).
+
+    Every row moves through a Spark shuffle, as in dist-keras: cache or save the result
+    to train on it several times in the same order. ``trainer.train(df, shuffle=True)``
+    shuffles as it lays the rows out for the workers, without a separate step.
+
+    Args:
+        dataframe: A Spark DataFrame.
+        seed: Seed of the random order (None: a new order at every call).
+
+    Returns:
+        A DataFrame with the same rows and columns.
+    """
+    from pyspark.sql import functions as F
+
+    return dataframe.orderBy(F.rand(seed))

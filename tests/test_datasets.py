@@ -124,3 +124,15 @@ def test_single_trainer_reads_what_save_numpy_parquet_wrote(spark, tmp_path, fas
     assert sum(record["batch_size"] for record in trainer.get_history()) == 1000
     accuracy = (trained.predict(images[1000:], verbose=0).argmax(1) == labels[1000:]).mean()
     assert accuracy > 0.5  # one pass of 1,000 images; chance is 0.10
+
+
+def test_shuffle_reorders_the_rows_as_dist_keras_did(spark):
+    # dist-keras's examples call `dataset = shuffle(dataset)` from distkeras.utils.
+    from distkeras.utils import shuffle
+
+    frame = spark.range(200).withColumnRenamed("id", "row")
+    shuffled = shuffle(frame, seed=3)
+    rows = [row.row for row in shuffled.collect()]
+    assert shuffled.columns == ["row"]
+    assert sorted(rows) == list(range(200)) and rows != list(range(200))
+    assert [row.row for row in shuffle(frame, seed=3).collect()] == rows
