@@ -186,7 +186,7 @@ def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
                   else "") + _HOW_TO_FIX
     with scope(objects):
         try:
-            deserialize_model(model_bytes)
+            model = deserialize_model(model_bytes)
         except (TypeError, ValueError) as error:
             raise ValueError(
                 "The model could not be rebuilt from its .keras archive, as every executor "
@@ -195,7 +195,7 @@ def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
         if compile_config is None:
             return
         try:
-            compile_arguments(*compile_config)
+            compile_arguments(*compile_config, model=model)
         except (TypeError, ValueError) as error:
             raise ValueError(
                 "The optimizer, loss or metrics could not be rebuilt from their configs, as "

@@ -70,16 +70,23 @@ def _to_optimizer_name(value):
     return value
 
 
-def _optimizer_config(optimizer, learning_rate):
+def _optimizer_config(optimizer, learning_rate, model):
     """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
-    new object: the trainer's own optimizer stays as it was."""
+    new object: the trainer's own optimizer stays as it was. Its weight decay exclusions
+    (of ``model``'s weights) stay too (see `distkeras.utils.optimizer_config`)."""
+    import copy
+
     import keras
+
+    from distkeras.utils import optimizer_config
 
     if optimizer is None:
         raise ValueError("`learningRate` sets the learning rate of the trainer's "
                          "worker_optimizer, and the trainer has none: give the trainer "
                          "worker_optimizer=..., or set the estimator's workerOptimizer.")
-    config = keras.optimizers.serialize(keras.optimizers.get(optimizer))
+    if isinstance(optimizer, (str, dict)):
+        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))  # `get` edits a dict
+    config = copy.deepcopy(optimizer_config(optimizer, model))
     config["config"]["learning_rate"] = learning_rate
     return config
 
@@ -310,7 +317,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             if optimizer is None:
                 self.trainer._use_compiled_settings()  # a compiled model lends its own
                 optimizer = self.trainer.worker_optimizer
-            optimizer = _optimizer_config(optimizer, self.getOrDefault(self.learningRate))
+            optimizer = _optimizer_config(optimizer, self.getOrDefault(self.learningRate),
+                                          self.trainer.master_model)
         if optimizer is not None:
             settings["worker_optimizer"] = optimizer
         return settings

@@ -730,7 +730,7 @@ class Trainer:
             optimizer_as_compiled(self.worker_optimizer, self.master_model),
             serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights,
-            serialize_keras_object(getattr(self, "_weighted_metrics", None))),
+            serialize_keras_object(getattr(self, "_weighted_metrics", None)), model=model),
             **self._execution_options())
         # Built now, as after `fit`: a saved model then holds the optimizer's variables,
         # and loading it does not warn that their number differs.
@@ -1503,7 +1503,7 @@ class AveragingTrainer(DistributedTrainer):
     def _train_epoch_by_epoch(self, frame, label_shapes, shuffle):
         from distkeras import update_rules
         from distkeras.networking import weights_array
-        from distkeras.utils import deserialize_model, serialize_keras_object, serialize_model
+        from distkeras.utils import deserialize_model, optimizer_config, serialize_model
 
         model = deserialize_model(serialize_model(self.master_model))
         for epoch in range(self.num_epoch):
@@ -1514,7 +1514,8 @@ class AveragingTrainer(DistributedTrainer):
             self._configure_worker(worker)
             if self._learning_rate_of_callbacks() is not None:
                 # The driver's optimizer: the worker's config, at the rate a callback set.
-                worker.optimizer = serialize_keras_object(self._validator.model.optimizer)
+                worker.optimizer = optimizer_config(self._validator.model.optimizer,
+                                                    self._validator.model)
             # Each worker's steps count on from the last epoch's (the averaged history
             # lines steps up by iteration).
             worker.iteration = 1 + max((record["iteration"] for record in self.history),

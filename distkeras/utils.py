@@ -138,12 +138,15 @@ def _with_loss_arguments(obj, config):
                                  **keras.saving.serialize_keras_object(missing)}}
 
 
-def compile_arguments(optimizer, loss, metrics, loss_weights=None, weighted_metrics=None):
+def compile_arguments(optimizer, loss, metrics, loss_weights=None, weighted_metrics=None,
+                      model=None):
     """``model.compile`` keyword arguments from names, objects or config dicts.
 
     Config dicts may be full Keras configs or the short ``{"class_name": "SGD", "config":
     {...}}`` form; each is resolved by its own kind (optimizer, loss, metric), so the
-    built-in names resolve without a module path. A fresh optimizer is made every time.
+    built-in names resolve without a module path. A fresh optimizer is made every time,
+    with the weight decay exclusions that `optimizer_config` put in its config, for
+    ``model`` (the model it will train; without one, only the exclusions by name).
     """
     import copy
 
@@ -154,7 +157,14 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None, weighted_metr
             return getter(copy.deepcopy(config))  # Keras's getters edit the dict they get
         return config
 
-    optimizer = resolve(keras.optimizers.get, serialize_keras_object(optimizer))
+    optimizer = serialize_keras_object(optimizer)
+    exclusions = None
+    if isinstance(optimizer, dict) and _DECAY_EXCLUSIONS in optimizer:
+        optimizer = dict(optimizer)
+        exclusions = optimizer.pop(_DECAY_EXCLUSIONS)
+    optimizer = resolve(keras.optimizers.get, optimizer)
+    if exclusions:
+        _exclude_from_weight_decay(optimizer, exclusions, model)
     if isinstance(loss, dict) and "class_name" in loss:
         loss = resolve(keras.losses.get, loss)
     elif isinstance(loss, dict):  # one loss per output name
@@ -191,15 +201,68 @@ def optimizer_as_compiled(optimizer, model):
 
     import keras
 
-    config = serialize_keras_object(optimizer)
+    config = optimizer_config(optimizer, model)
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
     # A compiled model's own optimizer is already as its compile made it (perhaps with
     # auto_scale_loss=False).
     if policy != "mixed_float16" or optimizer is getattr(model, "optimizer", None) or (
             isinstance(config, dict) and config.get("class_name") == "LossScaleOptimizer"):
         return config
+    exclusions = config.pop(_DECAY_EXCLUSIONS, None) if isinstance(config, dict) else None
     inner = keras.optimizers.get(copy.deepcopy(config))  # `get` edits the dict it gets
-    return serialize_keras_object(keras.optimizers.LossScaleOptimizer(inner))
+    wrapped = serialize_keras_object(keras.optimizers.LossScaleOptimizer(inner))
+    return {**wrapped, _DECAY_EXCLUSIONS: exclusions} if exclusions else wrapped
+
+
+# The key, beside Keras's own, under which an optimizer's config carries the weights that
+# its `exclude_from_weight_decay()` left out: Keras keeps them out of `get_config()`.
+_DECAY_EXCLUSIONS = "distkeras_weight_decay_exclusions"
+
+
+def optimizer_config(optimizer, model):
+    """``optimizer`` (a name, an instance or a config) as a config, with the weights its
+    ``exclude_from_weight_decay()`` left out.
+
+    Keras keeps those exclusions out of the optimizer's config, so an ``AdamW`` rebuilt
+    from it (on every executor, and in the returned model) would decay the biases and
+    normalization weights the user excluded, silently. They travel beside the config:
+    ``var_names`` as the pattern Keras matches weight names with, and the variables of
+    ``var_list`` as their positions in ``model.trainable_variables`` (a rebuilt model has
+    them in the same order, where their paths may differ).
+
+    Args:
+        optimizer: A name, an optimizer or its config.
+        model: The Keras model whose variables ``var_list`` named.
+    """
+    config = serialize_keras_object(optimizer)
+    # A LossScaleOptimizer's inner optimizer decays the weights.
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    pattern = getattr(inner, "_exclude_from_weight_decay_pattern", None)
+    keys = getattr(inner, "_exclude_from_weight_decay", None)
+    if not isinstance(config, dict) or not hasattr(inner, "_var_key") or \
+            (pattern is None and not keys):
+        return config
+    variables = getattr(model, "trainable_variables", None) or []
+    positions = [index for index, variable in enumerate(variables)
+                 if inner._var_key(variable) in (keys or ())]
+    return {**config, _DECAY_EXCLUSIONS: {
+        "var_names": None if pattern is None else pattern.pattern,
+        "trainable_positions": positions}}
+
+
+def _exclude_from_weight_decay(optimizer, exclusions, model):
+    """Gives a rebuilt optimizer the exclusions `optimizer_config` recorded; those by
+    position need ``model``, the model the optimizer trains."""
+    positions = exclusions.get("trainable_positions") or []
+    variables = getattr(model, "trainable_variables", None) or []
+    if positions and len(variables) <= max(positions):
+        raise ValueError(
+            f"The optimizer's weight decay exclusions name trainable weight {max(positions)}, "
+            f"and the model it trains has {len(variables)} trainable weights.")
+    pattern = exclusions.get("var_names")
+    getattr(optimizer, "inner_optimizer", optimizer).exclude_from_weight_decay(
+        var_list=[variables[index] for index in positions],
+        var_names=[pattern] if pattern else None)
 
 
 # Metric names that `model.compile` resolves itself, from the loss and the labels' shape.

@@ -373,7 +373,8 @@ class Worker:
             model = self.build_model()
             model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
                                               self.loss_weights,
-                                              getattr(self, "weighted_metrics", None)))
+                                              getattr(self, "weighted_metrics", None),
+                                              model=model))
         self.model = ModelReplica(model, self._record_step, self._record_window)
         # One flag per entry of get_weights(): False for state such as BatchNormalization's
         # moving statistics (see `update_rules`).

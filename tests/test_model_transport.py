@@ -83,3 +83,55 @@ def test_losses_and_metrics_keep_the_arguments_their_configs_leave_out():
         results[name] = float(metric.result())
     assert results["rebuilt"] == pytest.approx(results["axis 0"])
     assert results["axis 0"] != pytest.approx(results["axis -1"])
+
+
+def _nested_model():
+    import keras
+
+    keras.utils.set_random_seed(5)
+    base = keras.Sequential([keras.Input((8,)), keras.layers.Dense(6, activation="relu"),
+                             keras.layers.LayerNormalization()], name="base")
+    inputs = keras.Input((8,))
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(base(inputs)))
+
+
+def _decayed(optimizer, model):
+    return [optimizer._use_weight_decay(variable) for variable in model.trainable_variables]
+
+
+def test_an_optimizers_weight_decay_exclusions_reach_the_rebuilt_optimizer():
+    """Keras keeps `exclude_from_weight_decay()` out of the optimizer's config: rebuilt
+    from it on the executors, AdamW decayed the biases and weights the user excluded."""
+    import keras
+
+    from distkeras.utils import (compile_arguments, deserialize_model, optimizer_as_compiled,
+                                 serialize_model)
+
+    model = _nested_model()
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+    # A weight of the nested model: its path differs in a rebuilt model ("base/dense/kernel",
+    # then "dense/kernel").
+    optimizer.exclude_from_weight_decay(var_list=[model.trainable_variables[0]],
+                                        var_names=["bias", "gamma"])
+    wanted = _decayed(optimizer, model)
+    assert wanted == [False, False, False, True, True, False]
+
+    rebuilt = deserialize_model(serialize_model(model))
+    config = json.loads(json.dumps(optimizer_as_compiled(optimizer, model)))  # the wire
+    again = compile_arguments(config, "mse", None, model=rebuilt)["optimizer"]
+    assert _decayed(again, rebuilt) == wanted
+    # A mixed_float16 model's optimizer is wrapped in a LossScaleOptimizer on the driver:
+    # its inner optimizer keeps them.
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        mixed = _nested_model()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_list=[mixed.trainable_variables[0]],
+                                        var_names=["bias", "gamma"])
+    rebuilt = deserialize_model(serialize_model(mixed))
+    again = compile_arguments(optimizer_as_compiled(optimizer, mixed), "mse", None,
+                              model=rebuilt)["optimizer"]
+    assert type(again).__name__ == "LossScaleOptimizer"
+    assert _decayed(again.inner_optimizer, rebuilt) == wanted

@@ -689,3 +689,43 @@ def test_positional_arguments_follow_dist_keras_order(name):
     assert {key: getattr(trainer, key) for key in expected} == expected
     assert trainer.loss_weights is None
     trainer.validate_arguments()
+
+
+@pytest.mark.parametrize("trainer_name", ["SingleTrainer", "DOWNPOUR"])
+def test_weights_excluded_from_weight_decay_are_not_decayed_as_in_fit(trainer_name, spark):
+    """``AdamW.exclude_from_weight_decay()`` is no part of the optimizer's config: the
+    workers' optimizers, rebuilt from it, decayed the excluded biases and kernel."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(160, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+
+    def model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(6, activation="relu"),
+                                 keras.layers.Dense(2, activation="softmax")])
+
+    def optimizer(for_model):
+        adamw = keras.optimizers.AdamW(0.05, weight_decay=0.9)
+        adamw.exclude_from_weight_decay(var_list=[for_model.layers[1].kernel],
+                                        var_names=["bias"])
+        return adamw
+
+    reference = model()
+    reference.compile(optimizer(reference), "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    given = model()
+    extra = {} if trainer_name == "SingleTrainer" else {"num_workers": 1}
+    trained = getattr(trainers, trainer_name)(
+        given, optimizer(given), "sparse_categorical_crossentropy", metrics=[],
+        **extra).train(frame, verbose=0)
+
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    # The returned model's optimizer goes on excluding them.
+    assert [trained.optimizer._use_weight_decay(variable)
+            for variable in trained.trainable_variables] == [True, False, False, False]
