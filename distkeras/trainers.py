@@ -129,6 +129,17 @@ def _is_classification_loss(loss):
     return any(kind in name for kind in ("crossentropy", "hinge", "focal"))
 
 
+def _compiled_with(model):
+    """The arguments a compiled ``model``'s ``compile`` was given, as objects.
+
+    Not `get_compile_config()`: Keras's configs of some losses and metrics leave out
+    arguments (``CosineSimilarity(axis=0)``'s axis), which `utils.serialize_keras_object`
+    puts back from the objects only.
+    """
+    given = getattr(getattr(model, "_compile_config", None), "config", None)
+    return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
+
+
 def _uses_ema(optimizer):
     """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
     if isinstance(optimizer, dict):
@@ -330,7 +341,7 @@ class Trainer:
         # Not a setting of its own: only a compiled model's, measured as its fit would.
         self._weighted_metrics = None
         if getattr(model, "compiled", False):
-            compiled = model.get_compile_config() or {}
+            compiled = _compiled_with(model)
             self._weighted_metrics = compiled.get("weighted_metrics") or None
             if self.worker_optimizer is None:
                 self.worker_optimizer = model.optimizer

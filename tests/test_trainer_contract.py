@@ -729,3 +729,36 @@ def test_weights_excluded_from_weight_decay_are_not_decayed_as_in_fit(trainer_na
     # The returned model's optimizer goes on excluding them.
     assert [trained.optimizer._use_weight_decay(variable)
             for variable in trained.trainable_variables] == [True, False, False, False]
+
+
+def test_a_compiled_models_metrics_keep_the_arguments_their_configs_leave_out(spark):
+    """A compiled model lends its metrics; taken from its compile config, Keras's config of
+    ``CosineSimilarity(axis=0)`` had lost the axis: the workers and the returned model
+    measured along the last axis instead, silently."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 3)).astype("float32")
+    frame = spark.createDataFrame([(row.tolist(), label.tolist()) for row, label in zip(x, y)],
+                                  "features array<float>, label array<float>").coalesce(1)
+
+    def along_axis_0(model):
+        metric = keras.metrics.CosineSimilarity(axis=0)
+        metric.update_state(y, model.predict(x, verbose=0))
+        return float(metric.result())
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile("sgd", "mse", metrics=[keras.metrics.CosineSimilarity(axis=0, name="cos")],
+                  weighted_metrics=[keras.metrics.CosineSimilarity(axis=0, name="wcos")])
+    before = along_axis_0(model)
+    trainer = trainers.SingleTrainer(model, batch_size=64)  # one step, on the first weights
+    trained = trainer.train(frame, verbose=0)
+
+    (record,) = trainer.get_history()
+    assert record["cos"] == pytest.approx(before, abs=1e-5)
+    assert record["wcos"] == pytest.approx(before, abs=1e-5)
+    logs = trained.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)
+    assert logs["cos"] == pytest.approx(along_axis_0(trained), abs=1e-5)
