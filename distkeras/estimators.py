@@ -87,7 +87,12 @@ def _optimizer_config(optimizer, learning_rate, model):
     if isinstance(optimizer, (str, dict)):
         optimizer = keras.optimizers.get(copy.deepcopy(optimizer))  # `get` edits a dict
     config = copy.deepcopy(optimizer_config(optimizer, model))
-    config["config"]["learning_rate"] = learning_rate
+    # A LossScaleOptimizer (a mixed_float16 model's) takes no learning rate: the optimizer
+    # it wraps does.
+    settings = config["config"]
+    if config.get("class_name") == "LossScaleOptimizer":
+        settings = settings["inner_optimizer"]["config"]
+    settings["learning_rate"] = learning_rate
     return config
 
 

@@ -391,6 +391,31 @@ def test_learning_rate_param_reaches_the_workers(spark):
                zip(moved.keras_model.get_weights(), model.get_weights()))
 
 
+def test_learning_rate_param_sets_a_mixed_precision_models_optimizer(spark):
+    """A mixed_float16 model compiles with a LossScaleOptimizer, which takes no
+    learning_rate: setting it on the wrapper failed to rebuild; the wrapped optimizer's is
+    set."""
+    import keras
+
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import SingleTrainer
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4),
+                                  keras.layers.Dense(2, activation="softmax", dtype="float32")])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy")
+    frozen = KerasEstimator(SingleTrainer(model, batch_size=4),
+                            learning_rate=0.0).fit(_small_frame(spark))
+    optimizer = frozen.keras_model.optimizer
+    assert type(optimizer).__name__ == "LossScaleOptimizer"
+    assert float(optimizer.inner_optimizer.learning_rate) == 0.0
+    for trained, initial in zip(frozen.keras_model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(trained, initial)
+
+
 def test_learning_rate_param_without_an_optimizer_says_what_to_set(spark):
     from distkeras.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
