@@ -140,6 +140,45 @@ def _compiled_with(model):
     return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
 
 
+def _binary_loss_logits(loss):
+    """Whether a loss (a name, a Keras loss or function, or its config) is a binary
+    cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
+    from distkeras.utils import _BINARY_LOSSES
+
+    if isinstance(loss, dict):
+        name = str(loss.get("class_name", ""))
+        config = loss.get("config") or {}
+    else:
+        name = loss if isinstance(loss, str) else \
+            getattr(loss, "__name__", None) or type(loss).__name__
+        config = loss.get_config() if hasattr(loss, "get_config") else {}
+    return name.lower() in _BINARY_LOSSES, bool(config.get("from_logits", False))
+
+
+def _default_metrics(loss, model):
+    """The metrics of a one-output model that was given none and classifies: accuracy.
+
+    ``"accuracy"`` is what Keras's ``compile`` resolves from the labels' shape: for a
+    binary cross-entropy over several sigmoid units (multi-hot labels) it becomes
+    categorical accuracy (the argmax of the labels matched, meaningless there), and for
+    logits it thresholds them at 0.5 rather than 0. Those get Keras's binary accuracy,
+    thresholded where the loss puts probability 0.5, still logged as ``accuracy``.
+    """
+    import keras
+
+    from distkeras.utils import serialize_keras_object
+
+    binary, from_logits = _binary_loss_logits(loss)
+    units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
+        else 1
+    if not binary or not (from_logits or (units or 1) > 1):
+        return ["accuracy"]
+    # A config, not an instance: each compile (workers, validation, the returned model)
+    # then builds its own metric rather than sharing one's state.
+    return [serialize_keras_object(keras.metrics.BinaryAccuracy(
+        name="accuracy", threshold=0.0 if from_logits else 0.5))]
+
+
 def _uses_ema(optimizer):
     """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
     if isinstance(optimizer, dict):
@@ -232,8 +271,9 @@ class Trainer:
             compiled with.
         metrics: Metrics recorded at every step, as for ``model.compile``: a list, a list
             per output, or a dict by output name. None: those ``keras_model`` was compiled
-            with; for a model not compiled, ``["accuracy"]`` if it has one output, none
-            if it has several.
+            with; for a model not compiled, an accuracy if it has one output trained
+            with a classification loss (binary accuracy, at the loss's threshold, for a
+            binary cross-entropy on logits or on several units), none otherwise.
         loss_weights: Optional loss weights for multi-output models; None: those
             ``keras_model`` was compiled with, if any.
         features_col: Input column, or a list of columns for a multi-input model (in the
@@ -335,8 +375,9 @@ class Trainer:
         """Takes the optimizer, loss, metrics and loss weights that were not given from
         the model, when it was compiled (what its `fit` would train with), and its
         weighted metrics (``compile(weighted_metrics=...)``) always; metrics not
-        given for a model not compiled are ``["accuracy"]`` for one output trained with a
-        classification loss, else none (an accuracy of a regression reads 0)."""
+        given for a model not compiled are an accuracy for one output trained with a
+        classification loss (`_default_metrics`), else none (an accuracy of a regression
+        reads 0)."""
         model = self.master_model
         # Not a setting of its own: only a compiled model's, measured as its fit would.
         self._weighted_metrics = None
@@ -353,7 +394,7 @@ class Trainer:
                 self.loss_weights = compiled.get("loss_weights")
         if self.metrics is None:
             outputs = getattr(model, "outputs", None) or [None]
-            self.metrics = ["accuracy"] if len(outputs) == 1 and \
+            self.metrics = _default_metrics(self.loss, model) if len(outputs) == 1 and \
                 _is_classification_loss(self.loss) else []
 
     # -- results ------------------------------------------------------------------------

@@ -374,3 +374,50 @@ def test_accuracy_is_the_default_metric_of_classification_losses_only(loss, metr
     trainer = ADAG(build_mlp(32), "adam", loss)
     trainer.validate_arguments()
     assert trainer.metrics == metrics
+
+
+def _multi_label_data(rows=600, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 4)) > 0.5).astype("float32")  # multi-hot, several tags
+    return x, y
+
+
+@pytest.mark.parametrize("units, loss, threshold", [
+    (4, "binary_crossentropy", 0.5),
+    (1, {"class_name": "BinaryCrossentropy", "config": {"from_logits": True}}, 0.0),
+    (3, "binary_focal_crossentropy", 0.5),
+])
+def test_default_accuracy_of_binary_losses_is_binary_accuracy(units, loss, threshold):
+    # "accuracy" resolves to categorical accuracy (argmax) for several sigmoid units, and
+    # thresholds logits at 0.5: the default is Keras's binary accuracy at the loss's 0.5.
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(units)])
+    trainer = ADAG(model, "adam", keras.losses.get(loss) if units == 1 else loss)
+    trainer.validate_arguments()
+    (metric,) = trainer.metrics
+    assert metric["class_name"] == "BinaryAccuracy"
+    assert metric["config"]["name"] == "accuracy"
+    assert metric["config"]["threshold"] == threshold
+
+
+def test_multi_label_default_accuracy_is_elementwise(spark):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    x, y = _multi_label_data()
+    frame = spark.createDataFrame([(row.tolist(), tags.tolist()) for row, tags in zip(x, y)],
+                                  "features array<float>, tags array<float>")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="sigmoid")])
+    trainer = SingleTrainer(model, "adam", "binary_crossentropy", batch_size=64,
+                            features_col="features", label_col="tags")
+    trained = trainer.train(frame, validation_data=(x, y), verbose=0)
+
+    elementwise = float(((trained.predict(x, verbose=0) > 0.5) == y).mean())
+    assert trainer.get_validation_history()[-1]["val_accuracy"] == pytest.approx(elementwise,
+                                                                                  abs=1e-6)
+    assert 0.0 <= trainer.get_history()[0]["accuracy"] <= 1.0
