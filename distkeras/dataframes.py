@@ -45,8 +45,9 @@ def _array_depth_numeric(data_type):
     return depth > 0 and _is_numeric(data_type)
 
 
-def _to_training_column(dataframe, name):
-    """A column expression that yields numbers or arrays of numbers, or a clear error."""
+def _to_training_column(dataframe, name, feature=False):
+    """A column expression that yields numbers or arrays of numbers, or a clear error
+    (for strings, one that says what to do with them as features or as labels)."""
     if name not in dataframe.columns:
         raise ValueError(
             f"Column {name!r} is not in the DataFrame. Available columns: "
@@ -64,15 +65,38 @@ def _to_training_column(dataframe, name):
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return column(name)
-    hint = (" For labels such as class names, index them first: "
+    hint = ""
+    if _holds_strings(data_type):
+        hint = _STRING_FEATURES_HINT if feature else (
+            " For labels such as class names, index them first: "
             "pyspark.ml.feature.StringIndexer gives class indices 0, 1, ... (with "
             "sparse_categorical_crossentropy), then distkeras.transformers.OneHotTransformer "
-            "one-hot vectors.") if isinstance(data_type, T.StringType) else ""
+            "one-hot vectors.")
     raise TypeError(
         f"Column {name!r} has type {data_type.simpleString()}; expected a number, an array "
         "of numbers, a Spark ML vector or packed float32 tensors (binary, see "
         f"`distkeras.transformers.PackedTensorTransformer`).{hint}"
     )
+
+
+# Strings cannot reach a model on the JAX backend (Keras's own fit refuses a string
+# input there), so a StringLookup or TextVectorization layer must give way to ids made in
+# Spark.
+_STRING_FEATURES_HINT = (
+    " distkeras feeds a model numbers only, not strings for a StringLookup or "
+    "TextVectorization inside it (Keras's JAX backend, the default, refuses string "
+    "inputs in its own fit too). Turn them into integer ids in Spark first: "
+    "pyspark.ml.feature.StringIndexer for categories, or Tokenizer and CountVectorizer "
+    "(or a StringLookup's own vocabulary, `lookup.get_vocabulary()`, joined as a table) "
+    "for tokens; then feed the ids to an integer input (keras.Input((n,), dtype='int32')) "
+    "and an Embedding, the lookup left out of the model.")
+
+
+def _holds_strings(data_type):
+    """Whether a Spark type is a string or an array (of arrays...) of strings."""
+    while isinstance(data_type, T.ArrayType):
+        data_type = data_type.elementType
+    return isinstance(data_type, T.StringType)
 
 
 def _sample_size(value):
@@ -267,7 +291,9 @@ def validate(dataframe, model, features_col, label_col):
     # A Sequential model has no `output_names` (and one output).
     check_column_order(label_cols, list(getattr(model, "output_names", None) or ()),
                        "outputs", "label_col")
-    for name in features_cols + label_cols:
+    for name in features_cols:
+        _to_training_column(dataframe, name, feature=True)
+    for name in label_cols:
         _to_training_column(dataframe, name)
     rows = dataframe.select(*map(column, features_cols + label_cols)).limit(1).collect()
     if not rows:

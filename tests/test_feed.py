@@ -1,6 +1,7 @@
 """The worker feed: multi-input multi-output models, and memory that does not grow."""
 
 import numpy as np
+import pytest
 
 
 def _two_tower_model():
@@ -376,3 +377,21 @@ def test_ragged_token_ids_are_told_how_to_pad_and_the_padding_trains(spark):
     padded = eval(fix, {"df": ragged, "F": F})  # the code the error suggests, as written
     trainer.train(padded, verbose=0)
     assert sum(record["batch_size"] for record in trainer.get_history()) == 60
+
+
+@pytest.mark.parametrize("kind, value", [("string", "red"), ("array<string>", ["a", "b"])])
+def test_string_feature_columns_are_refused_with_what_to_do_for_features(spark, kind, value):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    # A StringLookup fed from a string column: the advice is about ids for an Embedding,
+    # not the labels' StringIndexer-then-one-hot.
+    frame = spark.createDataFrame([(value, 1)], f"words {kind}, label int")
+    model = keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(5, 2),
+                              keras.layers.Flatten(), keras.layers.Dense(2)])
+    trainer = SingleTrainer(model, "adam", "sparse_categorical_crossentropy", metrics=[],
+                            features_col="words")
+    with pytest.raises(TypeError, match="integer ids") as raised:
+        trainer.train(frame, verbose=0)
+    assert "class names" not in str(raised.value)
