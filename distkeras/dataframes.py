@@ -65,9 +65,9 @@ def _to_training_column(dataframe, name, feature=False):
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return column(name)
-    hint = ""
-    if _holds_strings(data_type):
-        hint = _STRING_FEATURES_HINT if feature else (
+    hint = string_features_hint(data_type)
+    if hint and not feature:
+        hint = (
             " For labels such as class names, index them first: "
             "pyspark.ml.feature.StringIndexer gives class indices 0, 1, ... (with "
             "sparse_categorical_crossentropy), then distkeras.transformers.OneHotTransformer "
@@ -97,6 +97,12 @@ def _holds_strings(data_type):
     while isinstance(data_type, T.ArrayType):
         data_type = data_type.elementType
     return isinstance(data_type, T.StringType)
+
+
+def string_features_hint(data_type):
+    """For a features column of strings (Spark type ``data_type``), what to do instead, to
+    end an error message; else ``""``."""
+    return _STRING_FEATURES_HINT if _holds_strings(data_type) else ""
 
 
 def _sample_size(value):

@@ -569,3 +569,15 @@ def test_predicts_from_parquet_holding_spark_ml_vectors(spark, tmp_path):
     np.testing.assert_allclose([row["prediction"] for row in written],
                                model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
     assert spark.conf.get(COLUMNAR_UDF_INPUT) == "false"
+
+
+def test_a_string_features_column_is_refused_with_what_to_do(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    frame = spark.createDataFrame([("red",)], "color string")
+    model = keras.Sequential([keras.Input((1,), dtype="int32"), keras.layers.Embedding(4, 2),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+    with pytest.raises(TypeError, match="has type string.*integer ids"):
+        ModelPredictor(keras_model=model, features_col="color").predict(frame)
