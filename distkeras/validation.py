@@ -13,6 +13,7 @@ known), ``val_loss`` and ``val_<metric>``.
 
 import logging
 import numbers
+import re
 import threading
 import time
 
@@ -336,13 +337,14 @@ def _step_mean_metric_names(metrics):
     """Names of the metrics in ``metrics`` whose epoch value is not a mean of steps."""
     import keras
 
-    if isinstance(metrics, dict):
+    if isinstance(metrics, dict) and "class_name" not in metrics:  # one entry per output
         metrics = list(metrics.values())
     if isinstance(metrics, (list, tuple)):
         for metric in metrics:
             yield from _step_mean_metric_names(metric)
         return
-    if isinstance(metrics, str):
+    made_here = isinstance(metrics, (str, dict))
+    if made_here:  # a name ("AUC") or a config, as compile resolves them
         try:
             metrics = keras.metrics.get(metrics)
         except ValueError:  # a name compile resolves itself ("acc"): a mean
@@ -350,7 +352,9 @@ def _step_mean_metric_names(metrics):
     # Means (accuracy, mae, a function's wrapper) average exactly over steps.
     if isinstance(metrics, keras.metrics.Metric) and \
             type(metrics).result is not keras.metrics.Mean.result:
-        yield metrics.name
+        # Keras numbers each further instance of a name made in this process ("auc_2");
+        # a worker's compile makes the first, whose logs say "auc".
+        yield re.sub(r"_\d+$", "", metrics.name) if made_here else metrics.name
 
 
 # Keys of a step record that describe the step rather than measure it.

@@ -910,6 +910,21 @@ def test_mean_metrics_need_no_warning(caplog):
     assert "root_mean_squared_error" in caplog.records[0].getMessage()
 
 
+def test_step_mean_metrics_given_by_name_or_config_are_named_as_their_logs(caplog):
+    import keras
+
+    from distkeras.utils import serialize_keras_object
+    from distkeras.validation import warn_of_step_mean_metrics
+
+    keras.metrics.AUC()  # an earlier instance: Keras would number the next "auc_1"
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        warn_of_step_mean_metrics(["AUC", serialize_keras_object(keras.metrics.Precision()),
+                                   serialize_keras_object(keras.metrics.BinaryAccuracy())])
+    message = caplog.records[0].getMessage()
+    assert "monitor val_auc or val_precision." in message
+    assert "accuracy" not in message
+
+
 def test_epoch_logs_average_each_measured_value():
     from distkeras.validation import epoch_logs
 
