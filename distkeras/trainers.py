@@ -430,7 +430,8 @@ class Trainer:
                 2 a line every 30 seconds and at the end (for logs), 0 nothing; ``"auto"``
                 is 1 in a terminal or a notebook and 2 elsewhere.
             checkpoint_dir: Parameter-server trainers only: a folder (any Hadoop path) where
-                the center variable is saved every ``checkpoint_every`` seconds and at the end.
+                the center variable is saved every ``checkpoint_every`` seconds and at the end
+                (also when the training fails or is interrupted).
             checkpoint_every: Seconds between two checkpoints.
             resume: Start from the checkpoint in ``checkpoint_dir`` (if there is one) instead
                 of the model's weights. The epochs run again in full from those weights.
@@ -1232,6 +1233,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         updates_before = server.num_updates  # a resumed run starts from the checkpoint's
         server.start()
         monitor = None
+        stopped_early = True  # until the workers' job has ended as it should
         try:
             worker = self.allocate_worker()
             self._configure_worker(worker)
@@ -1253,6 +1255,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             # final history and goodbye) before it closes the connections.
             if isinstance(server, parameter_servers.SocketParameterServer):
                 server.wait_for_goodbyes(timeout=10.0)
+            stopped_early = False
         except TrainingError as error:
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
@@ -1261,12 +1264,15 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 raise
             # The monitor stopped the workers at an epoch's end: a callback asked to
             # (EarlyStopping; the center is the result) or one failed (raised below).
+            stopped_early = bool(monitor.end_of_epoch_error)
         finally:
             if monitor is not None:
                 monitor.stop()
             server.stop()
             # What was trained, even when it failed or was interrupted.
             self.history = list(getattr(server, "history", []))
+            if stopped_early:
+                self._checkpoint_stopped_training(server, updates_before)
         if monitor is not None and monitor.end_of_epoch_error:
             epoch, cause = monitor.end_of_epoch_error
             raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
@@ -1279,6 +1285,31 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
         self._warn_if_nothing_committed(server.num_updates - updates_before, server, worker)
         return server.get_model()
+
+    def _checkpoint_stopped_training(self, server, updates_before):
+        """Saves the center that a training stopped early (a worker's error, a stall, a
+        callback's error, Ctrl-C) had reached, when it has a ``checkpoint_dir``:
+        ``resume=True`` then goes on from there, not from the last periodic checkpoint (or,
+        before the first, from the model's weights).
+
+        Args:
+            server: The stopped parameter server.
+            updates_before: Its update count when this run started (nothing new to save
+                when it has not moved).
+        """
+        if self.checkpoint_dir is None or server.num_updates == updates_before:
+            return
+        from distkeras.checkpoints import save_checkpoint
+
+        try:
+            updates = save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
+        except Exception as error:  # the training's own error is the one to raise
+            logger.warning("Could not write the last checkpoint to %s: %s",
+                           self.checkpoint_dir, error)
+            return
+        logger.warning("The training stopped early; its center after %d updates is saved in "
+                       "%s: train(..., checkpoint_dir=..., resume=True) goes on from it.",
+                       updates, self.checkpoint_dir)
 
     def _warn_if_nothing_committed(self, num_updates, server, worker):
         """Warns when no commit reached the center (the model returned is the one given),

@@ -12,7 +12,8 @@ import pytest
 from conftest import accuracy, build_mlp
 
 from distkeras.checkpoints import checkpoint_path, load_checkpoint
-from distkeras.trainers import ADAG, SingleTrainer
+from distkeras.trainers import ADAG, SingleTrainer, TrainingError
+from distkeras.workers import ADAGWorker
 
 
 def _adag(**kwargs):
@@ -51,6 +52,40 @@ def test_bad_checkpoint_settings_are_refused(fashion_train, tmp_path):
     _adag().train(fashion_train.limit(300), verbose=0, checkpoint_dir=folder)
     with pytest.raises(ValueError, match="does not fit this model"):
         load_checkpoint(folder, _spec(other))
+
+
+class FailingLateWorker(ADAGWorker):
+    """Worker 1 fails, on every attempt, once it has committed a few windows."""
+
+    def communicate(self):
+        if self.worker_id == 1 and self.iteration > 8:
+            raise ValueError("disk full on this executor")
+        super().communicate()
+
+
+class FailingLateADAG(ADAG):
+    def allocate_worker(self):
+        return FailingLateWorker(self.master_model)
+
+
+def test_a_failed_training_leaves_the_center_it_reached_to_resume_from(fashion_train,
+                                                                        tmp_path, caplog):
+    """The center was saved every checkpoint_every seconds and at a successful end only: a
+    training that failed before its first periodic checkpoint left nothing, and
+    resume=True started again from the model's weights."""
+    folder = str(tmp_path / "ckpt")
+    trainer = FailingLateADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                              loss="categorical_crossentropy", num_workers=2,
+                              communication_window=2)
+    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+        with pytest.raises(TrainingError, match="disk full on this executor"):
+            trainer.train(fashion_train.limit(1000), verbose=0, checkpoint_dir=folder)
+    server = trainer.parameter_server
+    saved = load_checkpoint(folder, _spec(build_mlp()))
+    assert saved is not None and saved["num_updates"] == server.num_updates > 0
+    for kept, center in zip(saved["center"], server.center_variable):
+        np.testing.assert_array_equal(kept, center)
+    assert "resume=True) goes on from it" in caplog.text
 
 
 DRIVER = textwrap.dedent("""
