@@ -285,7 +285,9 @@ class TrainingMonitor(threading.Thread):
                 rate = self.validator.learning_rate()
                 if rate is not None:  # the workers take it at their next pull
                     self.server.optimizer_learning_rate = rate
-        except Exception as error:  # any: the user's callbacks run here; re-raised by train()
+        # Any, KeyboardInterrupt and SystemExit too: the user's callbacks run here, on a
+        # thread that they would end silently while the training went on; train() raises it.
+        except BaseException as error:  # noqa: B036
             self.end_of_epoch_error = (epoch, error)
             logger.error("The end of epoch %d failed (validation or a callback): %s; "
                          "stopping the workers", epoch, error)

@@ -686,6 +686,12 @@ class Trainer:
         except TrainingError as error:
             failures.append(error)
             return True
+        except BaseException as interrupt:  # noqa: B036 - see below
+            # A callback's KeyboardInterrupt or SystemExit: this runs on a server thread,
+            # where it would only end that thread while the training went on; kept,
+            # it stops the workers and train() raises it, as fit lets it through.
+            failures.append(interrupt)
+            return True
         return False
 
     def _run_epoch_server(self, server, worker, layout, num_tasks, label_shapes,
@@ -1275,6 +1281,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 self._checkpoint_stopped_training(server, updates_before)
         if monitor is not None and monitor.end_of_epoch_error:
             epoch, cause = monitor.end_of_epoch_error
+            if not isinstance(cause, Exception):
+                raise cause  # a callback's KeyboardInterrupt or SystemExit, as fit raises it
             raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
                                 f"{type(cause).__name__}: {cause}") from cause
         if getattr(server, "errors", None):

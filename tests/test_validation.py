@@ -214,6 +214,46 @@ def test_monitor_stops_the_workers_when_validation_or_a_callback_fails():
     assert context.cancelled == ["the-group"]
 
 
+def test_a_callbacks_keyboard_interrupt_stops_the_workers_too():
+    """A callback that raised KeyboardInterrupt (or SystemExit) ended the monitor's thread
+    alone: the workers trained every epoch and train() returned as if nothing happened."""
+    from distkeras.monitor import TrainingMonitor
+
+    class Interrupting(_Validator):
+        def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
+            raise KeyboardInterrupt("stop now")
+
+    server, context = _Server(), _SparkContext()
+    monitor = TrainingMonitor(server, context, "the-group", total_samples=300, verbose=0,
+                              validator=Interrupting(), num_epoch=3)
+    server.history.append({"batch_size": 120, "loss": 1.0})
+    try:
+        monitor._update(None, 0.0)
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped: it would end the monitor's thread alone")
+
+    epoch, error = monitor.end_of_epoch_error
+    assert epoch == 1 and isinstance(error, KeyboardInterrupt)
+    assert context.cancelled == ["the-group"]
+
+
+def test_a_callbacks_keyboard_interrupt_reaches_the_caller_of_train(fashion_train):
+    """SingleTrainer's epoch ends run on its EpochServer's thread: the interrupt ended that
+    thread, the worker lost its connection and was retried, and the training ran on."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    class Abort(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt("the user's abort")
+
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=20)
+    with pytest.raises(KeyboardInterrupt, match="the user's abort"):
+        trainer.train(fashion_train.limit(500), verbose=0, callbacks=[Abort()])
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 500
+
+
 def test_a_failing_callback_fails_the_training_with_its_error(fashion_train):
     import keras
 
