@@ -168,6 +168,7 @@ class TrainingMonitor(threading.Thread):
         self.validation_records = validation_records
         self.num_tasks = num_tasks
         self._worker_epochs = {}  # per worker id, the latest epoch it reported a step of
+        self._generation = 0  # the server's `history_generation` counted
         self._validated_epochs = 0
         self._epoch_records = []
         self.stopped_by_callback = None
@@ -188,21 +189,40 @@ class TrainingMonitor(threading.Thread):
         return None
 
     def _read_new_records(self):
+        # Read before the records: records superseded meanwhile are counted again at the
+        # next look.
+        generation = getattr(self.server, "history_generation", 0)
+        recount = generation != self._generation
+        if recount:
+            # Spark retried a worker's failed task: the steps of the failed attempt no
+            # longer count (the retry trains them again); count every step again.
+            self._generation = generation
+            self._seen = self._samples = 0
+            self._worker_epochs = {}
+            self._recent_losses, self._epoch_records = [], []
         history = self.server.history
         new = history[self._seen:len(history)]
         self._seen += len(new)
         for record in new:
-            self._samples += record.get("batch_size", 0)
-            if "epoch" in record:
-                worker = record.get("worker_id")
-                self._worker_epochs[worker] = max(self._worker_epochs.get(worker, 0),
-                                                  int(record["epoch"]))
-            if "loss" in record:
-                self._recent_losses.append(record["loss"])
-            if self.validator is not None:  # emptied at each epoch's end
-                self._epoch_records.append(record)
+            if not record.get("superseded"):
+                self._count(record, recount)
         del self._recent_losses[:-50]
-        return len(new)
+        return len(new) + recount
+
+    def _count(self, record, recount=False):
+        """Counts one step's record in the progress and the epochs' accounting
+        (``recount``: again from the start, where epochs already ended are past)."""
+        self._samples += record.get("batch_size", 0)
+        if "epoch" in record:
+            worker = record.get("worker_id")
+            self._worker_epochs[worker] = max(self._worker_epochs.get(worker, 0),
+                                              int(record["epoch"]))
+        if "loss" in record:
+            self._recent_losses.append(record["loss"])
+        if self.validator is not None:  # emptied at each epoch's end
+            if not recount or record.get("epoch", self._validated_epochs) >= \
+                    self._validated_epochs:
+                self._epoch_records.append(record)
 
     def run(self):
         progress = self._progress()

@@ -397,9 +397,39 @@ def recv_action(conn):
     return bytes(buffer[:count])
 
 
-def authenticate(conn, token, worker_id):
-    """Sends the run's token; the first frame of every connection."""
-    send_data(conn, {"token": token, "worker_id": int(worker_id)})
+def authenticate(conn, token, worker_id, task_attempt_id=0):
+    """Sends the run's token; the first frame of every connection.
+
+    Args:
+        conn: The connected socket.
+        token: The run's token.
+        worker_id: The worker's id (its partition's index).
+        task_attempt_id: Spark's id of the task attempt that connects (see
+            `task_attempt_id`): the server tells a retried task from the failed one.
+    """
+    send_data(conn, {"token": token, "worker_id": int(worker_id),
+                     "task_attempt_id": int(task_attempt_id)})
+
+
+def task_attempt_id():
+    """Spark's ``taskAttemptId`` of the task running this code: unique in the application
+    and larger for a task started later (a retry, a resubmitted stage's); 0 outside a
+    Spark task."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return 0
+    context = TaskContext.get()
+    return 0 if context is None else int(context.taskAttemptId())
+
+
+def hello_attempt(message):
+    """The task attempt id a handshake message announces; 0 when it names none (a client
+    that predates them) or names it wrongly."""
+    attempt = message.get("task_attempt_id", 0)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        return 0
+    return attempt
 
 
 def check_token(message, token):

@@ -87,6 +87,11 @@ class SocketParameterServer(ParameterServer):
         # Room for two copies of the weights (Experimental sends the delta and the center).
         self.max_frame_bytes = 2 * model_bytes + (1 << 20)
         self.history = []
+        # Goes up each time records are marked ``superseded`` (a retried task's): a reader
+        # that counted them counts again.
+        self.history_generation = 0
+        # worker id: [its latest task attempt id connected, how many came before it]
+        self._attempts = {}
         self.finished_workers = set()  # ids of the workers that said goodbye
         self.staleness = []
         self.errors = []
@@ -205,7 +210,10 @@ class SocketParameterServer(ParameterServer):
         conn.counted = False
         try:
             conn.settimeout(self.handshake_timeout)
-            conn.worker_id = networking.check_token(recv_data(conn), self.token)
+            hello = recv_data(conn)
+            conn.worker_id = networking.check_token(hello, self.token)
+            conn.attempt = networking.hello_attempt(hello)
+            self._join(conn)
             conn.settimeout(None)
             self._dispatch(conn, addr)
         except (networking.ProtocolError, ConnectionError, OSError) as error:
@@ -221,6 +229,45 @@ class SocketParameterServer(ParameterServer):
             with self._history_lock:
                 self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
+
+    def _join(self, conn):
+        """Notes which Spark task attempt of its worker a new connection is. When Spark
+        retried the worker's failed task, the new attempt trains the partition again: it
+        is no longer finished, and the steps the earlier attempts recorded are superseded
+        (their commits stay applied)."""
+        conn.attempt_index = 0  # this worker's attempts in the order they connected
+        with self.mutex, self._history_lock:
+            latest = self._attempts.get(conn.worker_id)
+            if latest is not None and conn.attempt <= latest[0]:
+                conn.attempt_index = latest[1] if conn.attempt == latest[0] else 0
+                return
+            if latest is not None:
+                conn.attempt_index = latest[1] + 1
+            self._attempts[conn.worker_id] = [conn.attempt, conn.attempt_index]
+            if latest is not None:
+                logger.info("Worker %s is back as a new Spark task attempt; the steps of "
+                            "its failed attempt are marked superseded.", conn.worker_id)
+                self.finished_workers.discard(conn.worker_id)
+                self._retried(conn)
+
+    def _retried(self, conn):
+        """A new attempt of ``conn``'s worker connected: what its earlier attempts recorded
+        is redone. Call under ``self.mutex`` and the history lock."""
+        self._supersede(conn.worker_id, lambda record: True)
+
+    def _supersede(self, worker_id, redone):
+        """Marks ``worker_id``'s records for which ``redone(record)`` holds as
+        ``superseded`` (with the ``attempt`` that made them, 0 for the first); call under
+        the history lock."""
+        marked = False
+        for record in self.history:
+            if record.get("worker_id") == worker_id and not record.get("superseded") \
+                    and redone(record):
+                record["superseded"] = True
+                record.setdefault("attempt", 0)
+                marked = True
+        if marked:
+            self.history_generation += 1
 
     def idle_workers(self, limit):
         """Open connections silent for more than ``limit`` seconds: ``[(worker_id, idle)]``."""
@@ -358,7 +405,18 @@ class SocketParameterServer(ParameterServer):
         from distkeras.workers import history_records
 
         records = history_records(columns)
+        attempt = getattr(conn, "attempt", 0)
+        index = getattr(conn, "attempt_index", 0)
         with self._history_lock:
+            # A failed attempt that still reports (speculation, a slow goodbye) has been
+            # replaced already: its steps count as superseded at once.
+            latest = self._attempts.get(conn.worker_id)
+            stale = latest is not None and attempt < latest[0]
+            for record in records:
+                if index or stale:  # only a retried worker's records name their attempt
+                    record["attempt"] = index
+                if stale:
+                    record["superseded"] = True
             self.history.extend(records)
 
 
@@ -498,17 +556,19 @@ class AveragingServer(SocketParameterServer):
         """A worker joins (or rejoins): the center and the epochs averaged so far.
 
         A rejoining worker redoes the epochs not averaged yet: the steps its lost task
-        recorded in them are dropped, so the history counts each epoch's steps once.
+        recorded in them are marked ``superseded``, so the history counts each epoch's
+        steps once (it keeps those of the epochs averaged, which the new task skips).
         """
         with self.mutex:
             with self._history_lock:
-                # (A monitor reading by position skips as many new records as were
-                # dropped: the samples it counted for them stand for the redone ones.)
-                self.history = [record for record in self.history
-                                if record["worker_id"] != conn.worker_id
-                                or record.get("epoch", 0) < self.epochs_done]
+                self._supersede(conn.worker_id,
+                                lambda record: record.get("epoch", 0) >= self.epochs_done)
             reply = self._reply()
         send_data(conn, reply)
+
+    def _retried(self, conn):
+        """Nothing at the handshake: the new attempt's pull says which epochs it redoes
+        (an epoch may still end between the two)."""
 
     handle_pull_unless_own = handle_pull
 

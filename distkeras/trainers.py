@@ -404,7 +404,14 @@ class Trainer:
         return self.training_time
 
     def get_history(self):
-        """One record per training step: worker_id, iteration, timestamp, loss, metrics."""
+        """One record per training step: worker_id, iteration, timestamp, loss, metrics.
+
+        When Spark retried a worker's failed task, the records of its steps carry
+        ``attempt`` (the worker's attempts in the order they started, from 0), and those of
+        the failed attempt's steps that the retry trained again carry ``superseded=True``:
+        their commits were applied to the center, but they do not count in the progress,
+        the epochs' ends, `get_averaged_history` or `get_executor_history`.
+        """
         return list(self.history)
 
     def get_averaged_history(self):
@@ -412,8 +419,10 @@ class Trainer:
         return average_history(self.history)
 
     def get_executor_history(self, worker_id):
-        """The records of one worker (its partition index)."""
-        return [record for record in self.history if record["worker_id"] == worker_id]
+        """The records of one worker (its partition index), of its final attempt where
+        Spark retried its task (see `get_history`)."""
+        return [record for record in self.history
+                if record["worker_id"] == worker_id and not record.get("superseded")]
 
     # -- training -----------------------------------------------------------------------
 
@@ -579,8 +588,8 @@ class Trainer:
         """Samples in the history (of one worker, if given) and the mean loss and metrics
         (`validation.epoch_logs`) of its last ``1 / epochs`` of them (the last epoch's, in
         time order)."""
-        records = [record for record in self.history
-                   if worker_id is None or record["worker_id"] == worker_id]
+        records = [record for record in self.history if not record.get("superseded")
+                   and (worker_id is None or record["worker_id"] == worker_id)]
         counts = np.cumsum([record.get("batch_size", 0) for record in records])
         total = int(counts[-1]) if len(counts) else 0
         start = total * (epochs - 1) / epochs

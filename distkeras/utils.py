@@ -406,14 +406,18 @@ def average_history(records):
     Returns:
         A dict of numpy arrays: ``iteration`` and one entry per recorded number (``loss``,
         the metrics, ``timestamp``), each averaged over the workers that ran that step.
+        The steps of a failed task that Spark's retry trained again (records marked
+        ``superseded``) are left out: each worker counts with its final attempt.
     """
+    records = [record for record in records if not record.get("superseded")]
     by_iteration = {}
     for record in records:
         by_iteration.setdefault(record["iteration"], []).append(record)
     iterations = sorted(by_iteration)
     keys = sorted(
         {key for record in records for key, value in record.items()
-         if key not in ("worker_id", "iteration") and isinstance(value, (int, float))}
+         if key not in ("worker_id", "iteration", "attempt")
+         and isinstance(value, (int, float))}
     )
     averaged = {"iteration": np.asarray(iterations, dtype=np.int64)}
     for key in keys:

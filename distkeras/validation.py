@@ -358,16 +358,20 @@ def _step_mean_metric_names(metrics):
 
 
 # Keys of a step record that describe the step rather than measure it.
-_STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "epoch"})
+_STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "epoch",
+                        "attempt"})
 
 
 def epoch_logs(records):
     """The mean of each measured value (``loss`` and the metrics) over step records, each
     step weighing its ``batch_size`` (1 where a record has none), as ``fit``'s epoch logs
     hold them: an epoch's smaller last batch counts for its rows. A value that is NaN in
-    one step is NaN."""
+    one step is NaN. Steps of a failed task that Spark's retry trained again
+    (``superseded``) do not count."""
     values = {}
     for record in records:
+        if record.get("superseded"):
+            continue
         size = record.get("batch_size")
         size = float(size) if isinstance(size, (int, float, np.number)) and size > 0 else 1.0
         for name, value in record.items():

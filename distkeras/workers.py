@@ -495,6 +495,7 @@ class Worker:
             self.prepare_model()
             self.open_feed(record_batches, label_shapes)
             self.setup()
+            self.completed = False  # until optimize() and finish() returned
             try:
                 try:
                     self.optimize()
@@ -506,6 +507,7 @@ class Worker:
                         raise
                     raise ValueError(hint) from error
                 self.finish()
+                self.completed = True
             finally:
                 self.teardown()
             return self.result()
@@ -615,7 +617,8 @@ class ProgressReporter:
 
     def open(self, worker_id, timeout=60.0):
         self.socket = networking.connect(self.host, self.port, timeout=timeout)
-        networking.authenticate(self.socket, self.token, worker_id)
+        networking.authenticate(self.socket, self.token, worker_id,
+                                networking.task_attempt_id())
 
     def report(self, history, force=False):
         """Sends (and forgets) the records of ``history``, a `HistoryLog`, when due."""
@@ -734,7 +737,8 @@ class NetworkWorker(Worker):
     def setup(self):
         self.socket = networking.connect(self.master_host, self.master_port,
                                          timeout=self.connect_timeout)
-        networking.authenticate(self.socket, self.token, self.worker_id)
+        networking.authenticate(self.socket, self.token, self.worker_id,
+                                networking.task_attempt_id())
 
     def teardown(self):
         if self.socket is None:
@@ -742,7 +746,10 @@ class NetworkWorker(Worker):
         try:
             self.before_goodbye()
             self.flush_history()
-            networking.send_action(self.socket, networking.ACTION_QUIT)
+            # The goodbye says the partition is done: a failed task that Spark retries
+            # only closes (the driver's monitor would end the epochs it has not trained).
+            if getattr(self, "completed", True):
+                networking.send_action(self.socket, networking.ACTION_QUIT)
         except OSError as error:
             logger.warning("Worker %s could not say goodbye to the server: %s",
                            self.worker_id, error)

@@ -260,9 +260,11 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
     assert trainer.parameter_server.epochs_done == 3
     history = trainer.get_history()
     # The restarted workers skipped epoch 1 (averaged before they started) and redid
-    # epoch 2, whose steps from the lost tasks were dropped: each epoch counted once.
-    assert [sum(record["batch_size"] for record in history if record["epoch"] == epoch)
-            for epoch in range(3)] == [2000, 2000, 2000]
+    # epoch 2, whose steps from the lost tasks are marked superseded: each epoch counted
+    # once.
+    assert [sum(record["batch_size"] for record in history if record["epoch"] == epoch
+                and not record.get("superseded")) for epoch in range(3)] == [2000] * 3
+    assert {record["epoch"] for record in history if record.get("superseded")} == {1}
     assert accuracy(model, fashion_test) > 0.6
 
 

@@ -751,3 +751,65 @@ def test_a_sequential_worker_trains_without_progress_when_the_driver_is_unreacha
     assert message["samples"] == 100 and len(message["weights"]) == 4
     assert len(message["history_columns"][0]) == 7  # every step, kept for the result
     assert "training without progress reports" in caplog.text
+
+
+def _history_columns(worker_id, epochs, batch_size=10):
+    return {"worker_id": [worker_id] * len(epochs), "iteration": list(range(1, len(epochs) + 1)),
+            "batch_size": [batch_size] * len(epochs), "epoch": list(epochs),
+            "loss": [1.0] * len(epochs)}
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_retried_task_supersedes_the_failed_attempts_steps(servers):
+    """Spark retried worker 1's task: the failed attempt's steps left the progress at
+    2 epochs of 3 done, counted twice, and its goodbye (sent as its task failed) made the
+    monitor take worker 1 for finished."""
+    from distkeras.monitor import TrainingMonitor
+
+    server = servers()
+    monitor = TrainingMonitor(server, None, "group", total_samples=60, verbose=0,
+                              num_epoch=3, num_tasks=2)
+    first = Client(server, worker_id=0)
+    first.send_history(_history_columns(0, [0]))
+    failed = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    networking.authenticate(failed, server.token, 1, task_attempt_id=5)
+    networking.send_action(failed, networking.ACTION_HISTORY)
+    send_data(failed, {"history": _history_columns(1, [0, 1])})
+    networking.send_action(failed, networking.ACTION_QUIT)
+    networking.close_socket(failed)
+    _wait_for(lambda: len(server.history) == 3 and 1 in server.finished())
+    monitor._read_new_records()
+    assert monitor._samples == 30
+
+    retry = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    networking.authenticate(retry, server.token, 1, task_attempt_id=9)
+    networking.send_action(retry, networking.ACTION_HISTORY)
+    send_data(retry, {"history": _history_columns(1, [0])})
+    _wait_for(lambda: len(server.history) == 4)
+    monitor._read_new_records()
+
+    assert 1 not in server.finished()  # it trains its partition again
+    assert monitor._samples == 20  # worker 0's step and the retry's, not the lost two
+    assert monitor._finished_epochs() == 0
+    lost = [record for record in server.history if record.get("superseded")]
+    assert [(record["worker_id"], record["attempt"]) for record in lost] == [(1, 0), (1, 0)]
+    assert server.history[-1]["attempt"] == 1 and "superseded" not in server.history[-1]
+    networking.close_socket(retry)
+    first.close()
+
+
+def test_the_same_attempt_reconnecting_supersedes_nothing(servers):
+    server = servers()
+    for _ in range(2):
+        client = Client(server, worker_id=3)
+        client.send_history(_history_columns(3, [0]))
+        client.quit()
+    _wait_for(lambda: len(server.history) == 2)
+    assert server.history_generation == 0
+    assert not any("superseded" in record or "attempt" in record for record in server.history)

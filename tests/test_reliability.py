@@ -279,9 +279,54 @@ def test_lost_worker_is_retried_and_training_completes(fashion_train, fashion_te
     model = trainer.train(fashion_train.limit(3000), verbose=0)
     assert accuracy(model, fashion_test) > 0.6
     retried = trainer.get_executor_history(1)
-    # The retried attempt trained its whole partition again from the current center.
-    assert sum(record["batch_size"] for record in retried) > 1500
+    # The retried attempt trained its whole partition again from the current center; the
+    # worker's history is that attempt's (the lost one's steps are marked superseded).
+    assert sum(record["batch_size"] for record in retried) == 1500
+    assert any(record.get("superseded") for record in trainer.get_history())
     assert _distkeras_threads() == []
+
+
+class FailingOnceWorker(ADAGWorker):
+    """Partition 1's first attempt raises mid-training (a flaky executor); Spark retries it."""
+
+    def communicate(self):
+        from pyspark import TaskContext
+
+        if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 and \
+                self.iteration >= 24:
+            raise RuntimeError("flaky executor")
+        super().communicate()
+
+
+class FailingOnceADAG(ADAG):
+    def allocate_worker(self):
+        return FailingOnceWorker(self.master_model)
+
+
+def test_a_retried_worker_counts_its_steps_once(fashion_train, capsys):
+    """The failed attempt's steps stayed in the progress ("4768/4000 samples"), the epochs'
+    accounting and the worker's history next to the retry's (iterations twice)."""
+    trainer = FailingOnceADAG(keras_model=build_mlp(32), worker_optimizer="adam",
+                              loss="categorical_crossentropy", num_workers=2,
+                              communication_window=4, num_epoch=2)
+    trainer.train(fashion_train.limit(2000), verbose=2)
+
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "FailingOnceADAG: 4000/4000 samples")
+    for worker_id in (0, 1):
+        steps = trainer.get_executor_history(worker_id)
+        iterations = [record["iteration"] for record in steps]
+        assert sorted(iterations) == list(range(1, len(steps) + 1))
+        assert sum(record["batch_size"] for record in steps) == 2000  # 1000 rows, twice
+    retried = trainer.get_executor_history(1)
+    assert {record.get("attempt") for record in retried} == {1}
+    # The failed attempt's steps stay visible (their commits are in the center), marked.
+    lost = [record for record in trainer.get_history() if record.get("superseded")]
+    assert lost and {(record["worker_id"], record["attempt"]) for record in lost} == {(1, 0)}
+    averaged = trainer.get_averaged_history()
+    assert "attempt" not in averaged
+    assert len(averaged["iteration"]) == max(len(trainer.get_executor_history(w))
+                                             for w in (0, 1))
 
 
 def test_retries_exhausted_names_the_partition_and_cause(fashion_train):
