@@ -44,12 +44,29 @@ def _in_notebook():
     return shell is not None and "IPKernelApp" in shell.config
 
 
+def _tqdm_class():
+    """tqdm's widget in a notebook that can show one (ipywidgets installed), its text bar
+    elsewhere. (``tqdm.auto`` warns "IProgress not found. Please update jupyter and
+    ipywidgets" in a notebook without them, then draws the text bar all the same.)"""
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            from tqdm.notebook import tqdm
+
+            return tqdm
+    from tqdm.std import tqdm
+
+    return tqdm
+
+
 class BarProgress:
     """A tqdm progress bar on stderr (or in the notebook)."""
 
     def __init__(self, name, total):
-        from tqdm.auto import tqdm
-
+        tqdm = _tqdm_class()
         self.bar = tqdm(total=total, unit="sample", desc=name, leave=True,
                         dynamic_ncols=True)  # the last state stays on screen, as Keras's
 

@@ -125,3 +125,23 @@ def test_workflow_notebook_runs(tmp_path, monkeypatch):
 
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 2, "the loss plot and plot_history's figure should be shown"
+
+
+def test_progress_bar_in_a_notebook_without_ipywidgets(tmp_path, monkeypatch):
+    # A notebook kernel without ipywidgets gets tqdm's text bar, without tqdm.auto's
+    # warning to "update jupyter and ipywidgets".
+    data_dir = _install_kernelspec(tmp_path)
+    monkeypatch.setenv("JUPYTER_PATH", str(data_dir))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    source = ("import sys\n"
+              "sys.modules['ipywidgets'] = None  # as where it is not installed\n"
+              "from distkeras.monitor import BarProgress\n"
+              "bar = BarProgress('ADAG', 100)\n"
+              "bar.update(100, {'loss': '0.5000'})\n"
+              "bar.close()")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    NotebookClient(notebook, timeout=120, kernel_name=KERNEL,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(_text(output) for output in notebook.cells[0].outputs)
+    assert "ADAG: 100%" in text and "100/100" in text and "loss=0.5000" in text
+    assert "IProgress" not in text and "Warning" not in text
