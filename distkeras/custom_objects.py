@@ -166,6 +166,28 @@ def scope(objects):
     return keras.saving.custom_object_scope(objects)
 
 
+# Keras's own objects that hold Python code rather than a config (a `Lambda` layer's
+# lambda, a wrapped torch module): they load only with safe_mode=False.
+_CODE_HOLDERS = frozenset({"__lambda__", "TorchModuleWrapper"})
+
+
+def holds_python_code(model):
+    """Whether ``model``'s config holds Python code (a `Lambda` layer's lambda, a
+    `TorchModuleWrapper`'s module), which executors refuse to load: distkeras rebuilds
+    models with ``safe_mode=True``, whatever the driver's `keras.config` says."""
+    from distkeras.utils import serialize_keras_object
+
+    def search(config):
+        if isinstance(config, (list, tuple)):
+            return any(search(item) for item in config)
+        if not isinstance(config, dict):
+            return False
+        return config.get("class_name") in _CODE_HOLDERS or \
+            any(search(value) for value in config.values())
+
+    return search(serialize_keras_object(model))
+
+
 def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
     """Raises a clear error, on the driver, when executors could not rebuild the model.
 
@@ -188,6 +210,14 @@ def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
         try:
             model = deserialize_model(model_bytes)
         except (TypeError, ValueError) as error:
+            if "safe_mode=False" in str(error):  # Keras's advice does not reach executors
+                raise ValueError(
+                    f"The model could not be rebuilt from its .keras archive, as every "
+                    f"executor must: {str(error).split('. ')[0]}. distkeras rebuilds models "
+                    "with safe_mode=True whatever keras.config says on the driver (no code "
+                    "travels inside a model archive). Replace the lambda or the wrapped "
+                    "module with built-in layers, or with a custom Layer subclass "
+                    f"(get_config() for its arguments). {_HOW_TO_FIX}") from error
             raise ValueError(
                 "The model could not be rebuilt from its .keras archive, as every executor "
                 f"must: {error}. A subclassed model or a custom layer needs `get_config()` "

@@ -326,7 +326,7 @@ class ModelPredictor:
                         for tensor in self.model.inputs]
         model_bytes = serialize_model(self.model)
         objects, unresolved = custom_objects.find(self.model)
-        if objects or unresolved:
+        if objects or unresolved or custom_objects.holds_python_code(self.model):
             custom_objects.check_rebuildable(model_bytes, None, objects, unresolved)
         # Several outputs: one struct column from one UDF call, then a column per field.
         fields = None if len(outputs) == 1 else [f"output_{index}"

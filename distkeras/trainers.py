@@ -648,7 +648,8 @@ class Trainer:
         compile_objects = (self.worker_optimizer, self.loss, self.metrics)
         found, unresolved = custom_objects.find(
             self.master_model, compile_objects + (self._weighted_metrics,))
-        if found or unresolved:  # Keras's own objects always rebuild: only custom ones fail
+        # Keras's own objects rebuild, but for those holding Python code (a Lambda's).
+        if found or unresolved or custom_objects.holds_python_code(self.master_model):
             custom_objects.check_rebuildable(
                 serialize_model(self.master_model),
                 [serialize_keras_object(obj) for obj in compile_objects]

@@ -83,15 +83,20 @@ def deserialize_model(data, compile=False, custom_objects=None):
         A `keras.Model`.
     """
     import keras
+    # Not public: the scope that sets safe mode for the loads inside it.
+    from keras.src.saving.serialization_lib import SafeModeScope
 
     _serialize_without_importing_tensorflow()
     with tempfile.TemporaryDirectory(prefix="distkeras-") as folder:
         path = os.path.join(folder, "model.keras")
         with open(path, "wb") as handle:
             handle.write(data)
-        return keras.saving.load_model(
-            path, compile=compile, safe_mode=True, custom_objects=custom_objects
-        )
+        # Keras lets `enable_unsafe_deserialization()` override the argument; the scope
+        # makes safe mode hold whatever this process's keras.config says.
+        with SafeModeScope(True):
+            return keras.saving.load_model(
+                path, compile=compile, safe_mode=True, custom_objects=custom_objects
+            )
 
 
 def serialize_keras_object(obj):

@@ -51,6 +51,32 @@ def test_unknown_loss_fails_on_the_driver_naming_it(spark, fashion_train):
     assert trainer.get_history() == []
 
 
+def test_a_lambda_layer_is_refused_on_the_driver_with_advice_that_works(fashion_train):
+    """Keras's advice (enable unsafe deserialization) does not reach the executors, which
+    load with safe_mode=True: training failed there, after the user had followed it."""
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Lambda(lambda x: x * 2),
+                              keras.layers.Dense(10, activation="softmax")])
+    trainer = SingleTrainer(model, "adam", "categorical_crossentropy")
+
+    keras.config.enable_unsafe_deserialization()
+    try:
+        with pytest.raises(ValueError, match="safe_mode=True whatever keras.config says.*"
+                                             "custom Layer subclass"):
+            trainer.train(fashion_train, verbose=0)
+        with pytest.raises(ValueError, match="safe_mode=True whatever"):
+            ModelPredictor(model).predict(fashion_train)
+    finally:
+        from keras.src.backend.common import global_state
+
+        global_state.set_global_attribute("safe_mode_saving", None)  # Keras's default
+    assert trainer.get_history() == []
+
+
 def test_subclassed_model_gets_a_clear_error(fashion_train):
     from custom_objects_support import Residual
     from distkeras.predictors import ModelPredictor
