@@ -1,7 +1,7 @@
 """Plots of a training run and of a sweep of runs (matplotlib, no display needed).
 
     from distkeras.plotting import plot_history
-    plot_history(trainer, "history.png")      # loss and accuracy against wall time
+    plot_history(trainer, "history.png")      # loss and metrics against wall time
 
 Figures are built with `matplotlib.figure.Figure` directly, never through pyplot, so they
 need no GUI backend, leave no global state behind and work on a headless driver. PNGs are
@@ -71,19 +71,59 @@ def _validation_records(trainer):
     return list(getter()) if getter is not None else []
 
 
-def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20):
-    """Training loss and accuracy against wall time, one thin line per worker.
+# Keys of a step record that describe the step rather than measure it.
+_STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "epoch",
+                        "attempt", "superseded"})
+
+
+def _logged(records):
+    """The measured entries of the records (``loss``, ``a_loss``, the metrics), in the
+    order the records first hold them."""
+    names = {}
+    for record in records:
+        for name, value in record.items():
+            if name not in _STEP_KEYS and isinstance(value, (int, float, np.number)) \
+                    and not isinstance(value, bool):
+                names.setdefault(name, None)
+    return list(names)
+
+
+def _panels(records, metrics):
+    """The entries to plot, one panel each: every one logged for ``metrics=None``, else
+    each name given, or, where the run did not log it under that name, each output's
+    (``a_accuracy`` and ``b_accuracy`` for ``accuracy``, as Keras's ``history.history``
+    names the metrics of a model of several outputs)."""
+    logged = _logged(records)
+    if metrics is None:
+        # Keras's history.history order (by name), the loss first.
+        return sorted(logged, key=lambda name: (name != "loss", name))
+    panels = []
+    for name in metrics:
+        found = [name] if name in logged else \
+            [entry for entry in logged if entry.endswith(f"_{name}")]
+        panels.extend(entry for entry in found if entry not in panels)
+    return panels
+
+
+def plot_history(trainer, path=None, metrics=None, smoothing=20):
+    """Training loss and metrics against wall time, one thin line per worker.
 
     Every worker's per-step values are smoothed with a rolling mean over ``smoothing`` steps;
     the thick line is the mean over all workers: every step of every worker in time order,
     smoothed over ``smoothing`` steps per worker. A trainer that validated
     (``train(validation_data=...)``) adds its validation values as points, at the time of
-    each evaluation.
+    each evaluation (for an `EnsembleTrainer`, each member's in its line's color). Steps of
+    a failed task that Spark's retry trained again (``superseded``) are left out, as in
+    `get_averaged_history`.
 
     Args:
         trainer: A trained distkeras trainer (or the list its `get_history()` returns).
         path: Where to save the figure as PNG (optional).
-        metrics: History entries to plot, one panel each; missing ones are skipped.
+        metrics: History entries to plot, one panel each; None (the default) plots
+            ``loss`` and every other entry the run logged, as Keras's ``history.history``
+            holds them (``mae`` for a regression; ``a_loss``, ``a_accuracy``, ... for a
+            model of several outputs). A name the run logged per output (``accuracy``)
+            plots each output's; names not logged are skipped.
         smoothing: Steps in the rolling mean.
 
     Returns:
@@ -93,23 +133,32 @@ def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20)
         ValueError: If the trainer has no history or none of ``metrics`` was recorded.
     """
     given = _records(trainer)
-    records = [record for record in given if "timestamp" in record]
+    records = [record for record in given
+               if "timestamp" in record and not record.get("superseded")]
     if not records:
         raise ValueError(
             "The records given have no 'timestamp' (the time of each step, which "
             "get_history() records): pass a trainer's history." if given else
             "The trainer has no history to plot: call `train()` first.")
-    present = [name for name in metrics if any(name in record for record in records)]
+    present = _panels(records, metrics)
     if not present:
-        recorded = sorted({key for record in records for key in record})
-        raise ValueError(f"None of metrics={tuple(metrics)!r} is in the history. "
-                         f"Recorded entries: {', '.join(recorded)}.")
+        asked = "loss nor any metric" if metrics is None else \
+            f"any of metrics={tuple(metrics)!r}"
+        raise ValueError(f"The history holds neither {asked}. Recorded entries: "
+                         f"{', '.join(sorted({key for r in records for key in r}))}.")
     start = min(record["timestamp"] for record in records)
     worker_ids = sorted({record.get("worker_id", 0) for record in records})
     colors = _colors(len(worker_ids))
-    figure = _figure(figsize=(6.0 * len(present), 4.2))
-    axes = figure.subplots(1, len(present), squeeze=False)[0]
+    # An ensemble's workers are its members: independent models, each validated alone.
+    unit = "member" if hasattr(trainer, "num_ensembles") else "worker"
+    columns = min(3, len(present))
+    rows = -(-len(present) // columns)
+    figure = _figure(figsize=(6.0 * columns, 4.2 * rows))
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for unused in axes[len(present):]:
+        unused.remove()
     name = type(trainer).__name__ if hasattr(trainer, "get_history") else "training"
+    validation = _validation_records(trainer)
     for axis, metric in zip(axes, present):
         for color, worker_id in zip(colors, worker_ids):
             steps = sorted((r for r in records
@@ -119,27 +168,39 @@ def plot_history(trainer, path=None, metrics=("loss", "accuracy"), smoothing=20)
                 continue
             times = np.asarray([r["timestamp"] for r in steps]) - start
             axis.plot(times, rolling_mean([r[metric] for r in steps], smoothing),
-                      color=color, linewidth=0.9, alpha=0.75, label=f"worker {worker_id}")
+                      color=color, linewidth=0.9, alpha=0.75, label=f"{unit} {worker_id}")
         pooled = sorted((r for r in records if metric in r), key=lambda r: r["timestamp"])
         times = np.asarray([r["timestamp"] for r in pooled]) - start
         axis.plot(times, rolling_mean([r[metric] for r in pooled],
                                       smoothing * len(worker_ids)),
-                  color="black", linewidth=2.6, label="mean of workers")
-        validated = [r for r in _validation_records(trainer) if f"val_{metric}" in r]
-        if validated:
-            axis.plot(np.asarray([r["timestamp"] for r in validated]) - start,
-                      [r[f"val_{metric}"] for r in validated], linestyle="none", marker="o",
-                      markersize=7, color="tab:red", label="validation")
+                  color="black", linewidth=2.6, label=f"mean of {unit}s")
+        _plot_validation(axis, [r for r in validation if f"val_{metric}" in r], metric,
+                         start, dict(zip(worker_ids, colors)))
         axis.set_xlabel("seconds since the first step")
         axis.set_ylabel(_METRIC_LABELS.get(metric, metric))
         axis.set_title(f"{_METRIC_LABELS.get(metric, metric)} "
                        f"(rolling mean, {smoothing} steps)", fontsize="medium")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small", ncols=1 if len(worker_ids) < 8 else 2)
-    figure.suptitle(f"{name}: {len(worker_ids)} worker{'s' if len(worker_ids) != 1 else ''}, "
+    figure.suptitle(f"{name}: {len(worker_ids)} {unit}{'s' if len(worker_ids) != 1 else ''}, "
                     f"{len(records)} steps in all")
     _save(figure, path)
     return figure
+
+
+def _plot_validation(axis, records, metric, start, colors):
+    """Draws the validation values as points: one series, or one per ensemble member
+    (records carrying ``member``), in that member's color."""
+    series = {}
+    for record in records:
+        series.setdefault(record.get("member"), []).append(record)
+    for member, points in sorted(series.items(), key=lambda item: (item[0] is not None,
+                                                                   item[0] or 0)):
+        axis.plot(np.asarray([r["timestamp"] for r in points]) - start,
+                  [r[f"val_{metric}"] for r in points], linestyle="none", marker="o",
+                  markersize=7, markeredgecolor="black",
+                  color="tab:red" if member is None else colors.get(member, "tab:red"),
+                  label="validation" if member is None else f"validation, member {member}")
 
 
 def _series_label(row, by, baselines=()):

@@ -149,7 +149,7 @@ def test_plot_history_refuses_an_untrained_trainer():
         plot_history([])
     with pytest.raises(ValueError, match="have no 'timestamp'.*pass a trainer's history"):
         plot_history([{"worker_id": 0, "loss": 0.5}])
-    with pytest.raises(ValueError, match="None of metrics"):
+    with pytest.raises(ValueError, match="neither any of metrics"):
         plot_history([{"worker_id": 0, "iteration": 0, "timestamp": 1.0, "loss": 0.5}],
                      metrics=("auc",))
 
@@ -236,3 +236,81 @@ def test_a_failing_run_keeps_the_finished_runs_rows_and_plots(spark, tmp_path):
     assert [row["trainer"] for row in rows] == ["SingleTrainer"]
     assert_png(os.path.join(output_dir, "by_workers.png"))
     assert_png(os.path.join(output_dir, "by_window.png"))
+
+
+def _step_records(keys, workers=2, steps=30, **extra):
+    return [{"worker_id": worker, "iteration": step, "timestamp": step + worker / 10,
+             "batch_size": 32, **{key: 1.0 / (step + 1) for key in keys}, **extra}
+            for worker in range(workers) for step in range(steps)]
+
+
+def test_plot_history_shows_each_output_and_metric_that_the_run_logged(spark):
+    import keras
+
+    from distkeras.plotting import plot_history
+    from distkeras.trainers import ADAG
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 4)).astype("float32")
+    rows = [(row.tolist(), int(row[0] > 0), int(row[1] > 0)) for row in x]
+    data = spark.createDataFrame(rows, "features array<float>, a int, b int")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, [keras.layers.Dense(2, activation="softmax", name=name)(inputs)
+                                 for name in ("a", "b")])
+    model.compile("adam", ["sparse_categorical_crossentropy"] * 2,
+                  metrics=[["accuracy"], ["accuracy"]])
+    trainer = ADAG(keras_model=model, num_workers=2, batch_size=32, communication_window=4,
+                   label_col=["a", "b"])
+    trainer.train(data, validation_data=0.2, verbose=0)
+    # As Keras's history.history names and orders them, the total loss first.
+    panels = [axis.get_ylabel() for axis in plot_history(trainer).axes]
+    assert panels == ["training loss", "a_accuracy", "a_loss", "b_accuracy", "b_loss"]
+    figure = plot_history(trainer, metrics=("loss", "accuracy"))
+    assert [axis.get_ylabel() for axis in figure.axes] == ["training loss", "a_accuracy",
+                                                           "b_accuracy"]
+    validation = trainer.get_validation_history()
+    assert list(figure.axes[2].get_lines()[-1].get_ydata()) == \
+        [record["val_b_accuracy"] for record in validation]
+
+
+def test_plot_history_of_a_regression_shows_its_metrics():
+    from distkeras.plotting import plot_history
+
+    figure = plot_history(_step_records(["loss", "mae"], workers=1))
+    assert [axis.get_ylabel() for axis in figure.axes] == ["training loss", "mae"]
+    assert figure.get_suptitle().startswith("training: 1 worker,")
+
+
+def test_plot_history_labels_each_ensemble_members_validation():
+    from distkeras.plotting import plot_history
+
+    class Ensemble:  # what plot_history reads of an EnsembleTrainer
+        num_ensembles = 2
+
+        def get_history(self):
+            return _step_records(["loss", "accuracy"])
+
+        def get_validation_history(self):
+            return [{"epoch": 1, "samples": 960, "timestamp": 30.0 + member, "member": member,
+                     "val_loss": 0.5 + member, "val_accuracy": 0.8 - member / 10}
+                    for member in range(2)]
+
+    figure = plot_history(Ensemble())
+    lines = figure.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == [
+        "member 0", "member 1", "mean of members", "validation, member 0",
+        "validation, member 1"]
+    assert list(lines[-1].get_ydata()) == [1.5]
+    assert lines[-1].get_color() == lines[1].get_color()
+    assert "2 members" in figure.get_suptitle()
+
+
+def test_plot_history_leaves_out_superseded_steps():
+    from distkeras.plotting import plot_history
+
+    retried = _step_records(["loss"], workers=1, attempt=1)
+    failed = [{**record, "attempt": 0, "superseded": True, "loss": 100.0}
+              for record in _step_records(["loss"], workers=1, steps=10)]
+    mean_line = plot_history(failed + retried).axes[0].get_lines()[-1]
+    assert len(mean_line.get_xdata()) == len(retried)
+    assert max(mean_line.get_ydata()) <= 1.0
