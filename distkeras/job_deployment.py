@@ -600,6 +600,7 @@ class Punchcard:
         self.allowed_data_roots = tuple(allowed_data_roots)
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
+        self._destroying = set()  # jobs a destroy request is reading and deleting
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.reconcile()
@@ -664,7 +665,34 @@ class Punchcard:
                 logger.warning("Job %s: process %s did not exit after SIGKILL", job_id, pid)
 
     def destroy(self, job):
-        """Returns the model and history of a finished job, then deletes the job."""
+        """Returns the model and history of a finished job (None for the others), then
+        deletes the job.
+
+        Returns:
+            ``{"model", "history", "validation_history"}``, or None when another request
+            destroyed the job first (two clients, or a retried request): the job is gone,
+            and reading its deleted files would fail.
+        """
+        with self._lock:
+            if job["id"] in self._destroying:
+                return None
+            self._destroying.add(job["id"])
+        try:
+            # The row read before the claim may be of a job another request has deleted.
+            if self.store.by_secret(job["secret_hash"]) is None:
+                return None
+            result = {"model": None, "history": None, "validation_history": None}
+            if job["state"] == "finished":
+                result = self._results(job)
+            self.forget(job)
+            return result
+        finally:
+            with self._lock:
+                self._destroying.discard(job["id"])
+
+    @staticmethod
+    def _results(job):
+        """A finished job's trained model (base64), history and validation history."""
         model_path = os.path.join(job["job_dir"], "trained.keras")
         with open(model_path, "rb") as handle:
             model = base64.b64encode(handle.read()).decode()
@@ -676,7 +704,6 @@ class Punchcard:
         if os.path.exists(validation_path):  # jobs queued before train options existed
             with open(validation_path, encoding="utf-8") as handle:
                 validation = json.load(handle)
-        self.forget(job)
         return {"model": model, "history": history, "validation_history": validation}
 
     def forget(self, job):
@@ -924,11 +951,13 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             return failure
         if job["state"] in ("queued", "running"):
             return error(409, "The job is still running: wait for it or cancel it first.")
+        results = punchcard.destroy(job)
+        if results is None:
+            return error(404, "This secret has no job: another request destroyed it.")
         if job["state"] != "finished":
-            punchcard.forget(job)
             return jsonify({"model": None, "history": None, "state": job["state"],
                             "error": job["error"]})
-        return jsonify({**punchcard.destroy(job), "state": "finished", "error": None})
+        return jsonify({**results, "state": "finished", "error": None})
 
     return app
 

@@ -672,3 +672,52 @@ def test_json_nested_too_deeply_is_a_bad_request(server, secrets):
     # Python's decoder raises RecursionError, which Flask's silent get_json lets through.
     status, answer = _raw(server.url, "/api/submit", secrets[1][13], data=b"[" * 100000)
     assert status == 400 and answer["error"] == "The request body is JSON nested too deeply."
+
+
+class _SlowReadPunchcard(Punchcard):
+    """Holds every request 0.3 s between reading its job and acting on it: the window in
+    which a second client's request changes the job."""
+
+    def job_of(self, secret_hash):
+        job = super().job_of(secret_hash)
+        time.sleep(0.3)
+        return job
+
+
+def _finished_job(running, secret, data_path):
+    """A job submitted, then marked finished with its result files written (no Spark)."""
+    Job(secret, "done", data_path, 1, 1, _trainer()).send(running.url)
+    row = running.punchcard.store.by_secret(secret_hash(secret))
+    running.punchcard.store.finish(row["id"], "finished", only_if_state="queued")
+    with open(os.path.join(row["job_dir"], "trained.keras"), "wb") as handle:
+        handle.write(b"model")
+    with open(os.path.join(row["job_dir"], "history.json"), "w", encoding="utf-8") as handle:
+        json.dump([{"loss": 1.0}], handle)
+    return row
+
+
+def _staggered(count, call):
+    """``call()`` from ``count`` threads, each started 0.1 s after the one before."""
+    with ThreadPoolExecutor(count) as pool:
+        futures = []
+        for _ in range(count):
+            futures.append(pool.submit(call))
+            time.sleep(0.1)
+        return [future.result() for future in futures]
+
+
+def test_concurrent_destroys_of_a_finished_job_give_it_to_one(secrets, tmp_path, data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            punchcard_class=_SlowReadPunchcard)
+    try:
+        secret = secrets[1][20]
+        _finished_job(running, secret, data_path)
+        answers = _staggered(3, lambda: _raw(running.url, "/api/destroy", secret))
+        assert sorted(status for status, _ in answers) == [200, 404, 404]
+        assert all("another request destroyed it" in body["error"]
+                   for status, body in answers if status == 404)
+        assert [body["history"] for status, body in answers if status == 200] == \
+            [[{"loss": 1.0}]]
+    finally:
+        running.stop()
+
