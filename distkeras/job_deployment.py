@@ -939,10 +939,16 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         job, failure = own_job()
         if failure:
             return failure
-        if not punchcard.cancel(job):
-            return error(409, f"The job is {job['state']}; only a queued or running job "
-                              "can be cancelled.")
-        return jsonify(punchcard.public_state(punchcard.job_of(job["secret_hash"])))
+        cancelled = punchcard.cancel(job)
+        # Read again: another request may have cancelled, finished or destroyed the job
+        # since ``job`` was read (its state there is the one cancel() found changed).
+        current = punchcard.job_of(job["secret_hash"])
+        if current is None:
+            return error(404, "This secret has no job: another request destroyed it.")
+        if not cancelled:
+            return error(409, f"The job is {current['state']}; only a queued or running "
+                              "job can be cancelled.")
+        return jsonify(punchcard.public_state(current))
 
     @app.get("/api/destroy")
     def destroy():

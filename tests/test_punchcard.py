@@ -721,3 +721,41 @@ def test_concurrent_destroys_of_a_finished_job_give_it_to_one(secrets, tmp_path,
     finally:
         running.stop()
 
+
+def test_the_second_of_two_cancels_says_the_job_is_cancelled(secrets, tmp_path, data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            punchcard_class=_SlowReadPunchcard)
+    try:
+        secret = secrets[1][21]
+        Job(secret, "queued", data_path, 1, 1, _trainer()).send(running.url)
+        answers = _staggered(2, lambda: _raw(running.url, "/api/cancel", secret))
+        assert [status for status, _ in answers] == [200, 409]
+        assert answers[1][1]["error"].startswith("The job is cancelled;")
+    finally:
+        running.stop()
+
+
+class _SlowCancelPunchcard(Punchcard):
+    """Holds 0.3 s after cancelling, before the request reads the job's new state."""
+
+    def cancel(self, job):
+        cancelled = super().cancel(job)
+        time.sleep(0.3)
+        return cancelled
+
+
+def test_a_job_destroyed_while_its_cancel_answers_gives_404(secrets, tmp_path, data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            punchcard_class=_SlowCancelPunchcard)
+    try:
+        secret = secrets[1][22]
+        Job(secret, "queued", data_path, 1, 1, _trainer()).send(running.url)
+        with ThreadPoolExecutor(2) as pool:
+            cancel = pool.submit(_raw, running.url, "/api/cancel", secret)
+            time.sleep(0.1)
+            destroy = pool.submit(_raw, running.url, "/api/destroy", secret)
+            assert destroy.result()[0] == 200
+            status, body = cancel.result()
+        assert status == 404 and "another request destroyed it" in body["error"]
+    finally:
+        running.stop()
