@@ -223,6 +223,46 @@ def _compile_settings(model, args):
     return optimizer, loss, metrics
 
 
+def check_arguments(trainer_class, args):
+    """Refuses, before Spark starts, the settings that would fail once it has: counts
+    below 1, ``--workers`` or ``--window`` for a trainer without them, and an optimizer
+    or loss name Keras does not know (the model and data are checked as they are read).
+
+    Raises:
+        CommandError: Naming the option and what to give instead.
+    """
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
+                        ("--workers", args.workers), ("--window", args.window)):
+        if value is not None and value < 1:
+            raise CommandError(f"{flag} must be an integer >= 1. Received: {flag} {value}")
+    parameters = inspect.signature(trainer_class.__init__).parameters
+    if args.workers is not None and not {"num_workers", "num_ensembles"} & set(parameters):
+        raise CommandError(f"{trainer_class.__name__} trains on one worker: --workers does "
+                           "not apply (use a distributed trainer, such as ADAG)")
+    if args.window is not None and "communication_window" not in parameters:
+        raise CommandError(f"{trainer_class.__name__} has no communication window")
+    _check_names(args.optimizer, args.loss)
+
+
+def _check_names(optimizer, loss):
+    """Refuses an optimizer or loss name that Keras would not resolve, without building
+    either: an optimizer creates variables, which start JAX before Spark."""
+    import keras
+
+    if optimizer is not None:
+        known = {name.lower() for name, value in vars(keras.optimizers).items()
+                 if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer)}
+        if optimizer.lower() not in known:
+            raise CommandError(f"--optimizer: Keras does not know {optimizer!r}. Check the "
+                               f"spelling against keras.optimizers ({', '.join(sorted(known))})")
+    if loss is not None:
+        try:
+            keras.losses.get(loss)  # a function or a Loss: no variables
+        except ValueError as error:
+            raise CommandError(f"--loss: Keras does not know {loss!r} ({error}). Check the "
+                               "spelling against keras.losses") from error
+
+
 def build_trainer(trainer_class, model, args):
     """The trainer the ``train`` command's arguments describe."""
     optimizer, loss, metrics = _compile_settings(model, args)
@@ -353,6 +393,8 @@ def _check_outputs(args):
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     options = _train_options(args)  # the flags' mistakes, before Spark starts
+    if not args.trainer_config:  # a configuration file replaces the flags
+        check_arguments(trainer_class, args)
     spark = _spark(args.master, args.spark_conf)
     # The executors' Python workers start (and import Keras) while the driver loads the
     # model and reads the data's schema: seconds saved on every job.

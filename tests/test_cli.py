@@ -357,3 +357,26 @@ def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
     assert cli.main(argv) == 1  # before Spark starts
     error = capsys.readouterr().err.strip()
     assert error.startswith(f"distkeras train: error: --train-options {options} is not JSON:")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "--epochs must be an integer >= 1. Received: --epochs 0"),
+    (["--batch-size", "-1"], "--batch-size must be an integer >= 1"),
+    (["--window", "0"], "--window must be an integer >= 1"),
+    (["--optimizer", "adamm"], "--optimizer: Keras does not know 'adamm'"),
+    (["--loss", "categorical_crossentropyy"],
+     "--loss: Keras does not know 'categorical_crossentropyy'"),
+    (["--trainer", "SingleTrainer", "--window", "4"], "SingleTrainer has no communication"),
+    (["--trainer", "SingleTrainer", "--workers", "2"], "SingleTrainer trains on one worker"),
+])
+def test_train_settings_are_refused_before_spark_starts(flags, message, monkeypatch, capsys):
+    from distkeras import cli
+
+    def no_spark(*_args):
+        raise AssertionError("Spark started before the settings were checked")
+
+    monkeypatch.setattr(cli, "_spark", no_spark)
+    argv = ["train", "--data", "d.parquet", "--model", "m.keras", "--output", "o.keras"]
+    assert cli.main(argv + flags) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("distkeras train: error: ") and message in error, error
