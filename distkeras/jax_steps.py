@@ -10,7 +10,9 @@ Two more costs are removed against a loop over Keras's train function:
 
 * Metrics report per batch (as `train_on_batch` does), so every step starts from reset
   metric variables. The reset happens inside the compiled step (the initial values are
-  constants of the trace), not as fresh arrays built in Python before every step.
+  constants of the trace), not as fresh arrays built in Python before every step. The
+  step's metric variables come back too (still on the device), for the worker to add up
+  the epoch's (see `distkeras.epoch_metrics`).
 * The weights the workers exchange every window are read from and written to the JAX state
   directly, without writing the optimizer and metric state back into Keras variables.
 """
@@ -33,6 +35,9 @@ class JaxTrainStep:
         self._step = None
         self._window = None
         self._weight_slots = None
+        # The metric variables' values after the last step (or, after a window, one per
+        # step along their first axis): that batch's state, from zero.
+        self.metric_values = None
 
     @staticmethod
     def supported(model):
@@ -52,18 +57,18 @@ class JaxTrainStep:
         def step(state, batch):
             # Fresh metric values on every step: the logs describe this batch alone.
             metrics = [jnp.asarray(value) for value in fresh_metrics]
-            logs, (trainable, non_trainable, optimizer, _) = model.train_step(
+            logs, (trainable, non_trainable, optimizer, metrics) = model.train_step(
                 (*state, metrics), batch)
-            return logs, (trainable, non_trainable, optimizer)
+            return (logs, metrics), (trainable, non_trainable, optimizer)
 
         def window(state, batches):
             # Several steps in one compiled call: no Python between them.
             def body(carry, batch):
-                logs, carry = step(carry, batch if len(batch) == 3 else (*batch, None))
-                return carry, logs
+                outputs, carry = step(carry, batch if len(batch) == 3 else (*batch, None))
+                return carry, outputs
 
-            state, logs = jax.lax.scan(body, tuple(state), batches)
-            return logs, state
+            state, outputs = jax.lax.scan(body, tuple(state), batches)
+            return outputs, state
 
         self._step = jax.jit(step, donate_argnums=0)
         self._window = jax.jit(window, donate_argnums=0)
@@ -91,7 +96,7 @@ class JaxTrainStep:
             self._build(data)
         if self.state is None:
             self._load_state()
-        logs, self.state = self._step(self.state, data)
+        (logs, self.metric_values), self.state = self._step(self.state, data)
         return logs
 
     def run_window(self, batches):
@@ -101,7 +106,7 @@ class JaxTrainStep:
         All batches must have the same shapes (a compiled call per window length).
 
         Returns:
-            The logs, each a JAX array with one value per step.
+            The logs, each a JAX array with one value per step (``metric_values`` too).
         """
         first = tuple(batches[0])
         if self._step is None:
@@ -110,7 +115,7 @@ class JaxTrainStep:
             self._load_state()
         stacked = jax.tree_util.tree_map(lambda *arrays: stack(arrays),
                                          *[tuple(batch) for batch in batches])
-        logs, self.state = self._window(self.state, stacked)
+        (logs, self.metric_values), self.state = self._window(self.state, stacked)
         return logs
 
     def get_weights(self):

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from distkeras.epoch_metrics import of_epoch
 from distkeras.validation import epoch_logs
 
 logger = logging.getLogger(__name__)
@@ -288,14 +289,19 @@ class TrainingMonitor(threading.Thread):
             return
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             weights = [np.array(weight) for weight in self.server.center_variable]
+        # Read after the records that ended the epochs: the workers' metric state of
+        # their steps came before them.
+        snapshot = getattr(self.server, "metric_states_snapshot", None)
+        metric_states = snapshot() if snapshot is not None else []
         # Records arrive a few times a second: when they show several epochs done at once
         # (short epochs, or the last ones ending together), each still ends, on the center
         # reached, so the callbacks count every epoch (EarlyStopping's patience), each with
-        # the mean loss and metrics of its own steps (records say their epoch).
+        # the loss and metrics of its own steps (records say their epoch).
         for epoch in range(self._validated_epochs + 1, finished + 1):
             self._validated_epochs = epoch
-            logs = epoch_logs(record for record in self._epoch_records
-                              if record.get("epoch", epoch - 1) == epoch - 1)
+            logs = epoch_logs((record for record in self._epoch_records
+                               if record.get("epoch", epoch - 1) == epoch - 1),
+                              of_epoch(metric_states, epoch - 1))
             self._epoch_records = [record for record in self._epoch_records
                                    if record.get("epoch", epoch - 1) > epoch - 1]
             if not self._end_epoch(weights, epoch, logs):

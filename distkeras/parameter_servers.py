@@ -87,6 +87,9 @@ class SocketParameterServer(ParameterServer):
         # Room for two copies of the weights (Experimental sends the delta and the center).
         self.max_frame_bytes = 2 * model_bytes + (1 << 20)
         self.history = []
+        # The workers' reports of their metric state per epoch (`epoch_metrics.unpack`),
+        # superseded with the records of the same steps.
+        self.metric_states = []
         # Goes up each time records are marked ``superseded`` (a retried task's): a reader
         # that counted them counts again.
         self.history_generation = 0
@@ -169,6 +172,11 @@ class SocketParameterServer(ParameterServer):
         """The step records received so far (a copy)."""
         with self._history_lock:
             return list(self.history)
+
+    def metric_states_snapshot(self):
+        """The metric state reports received so far (a copy of the list)."""
+        with self._history_lock:
+            return list(self.metric_states)
 
     def wait_for_goodbyes(self, timeout):
         """Waits until every connection has ended (workers said goodbye), or ``timeout``.
@@ -260,6 +268,9 @@ class SocketParameterServer(ParameterServer):
         ``superseded`` (with the ``attempt`` that made them, 0 for the first); call under
         the history lock."""
         marked = False
+        for report in self.metric_states:
+            if report["worker_id"] == worker_id and redone(report):
+                report["superseded"] = True
         for record in self.history:
             if record.get("worker_id") == worker_id and not record.get("superseded") \
                     and redone(record):
@@ -402,9 +413,11 @@ class SocketParameterServer(ParameterServer):
         columns = data.get("history")
         if not isinstance(columns, dict):
             raise networking.ProtocolError("A history message must carry a dict of columns.")
+        from distkeras.epoch_metrics import unpack
         from distkeras.workers import history_records
 
         records = history_records(columns)
+        reports = unpack(data, conn.worker_id)
         attempt = getattr(conn, "attempt", 0)
         index = getattr(conn, "attempt_index", 0)
         with self._history_lock:
@@ -417,6 +430,10 @@ class SocketParameterServer(ParameterServer):
                     record["attempt"] = index
                 if stale:
                     record["superseded"] = True
+            for report in reports:
+                report["superseded"] = stale
+            # Before the records: a reader that sees them sees the state of their steps.
+            self.metric_states.extend(reports)
             self.history.extend(records)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from distkeras import affinity
 from distkeras import custom_objects
 from distkeras import dataframes
+from distkeras import epoch_metrics
 from distkeras.epochs import Replay
 from distkeras import networking
 from distkeras import parameter_servers
@@ -499,6 +500,8 @@ class Trainer:
                     math.ceil(self._progress_total / self.num_epoch / self.batch_size))
             start = time.time()
             self.history = []
+            # The workers' metric state per epoch (`epoch_metrics`), for the epoch logs.
+            self._metric_states = []
             if self._validator is not None:
                 self._validator.begin()
             try:
@@ -585,7 +588,7 @@ class Trainer:
             raise ValueError(f"In validation_data: {error}") from error
 
     def _trained_so_far(self, worker_id=None, epochs=1):
-        """Samples in the history (of one worker, if given) and the mean loss and metrics
+        """Samples in the history (of one worker, if given) and the loss and metrics
         (`validation.epoch_logs`) of its last ``1 / epochs`` of them (the last epoch's, in
         time order)."""
         records = [record for record in self.history if not record.get("superseded")
@@ -593,8 +596,10 @@ class Trainer:
         counts = np.cumsum([record.get("batch_size", 0) for record in records])
         total = int(counts[-1]) if len(counts) else 0
         start = total * (epochs - 1) / epochs
+        states = [] if worker_id is not None else epoch_metrics.of_epoch(
+            getattr(self, "_metric_states", []), epochs - 1)
         return total, validation.epoch_logs(
-            record for record, count in zip(records, counts) if count > start)
+            (record for record, count in zip(records, counts) if count > start), states)
 
     def _begin_epoch(self, epoch):
         """Calls the callbacks' ``on_epoch_begin`` before ``epoch`` (1-based), where the
@@ -613,7 +618,8 @@ class Trainer:
         if self._validator is None:
             return False
         samples, _ = self._trained_so_far()
-        logs = validation.epoch_logs(epoch_records)
+        logs = validation.epoch_logs(epoch_records, epoch_metrics.of_epoch(
+            self._metric_states, epoch - 1))
         try:
             self._validator.evaluate(weights, epoch, samples, logs.pop("loss", None), logs)
         except Exception as cause:  # the user's callback: say where it failed, keep its error
@@ -688,6 +694,7 @@ class Trainer:
         if epoch >= self.num_epoch:
             return False  # the last: the returned model is validated at the end
         self.history = server.history_snapshot()
+        self._metric_states = server.metric_states_snapshot()
         records = [record for record in self.history if record.get("epoch") == epoch - 1]
         try:
             if self._validate_epoch(list(weights), epoch, records):
@@ -743,6 +750,7 @@ class Trainer:
             monitor.stop()
             server.stop()
             self.history = list(server.history)  # what was trained, even when it failed
+            self._metric_states = list(server.metric_states)
         if failures:
             raise failures[0]
         if server.errors:
@@ -781,6 +789,7 @@ class Trainer:
             monitor.stop()
             server.stop()
             reported.extend(server.history)
+            self._metric_states.extend(server.metric_states)
 
     def _validate_checkpointing(self):
         if self.checkpoint_dir is not None or self.resume:
@@ -987,6 +996,7 @@ class SingleTrainer(Trainer):
                                            f"distkeras {description}", job_group, replay)
         self.history.extend(reported)
         self.history.extend(workers.history_records(workers.unpack_history(message)))
+        self._metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
         if message.get("optimizer_state") is not None:
             self._optimizer_state = list(message["optimizer_state"])
         return message
@@ -1025,7 +1035,7 @@ class SingleTrainer(Trainer):
             worker.master_model = serialize_model(model)  # this epoch's starting weights
             worker.optimizer_state = self._optimizer_state
             worker.iteration = len(self.history) + 1
-            steps_before = len(self.history)
+            steps_before, states_before = len(self.history), len(self._metric_states)
             message = self._run_sequential(
                 dataframes.lay_out(frame, 1, shuffle), worker, label_shapes,
                 f"{type(self).__name__} epoch {epoch}/{self.num_epoch}",
@@ -1033,7 +1043,7 @@ class SingleTrainer(Trainer):
             model.set_weights(list(message["weights"]))
             workers.set_optimizer_state(driver_model, self._optimizer_state)
             epoch_records = self.history[steps_before:]
-            for record in epoch_records:
+            for record in epoch_records + self._metric_states[states_before:]:
                 record["epoch"] = epoch - 1  # counted from 0, as AveragingTrainer's
             # The last epoch: the returned model, at the end.
             if epoch < self.num_epoch and \
@@ -1287,6 +1297,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             server.stop()
             # What was trained, even when it failed or was interrupted.
             self.history = list(getattr(server, "history", []))
+            self._metric_states = list(getattr(server, "metric_states", []))
             if stopped_early:
                 self._checkpoint_stopped_training(server, updates_before)
         if monitor is not None and monitor.end_of_epoch_error:
@@ -1624,6 +1635,7 @@ class AveragingTrainer(DistributedTrainer):
             description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
             job_group = self._new_job_group()
             samples = self._progress_total // self.num_epoch if self._progress_total else None
+            states_before = len(self._metric_states)
             with self._progress(frame.sparkSession, worker, samples, description,
                                 job_group) as epoch_records:
                 messages = self._run_workers(layout, self.num_partitions(), worker,
@@ -1637,7 +1649,10 @@ class AveragingTrainer(DistributedTrainer):
                     weights_array(message["weights"]) for message in trained)))
             epoch_records.extend(record for message in messages for record in
                                  workers.history_records(workers.unpack_history(message)))
-            for record in epoch_records:
+            for message in messages:
+                self._metric_states.extend(epoch_metrics.unpack(message,
+                                                                message["worker_id"]))
+            for record in epoch_records + self._metric_states[states_before:]:
                 record["epoch"] = epoch
             self.history.extend(epoch_records)
             # The last epoch: the returned model, at the end.

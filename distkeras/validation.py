@@ -316,9 +316,12 @@ def as_callback_list(callbacks):
 
 
 def warn_of_step_mean_metrics(metrics):
-    """Warns that the callbacks' training value of each compile metric that ``fit``
-    accumulates over the epoch (``AUC``, ``Precision``, ``RootMeanSquaredError``, ...) is
-    the mean of its per-step values here, which differs (its ``val_`` value is exact).
+    """Warns that the callbacks' training value of each compile metric of the user's own
+    class whose result is not a mean is the mean of its per-step values here, which
+    differs from ``fit``'s (its ``val_`` value is exact). Keras's own metrics (``AUC``,
+    ``Precision``, ``RootMeanSquaredError``, ...) get fit's value: their state adds up over
+    steps and workers (see `distkeras.epoch_metrics`); a class of the user's is not known
+    to.
 
     Args:
         metrics: The trainer's ``metrics``, as ``compile`` takes them (names, instances,
@@ -328,13 +331,15 @@ def warn_of_step_mean_metrics(metrics):
     if names:
         logger.warning(
             "In the callbacks' epoch logs, the training %s is the mean of per-step values, "
-            "not fit's value over the whole epoch (these metrics accumulate over it); the "
-            "validation values are exact: monitor %s.", " and ".join(names),
+            "not fit's value over the whole epoch (metrics of your own classes are not known "
+            "to add up over steps and workers, as Keras's own do); the validation values "
+            "are exact: monitor %s.", " and ".join(names),
             " or ".join(f"val_{name}" for name in names))
 
 
 def _step_mean_metric_names(metrics):
-    """Names of the metrics in ``metrics`` whose epoch value is not a mean of steps."""
+    """Names of the metrics in ``metrics`` of the user's own classes whose epoch value is
+    not a mean of steps."""
     import keras
 
     if isinstance(metrics, dict) and "class_name" not in metrics:  # one entry per output
@@ -349,9 +354,11 @@ def _step_mean_metric_names(metrics):
             metrics = keras.metrics.get(metrics)
         except ValueError:  # a name compile resolves itself ("acc"): a mean
             return
-    # Means (accuracy, mae, a function's wrapper) average exactly over steps.
+    # Means (accuracy, mae, a function's wrapper) average exactly over steps; Keras's own
+    # accumulating metrics are added up over them (`epoch_metrics.additive`).
     if isinstance(metrics, keras.metrics.Metric) and \
-            type(metrics).result is not keras.metrics.Mean.result:
+            type(metrics).result is not keras.metrics.Mean.result and \
+            not type(metrics).__module__.startswith("keras."):
         # Keras numbers each further instance of a name made in this process ("auc_2");
         # a worker's compile makes the first, whose logs say "auc".
         yield re.sub(r"_\d+$", "", metrics.name) if made_here else metrics.name
@@ -362,12 +369,24 @@ _STEP_KEYS = frozenset({"worker_id", "iteration", "timestamp", "batch_size", "ep
                         "attempt"})
 
 
-def epoch_logs(records):
-    """The mean of each measured value (``loss`` and the metrics) over step records, each
-    step weighing its ``batch_size`` (1 where a record has none), as ``fit``'s epoch logs
-    hold them: an epoch's smaller last batch counts for its rows. A value that is NaN in
-    one step is NaN. Steps of a failed task that Spark's retry trained again
-    (``superseded``) do not count."""
+def epoch_logs(records, metric_states=()):
+    """The epoch's loss and metrics as ``fit``'s epoch logs hold them.
+
+    Each metric whose workers reported its state (``metric_states``: the epoch's reports,
+    see `distkeras.epoch_metrics`) gets its result over the state of all the epoch's steps;
+    any other measured value, the mean over step records, each step weighing its
+    ``batch_size`` (1 where a record has none): an epoch's smaller last batch counts for
+    its rows. A value that is NaN in one step is NaN. Steps of a failed task that Spark's
+    retry trained again (``superseded``) do not count."""
+    from distkeras.epoch_metrics import exact_logs
+
+    logs = _step_means(records)
+    logs.update(exact_logs(metric_states))
+    return logs
+
+
+def _step_means(records):
+    """The mean of each measured value over step records (see `epoch_logs`)."""
     values = {}
     for record in records:
         if record.get("superseded"):

@@ -16,6 +16,7 @@ import numpy as np
 
 from distkeras import networking
 from distkeras import update_rules
+from distkeras.epoch_metrics import EpochMetricSums
 from distkeras.affinity import claimed_cores
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype
 from distkeras.networking import weights_array
@@ -99,6 +100,9 @@ class HistoryLog:
     Values may arrive as JAX scalars, or as JAX arrays holding a whole window of steps,
     still being computed; they are turned into floats in groups (one transfer per array),
     so recording a step never waits for that step to finish.
+
+    ``metric_sums`` adds up the steps' metric state per epoch, for the exact epoch logs
+    (see `distkeras.epoch_metrics`); it travels with the records (`drain_metric_sums`).
     """
 
     MATERIALIZE_EVERY = 64
@@ -107,6 +111,7 @@ class HistoryLog:
         self.columns = {}
         self.size = 0
         self._materialized = 0
+        self.metric_sums = EpochMetricSums()
 
     def append(self, record):
         """Adds one step's record (a dict of numbers)."""
@@ -145,6 +150,11 @@ class HistoryLog:
         self._materialize()
         columns, self.columns, self.size, self._materialized = self.columns, {}, 0, 0
         return columns
+
+    def drain_metric_sums(self):
+        """The metric state added up since the last call, as message fields (see
+        `EpochMetricSums.drain`); drained with the records, it covers their steps."""
+        return self.metric_sums.drain()
 
 
 class _StepBlock:
@@ -244,6 +254,9 @@ class ModelReplica:
         self._on_batch = on_batch
         self._on_window = on_window
         self._fast_step = JaxTrainStep(model) if JaxTrainStep.supported(model) else None
+        # The metric variables' values after the last step (one per step along their first
+        # axis after a window), from zero at the step's start.
+        self.metric_values = None
 
     def _sync(self):
         if self._fast_step is not None:
@@ -268,6 +281,7 @@ class ModelReplica:
         batch_size = _batch_size(x)
         if self._fast_step is not None and class_weight is None:
             logs = self._fast_step(x, y, sample_weight)
+            self.metric_values = self._fast_step.metric_values
             self._on_batch(logs, batch_size)
             if not return_dict:
                 values = [_to_float(value) for value in logs.values()]
@@ -277,6 +291,8 @@ class ModelReplica:
         logs = self._model.train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=True
         )
+        # Keras's train_on_batch resets the metrics first: the state is this batch's.
+        self.metric_values = [variable.value for variable in self._model.metrics_variables]
         self._on_batch(logs, batch_size)
         if return_dict:
             return logs
@@ -295,6 +311,7 @@ class ModelReplica:
                 self.train_on_batch(*batch)
             return
         logs = self._fast_step.run_window(batches)
+        self.metric_values = self._fast_step.metric_values
         self._on_window(logs, _batch_size(batches[0][0]), len(batches))
 
     def runs_window(self, batches):
@@ -393,6 +410,10 @@ class Worker:
                   "epoch": self._epoch_of_steps(batch_size, 1)}
         record.update(logs)
         self.history.append(record)
+        values = getattr(self.model, "metric_values", None)
+        if values is not None:
+            self.history.metric_sums.bind(self.model._model)
+            self.history.metric_sums.add(record["epoch"], values)
 
     def _record_window(self, logs, batch_size, count):
         """Records ``count`` steps whose logs hold one value per step."""
@@ -403,6 +424,10 @@ class Worker:
                   "epoch": self._epoch_of_steps(batch_size, count)}
         record.update(logs)
         self.history.extend(record, count)
+        values = getattr(self.model, "metric_values", None)
+        if values is not None:
+            self.history.metric_sums.bind(self.model._model)
+            self.history.metric_sums.add_window(record["epoch"], values)
 
     def _epoch_of_steps(self, batch_size, count):
         """The epoch (from 0) of the next ``count`` steps of ``batch_size`` samples (an int
@@ -591,11 +616,13 @@ def learning_rate_field(data, key):
     return float(rate)
 
 
-def send_history_columns(sock, columns):
-    """Sends drained history columns to the driver's server (nothing when there are none)."""
-    if columns:
+def send_history_columns(sock, columns, metric_sums=None):
+    """Sends drained history columns, and the metric sums drained with them (see
+    `HistoryLog.drain_metric_sums`), to the driver's server (nothing when there are
+    none)."""
+    if columns or metric_sums:
         networking.send_action(sock, networking.ACTION_HISTORY)
-        networking.send_data(sock, {"history": columns})
+        networking.send_data(sock, {"history": columns, **(metric_sums or {})})
 
 
 class ProgressReporter:
@@ -625,7 +652,7 @@ class ProgressReporter:
         if not force and time.monotonic() - self._last < self.every_seconds:
             return
         self._last = time.monotonic()
-        send_history_columns(self.socket, history.drain())
+        send_history_columns(self.socket, history.drain(), history.drain_metric_sums())
 
     def close(self, history, timeout=10.0):
         """Sends the last records, says goodbye and waits until the server has closed the
@@ -699,6 +726,7 @@ class SequentialWorker(Worker):
         if self.return_optimizer_state:
             message["optimizer_state"] = get_optimizer_state(self.model)
         message.update(pack_history(self.history.drain()))
+        message.update(self.history.drain_metric_sums())
         return message
 
 
@@ -829,12 +857,12 @@ class NetworkWorker(Worker):
 
     def flush_history(self):
         """Sends the steps recorded since the last flush to the driver, keeping none."""
-        self.send_history(self.history.drain())
+        self.send_history(self.history.drain(), self.history.drain_metric_sums())
 
-    def send_history(self, columns):
-        """Sends drained history columns (nothing when there are none)."""
+    def send_history(self, columns, metric_sums=None):
+        """Sends drained history columns and metric sums (nothing when there are none)."""
         self._last_flush = time.monotonic()
-        send_history_columns(self.socket, columns)
+        send_history_columns(self.socket, columns, metric_sums)
 
 
 class WindowedWorker(NetworkWorker):
@@ -918,7 +946,8 @@ class WindowedWorker(NetworkWorker):
         self.apply_server_learning_rate()  # one it brought, here on the training thread
         self.window_start = update_rules.add_update(self.center_variable, update)
         self.model.set_weights(self.window_start)
-        history = self.history.drain() if self.history_due() else None
+        history = (self.history.drain(), self.history.drain_metric_sums()) \
+            if self.history_due() else None
         if getattr(self, "_exchanger", None) is None:
             self._exchanger = ThreadPoolExecutor(1, thread_name_prefix="distkeras-exchange")
         self._pending_exchange = self._exchanger.submit(
@@ -927,7 +956,7 @@ class WindowedWorker(NetworkWorker):
     def _exchange(self, update, history, center_if_only_own):
         self.send_commit(update)
         if history is not None:
-            self.send_history(history)
+            self.send_history(*history)
         if self.pull_unless_own():
             self.center_variable = center_if_only_own
 

@@ -915,54 +915,68 @@ def test_callbacks_see_the_training_metrics_as_fit_gives_them(trainer_name, fash
             np.average([record["loss"] for record in first], weights=rows))
 
 
-def test_callbacks_are_warned_that_accumulated_metrics_are_step_means(fashion_train,
-                                                                      caplog):
+def test_keras_accumulating_metrics_need_no_step_mean_warning(fashion_train, caplog):
     import keras
 
     from distkeras.trainers import SingleTrainer
 
-    # fit's epoch AUC is computed over the epoch's rows; the logs here average the steps'.
+    # Their epoch values are fit's (tests/test_epoch_metrics.py).
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
                             metrics=["accuracy", keras.metrics.AUC(name="auc"),
                                      "precision"])
     with caplog.at_level("WARNING", logger="distkeras.validation"):
         trainer.train(fashion_train.limit(200), verbose=0,
                       callbacks=[keras.callbacks.CSVLogger(os.devnull)])
-    warnings = [record.getMessage() for record in caplog.records
+    assert not [record for record in caplog.records
                 if "mean of per-step values" in record.getMessage()]
-    assert len(warnings) == 1
-    assert "training auc and precision" in warnings[0] and "val_auc" in warnings[0]
-    assert "accuracy" not in warnings[0]
 
 
-def test_mean_metrics_need_no_warning(caplog):
+def _peak_metric():
+    """A metric class of the user's own, whose result is not a mean."""
+    import keras
+
+    @keras.saving.register_keras_serializable("distkeras_tests")
+    class Peak(keras.metrics.Metric):
+        def __init__(self, name="peak", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.peak = self.add_variable((), "zeros", name="peak")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.peak.assign(keras.ops.maximum(self.peak, keras.ops.max(y_pred)))
+
+        def result(self):
+            return self.peak
+
+    return Peak
+
+
+def test_only_metrics_of_the_users_own_classes_are_warned_of(caplog):
     import keras
 
     from distkeras.validation import warn_of_step_mean_metrics
 
     with caplog.at_level("WARNING", logger="distkeras.validation"):
-        warn_of_step_mean_metrics(["accuracy", "acc", "mae",
+        warn_of_step_mean_metrics(["accuracy", "acc", "mae", "AUC",
                                    keras.metrics.SparseCategoricalAccuracy(),
-                                   {"out": ["mse"]}, None])
+                                   {"out": ["mse", keras.metrics.RootMeanSquaredError()]},
+                                   None])
     assert caplog.records == []
     with caplog.at_level("WARNING", logger="distkeras.validation"):
-        warn_of_step_mean_metrics({"out": [keras.metrics.RootMeanSquaredError()]})
-    assert "root_mean_squared_error" in caplog.records[0].getMessage()
+        warn_of_step_mean_metrics({"out": [_peak_metric()(), "precision"]})
+    message = caplog.records[0].getMessage()
+    assert "training peak is" in message and "precision" not in message
 
 
-def test_step_mean_metrics_given_by_name_or_config_are_named_as_their_logs(caplog):
-    import keras
-
+def test_step_mean_metrics_given_by_config_are_named_as_their_logs(caplog):
     from distkeras.utils import serialize_keras_object
     from distkeras.validation import warn_of_step_mean_metrics
 
-    keras.metrics.AUC()  # an earlier instance: Keras would number the next "auc_1"
+    peak = _peak_metric()
+    peak(), peak()  # earlier instances: Keras might number the next "peak_2"
     with caplog.at_level("WARNING", logger="distkeras.validation"):
-        warn_of_step_mean_metrics(["AUC", serialize_keras_object(keras.metrics.Precision()),
-                                   serialize_keras_object(keras.metrics.BinaryAccuracy())])
+        warn_of_step_mean_metrics([serialize_keras_object(peak()), "AUC"])
     message = caplog.records[0].getMessage()
-    assert "monitor val_auc or val_precision." in message
-    assert "accuracy" not in message
+    assert "monitor val_peak." in message
 
 
 def test_epoch_logs_average_each_measured_value():

@@ -1,0 +1,134 @@
+"""The callbacks' training values of the metrics that ``fit`` accumulates over an epoch
+(AUC, Precision, RootMeanSquaredError, R2Score, ...) are fit's, not means of steps."""
+
+import numpy as np
+import pytest
+
+
+def _binary_data(fashion_test, rows=256):
+    images, labels = fashion_test
+    return images[:rows], (labels[:rows] < 5).astype(np.float32).reshape(-1, 1)
+
+
+def _frame(spark, x, y):
+    rows = [(features.tolist(), label.tolist()) for features, label in zip(x, y)]
+    return spark.createDataFrame(rows, "features array<float>, label array<float>")
+
+
+def _model(outputs=1, activation="sigmoid"):
+    import keras
+
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(outputs, activation=activation)])
+
+
+def _recorder(seen):
+    import keras
+
+    return keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(logs))
+
+
+def _fit_and_train(spark, x, y, loss, metrics):
+    """The epoch logs of fit, and of SingleTrainer on the same rows and initial weights."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    logs = {}
+    for way in ("fit", "train"):
+        keras.utils.set_random_seed(3)
+        model, seen = _model(), []
+        if way == "fit":
+            model.compile(keras.optimizers.Adam(0.01), loss, metrics=metrics())
+            model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+                      callbacks=[_recorder(seen)])
+        else:
+            trainer = SingleTrainer(model, keras.optimizers.Adam(0.01), loss,
+                                    metrics=metrics(), num_epoch=2, batch_size=32)
+            trainer.train(_frame(spark, x, y).coalesce(1), verbose=0,
+                          callbacks=[_recorder(seen)])
+            logs["history"] = trainer.get_history()
+        logs[way] = seen
+    return logs
+
+
+def _step_mean(history, name, epoch):
+    steps = [record for record in history if record["epoch"] == epoch]
+    return np.average([record[name] for record in steps],
+                      weights=[record["batch_size"] for record in steps])
+
+
+def test_single_trainer_logs_fits_epoch_auc_and_precision(spark, fashion_test):
+    import keras
+
+    x, y = _binary_data(fashion_test)
+    logs = _fit_and_train(spark, x, y, "binary_crossentropy",
+                          lambda: [keras.metrics.AUC(name="auc"), "precision", "accuracy"])
+    assert len(logs["train"]) == len(logs["fit"]) == 2
+    for epoch, (got, want) in enumerate(zip(logs["train"], logs["fit"])):
+        for name in ("auc", "precision", "accuracy", "loss"):
+            assert got[name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), (epoch, name)
+    # Not the steps' mean, which the history still holds step by step.
+    assert abs(_step_mean(logs["history"], "auc", 0) - logs["train"][0]["auc"]) > 1e-3
+
+
+def test_single_trainer_logs_fits_epoch_rmse_and_r2(spark, fashion_test):
+    import keras
+
+    images, labels = fashion_test
+    x, y = images[:256], (labels[:256] / 9.0).astype(np.float32).reshape(-1, 1)
+    logs = _fit_and_train(spark, x, y, "mse",
+                          lambda: [keras.metrics.RootMeanSquaredError(name="rmse"),
+                                   keras.metrics.R2Score(name="r2"), "mae"])
+    for epoch, (got, want) in enumerate(zip(logs["train"], logs["fit"])):
+        for name in ("rmse", "r2", "mae", "loss"):
+            assert got[name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), (epoch, name)
+    assert abs(_step_mean(logs["history"], "rmse", 0) - logs["train"][0]["rmse"]) > 1e-4
+
+
+@pytest.mark.parametrize("trainer_name", ["ADAG", "AveragingTrainer"])
+def test_two_workers_log_the_auc_of_all_the_epochs_rows(spark, fashion_test, trainer_name):
+    # A learning rate of 0: every step sees the initial model, so the epoch's AUC over both
+    # workers' rows is that model's AUC over all the rows, computed here at once.
+    import keras
+
+    from distkeras import trainers
+
+    x, y = _binary_data(fashion_test)
+    keras.utils.set_random_seed(4)
+    model, seen = _model(), []
+    scores = model.predict(x, verbose=0)
+    want = {}
+    for name, metric in (("auc", keras.metrics.AUC()), ("precision", keras.metrics.Precision())):
+        metric.update_state(y, scores)
+        want[name] = float(metric.result())
+    trainer = getattr(trainers, trainer_name)(
+        model, keras.optimizers.SGD(0.0), "binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc"), "precision"], num_workers=2, num_epoch=2,
+        batch_size=32)
+    trainer.train(_frame(spark, x, y).repartition(2), verbose=0,
+                  callbacks=[_recorder(seen)])
+    assert len(seen) == 2
+    for logs in seen:
+        assert logs["auc"] == pytest.approx(want["auc"], rel=1e-5)
+        assert logs["precision"] == pytest.approx(want["precision"], rel=1e-5)
+    assert abs(_step_mean(trainer.get_history(), "auc", 0) - want["auc"]) > 1e-3
+
+
+def test_exact_logs_add_the_workers_states():
+    import keras
+
+    from distkeras.epoch_metrics import exact_logs
+
+    rng = np.random.default_rng(0)
+    y, scores = rng.integers(0, 2, (100, 1)), rng.random((100, 1))
+    whole, halves = keras.metrics.AUC(), [keras.metrics.AUC(), keras.metrics.AUC()]
+    whole.update_state(y, scores)
+    halves[0].update_state(y[:30], scores[:30])
+    halves[1].update_state(y[30:], scores[30:])
+    spec = {"config": keras.metrics.serialize(whole)}
+    reports = [{"worker_id": index, "epoch": 0, "name": "auc", "spec": spec,
+                "state": [np.asarray(v) for v in half.variables]}
+               for index, half in enumerate(halves)]
+    reports.append(dict(reports[0], superseded=True))  # a failed attempt's: not counted
+    assert exact_logs(reports)["auc"] == pytest.approx(float(whole.result()), rel=1e-6)
