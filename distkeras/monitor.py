@@ -191,10 +191,15 @@ class TrainingMonitor(threading.Thread):
         self._epoch_records = []
         self.stopped_by_callback = None
         self.end_of_epoch_error = None  # (epoch, exception) when validation or a callback failed
+        if self.validator is not None and num_tasks is not None and \
+                hasattr(server, "track_epochs"):
+            server.track_epochs(num_tasks, num_epoch)  # each epoch on its own center
 
     def stop(self):
         self._done.set()
         self.join(timeout=5)
+        if hasattr(self.server, "track_epochs"):
+            self.server.track_epochs(None)  # frees the centers no epoch end took
 
     def _progress(self):
         if self.verbose == 2:
@@ -287,18 +292,19 @@ class TrainingMonitor(threading.Thread):
         finished = min(self._finished_epochs(), self.num_epoch - 1)
         if finished <= self._validated_epochs:
             return
-        with self.server.mutex:  # a copy: commits go on while it is evaluated
-            weights = [np.array(weight) for weight in self.server.center_variable]
         # Read after the records that ended the epochs: the workers' metric state of
         # their steps came before them.
         snapshot = getattr(self.server, "metric_states_snapshot", None)
         metric_states = snapshot() if snapshot is not None else []
         # Records arrive a few times a second: when they show several epochs done at once
-        # (short epochs, or the last ones ending together), each still ends, on the center
-        # reached, so the callbacks count every epoch (EarlyStopping's patience), each with
-        # the loss and metrics of its own steps (records say their epoch).
+        # (short epochs, the last ones ending together, or a validation that took longer
+        # than an epoch), each still ends, so the callbacks count every epoch
+        # (EarlyStopping's patience), each with the loss and metrics of its own steps
+        # (records say their epoch) and on the center its end reached, where the server
+        # kept it (else the center now, where several epochs end on the same one).
         for epoch in range(self._validated_epochs + 1, finished + 1):
             self._validated_epochs = epoch
+            weights = self._center_at_end(epoch)
             logs = epoch_logs((record for record in self._epoch_records
                                if record.get("epoch", epoch - 1) == epoch - 1),
                               of_epoch(metric_states, epoch - 1))
@@ -306,6 +312,15 @@ class TrainingMonitor(threading.Thread):
                                    if record.get("epoch", epoch - 1) > epoch - 1]
             if not self._end_epoch(weights, epoch, logs):
                 return
+
+    def _center_at_end(self, epoch):
+        """A copy of the center variable as ``epoch`` ended, where the server kept it
+        (see `SocketParameterServer.track_epochs`), else as it is now."""
+        kept = getattr(self.server, "epoch_center", None)
+        center = kept(epoch) if kept is not None else None
+        with self.server.mutex:  # a copy: commits go on while it is evaluated
+            return [np.array(weight) for weight in
+                    (center if center is not None else self.server.center_variable)]
 
     def _finished_epochs(self):
         """Epochs every worker has finished: one that started late, or went slower, holds

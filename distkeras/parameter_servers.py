@@ -96,6 +96,12 @@ class SocketParameterServer(ParameterServer):
         # worker id: [its latest task attempt id connected, how many came before it]
         self._attempts = {}
         self.finished_workers = set()  # ids of the workers that said goodbye
+        # Set by `track_epochs`: (worker tasks, epochs); per worker, the latest epoch it
+        # recorded a step of; the epochs ended; the center as each ended, until taken.
+        self._epoch_tracking = None
+        self._trained_epochs = {}
+        self._epochs_ended = 0
+        self._epoch_centers = {}
         self.staleness = []
         self.errors = []
         self.worker_failures = []  # (worker id, error) that workers reported before failing
@@ -262,6 +268,63 @@ class SocketParameterServer(ParameterServer):
         """A new attempt of ``conn``'s worker connected: what its earlier attempts recorded
         is redone. Call under ``self.mutex`` and the history lock."""
         self._supersede(conn.worker_id, lambda record: True)
+        self._trained_epochs.pop(conn.worker_id, None)  # it trains from epoch 0 again
+
+    # -- epoch ends ----------------------------------------------------------------------
+
+    def track_epochs(self, num_tasks=None, num_epoch=None):
+        """Keeps the center variable as each epoch ends, for `epoch_center` (None: stops
+        and forgets the centers kept).
+
+        An epoch ends when every worker (ids 0 to ``num_tasks - 1``) has recorded a step
+        of a later epoch, or said goodbye, as `monitor.TrainingMonitor` decides; the last
+        epoch is not counted (its end is the returned model). The driver's monitor sees
+        the records a look later, and after a slow validation several epochs at once:
+        the center it would read then holds the later epochs' training too.
+
+        Args:
+            num_tasks: The worker tasks of the run.
+            num_epoch: Its epochs.
+        """
+        with self._history_lock:
+            self._epoch_tracking = None if num_tasks is None else (num_tasks, num_epoch)
+            self._trained_epochs, self._epochs_ended, self._epoch_centers = {}, 0, {}
+
+    def epoch_center(self, epoch):
+        """The center variable as ``epoch`` (from 1) ended, or None where it was not kept
+        (see `track_epochs`); it is then forgotten, with those of the epochs before."""
+        with self._history_lock:
+            center = self._epoch_centers.pop(epoch, None)
+            for earlier in [kept for kept in self._epoch_centers if kept < epoch]:
+                del self._epoch_centers[earlier]
+        return center
+
+    def _note_epoch_records(self, worker_id, records):
+        """Counts the epochs of a worker's new records (of its current attempt); call
+        under the history lock."""
+        epochs = [int(record["epoch"]) for record in records if "epoch" in record
+                  and not record.get("superseded")]
+        if self._epoch_tracking is None or not epochs:
+            return
+        self._trained_epochs[worker_id] = max(self._trained_epochs.get(worker_id, 0),
+                                              max(epochs))
+        self._note_epoch_ends()
+
+    def _note_epoch_ends(self):
+        """Keeps the center for each epoch that has just ended; call under the history
+        lock, after the records or the goodbye that ended it (the commits before them are
+        applied: a worker sends a window's records after its commit)."""
+        if self._epoch_tracking is None:
+            return
+        num_tasks, num_epoch = self._epoch_tracking
+        finished = min(num_epoch if worker in self.finished_workers
+                       else self._trained_epochs.get(worker, 0)
+                       for worker in range(num_tasks))
+        # Handlers replace the center, never modify it in place: the reference is the
+        # center as it is now, and pins one copy of the weights until taken.
+        for epoch in range(self._epochs_ended + 1, min(finished, num_epoch - 1) + 1):
+            self._epoch_centers[epoch] = self.center_variable
+            self._epochs_ended = epoch
 
     def _supersede(self, worker_id, redone):
         """Marks ``worker_id``'s records for which ``redone(record)`` holds as
@@ -322,6 +385,7 @@ class SocketParameterServer(ParameterServer):
             elif action == networking.ACTION_QUIT:
                 with self._history_lock:  # after its last history: its records are all in
                     self.finished_workers.add(conn.worker_id)
+                    self._note_epoch_ends()
                 return
             elif action == b"":
                 return
@@ -435,6 +499,7 @@ class SocketParameterServer(ParameterServer):
             # Before the records: a reader that sees them sees the state of their steps.
             self.metric_states.extend(reports)
             self.history.extend(records)
+            self._note_epoch_records(conn.worker_id, records)
 
 
     MAX_FAILURE_CHARS = 4000

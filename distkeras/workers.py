@@ -438,8 +438,11 @@ class Worker:
         if self._feed is None:
             return 0 if count == 1 else np.zeros(count, np.int64)
         if count == 1:
-            return int(self._feed.epoch_of(trained))
-        return self._feed.epoch_of(trained + batch_size * np.arange(count))
+            epoch = int(self._feed.epoch_of(trained))
+        else:
+            epoch = self._feed.epoch_of(trained + batch_size * np.arange(count))
+        self.latest_epoch = int(np.max(epoch))
+        return epoch
 
     def take_minibatches(self, count):
         """Up to ``count`` next minibatches (fewer, or none, when the data runs out)."""
@@ -852,12 +855,21 @@ class NetworkWorker(Worker):
         networking.send_data(self.socket, message)
 
     def history_due(self):
-        """Whether the recorded steps should travel with this commit."""
-        return time.monotonic() - self._last_flush >= self.HISTORY_EVERY_SECONDS
+        """Whether the recorded steps should travel with this commit: every
+        ``HISTORY_EVERY_SECONDS``, and as soon as they hold a new epoch's (the driver ends
+        an epoch, on the center as it is then, when every worker's records show it over)."""
+        return time.monotonic() - self._last_flush >= self.HISTORY_EVERY_SECONDS or \
+            getattr(self, "latest_epoch", 0) > getattr(self, "_reported_epoch", 0)
 
     def flush_history(self):
         """Sends the steps recorded since the last flush to the driver, keeping none."""
-        self.send_history(self.history.drain(), self.history.drain_metric_sums())
+        self.send_history(*self.drain_history())
+
+    def drain_history(self):
+        """The steps recorded since the last drain, as columns, and the metric sums
+        drained with them (see `HistoryLog.drain_metric_sums`), forgotten here."""
+        self._reported_epoch = getattr(self, "latest_epoch", 0)
+        return self.history.drain(), self.history.drain_metric_sums()
 
     def send_history(self, columns, metric_sums=None):
         """Sends drained history columns and metric sums (nothing when there are none)."""
@@ -946,8 +958,7 @@ class WindowedWorker(NetworkWorker):
         self.apply_server_learning_rate()  # one it brought, here on the training thread
         self.window_start = update_rules.add_update(self.center_variable, update)
         self.model.set_weights(self.window_start)
-        history = (self.history.drain(), self.history.drain_metric_sums()) \
-            if self.history_due() else None
+        history = self.drain_history() if self.history_due() else None
         if getattr(self, "_exchanger", None) is None:
             self._exchanger = ThreadPoolExecutor(1, thread_name_prefix="distkeras-exchange")
         self._pending_exchange = self._exchanger.submit(

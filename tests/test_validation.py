@@ -1001,3 +1001,55 @@ def test_epoch_logs_weigh_each_step_by_its_rows():
                {"worker_id": 0, "iteration": 2, "timestamp": 6.0, "batch_size": 8,
                 "epoch": 0, "loss": 6.0, "accuracy": 1.0}]
     assert epoch_logs(records) == pytest.approx({"loss": 2.0, "accuracy": 0.6})
+
+
+class _LateWorker:
+    """Makes worker 1 start two seconds after worker 0 (a slow executor, a skewed
+    scheduler): mixed into a built-in worker class below."""
+
+    def setup(self):
+        import time
+
+        if self.worker_id == 1:
+            time.sleep(2.0)
+        super().setup()
+
+
+def test_each_epoch_ends_on_its_own_center_when_a_worker_starts_late(spark, fashion_train):
+    """Worker 1 trains its short epochs after worker 0 has finished, and the driver's first
+    validation (which compiles) takes longer than they do: epochs 1 to 3 all ended at once,
+    on the last center (the same val_loss three times, which EarlyStopping counts as no
+    improvement, and ModelCheckpoint saved the same weights)."""
+    import keras
+
+    from distkeras import trainers, workers
+
+    class LateADAGWorker(_LateWorker, workers.ADAGWorker):
+        pass
+
+    class LateADAG(trainers.ADAG):
+        def allocate_worker(self):
+            return LateADAGWorker(self.master_model)
+
+    class Centers(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.centers = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.centers.append(self.model.get_weights()[0].copy())
+
+    centers = Centers()
+    frame = fashion_train.limit(1000).repartition(2).cache()
+    x, y = np.random.default_rng(0).random((200, 784), np.float32), \
+        np.eye(10, dtype=np.float32)[np.arange(200) % 10]
+    trainer = LateADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                       communication_window=2, num_epoch=4)
+    trainer.train(frame, verbose=0, validation_data=(x, y), callbacks=[centers])
+    frame.unpersist()
+
+    assert len(centers.centers) == 4
+    for earlier, later in zip(centers.centers, centers.centers[1:]):
+        assert not np.array_equal(earlier, later)
+    losses = [record["val_loss"] for record in trainer.get_validation_history()]
+    assert len(set(losses)) == len(losses) == 4
