@@ -1034,7 +1034,10 @@ class SingleTrainer(Trainer):
                                 f"SequentialWorker. Received: {type(worker).__name__}")
             worker.master_model = serialize_model(model)  # this epoch's starting weights
             worker.optimizer_state = self._optimizer_state
-            worker.iteration = len(self.history) + 1
+            # Numbered on from the last epoch's steps: not from the count of records, which
+            # holds a retried task's superseded ones too.
+            worker.iteration = 1 + max((record["iteration"] for record in self.history
+                                        if not record.get("superseded")), default=0)
             steps_before, states_before = len(self.history), len(self._metric_states)
             message = self._run_sequential(
                 dataframes.lay_out(frame, 1, shuffle), worker, label_shapes,

@@ -257,3 +257,40 @@ def test_the_epochs_logs_and_the_returned_optimizer_are_fits(spark, fashion_test
     assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.002)
     for got, want in zip(model.optimizer.variables, reference.optimizer.variables):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_a_task_per_epoch_retried_numbers_its_steps_on(spark, fashion_test, monkeypatch):
+    """Each epoch a Spark task of its own (no spare slot for a callback of the user's own),
+    and the first's first attempt fails mid-epoch: the second epoch's steps were numbered
+    from the count of records, the failed attempt's superseded ones included (a gap in
+    the iterations of get_history and get_averaged_history)."""
+    from pyspark import TaskContext
+
+    from distkeras import trainers, workers
+
+    class FailingOnceWorker(workers.SequentialWorker):
+        STEPS_PER_CALL = 4
+
+        def train_steps(self, batches):
+            if TaskContext.get().attemptNumber() == 0 and self.iteration >= 9:
+                raise RuntimeError("flaky executor")
+            super().train_steps(batches)
+
+    class FailingOnceSingle(trainers.SingleTrainer):
+        def allocate_worker(self):
+            return FailingOnceWorker(self.master_model)
+
+    monkeypatch.setattr(trainers.SingleTrainer, "_slots_for_one_job", lambda *args: False)
+    images, labels = fashion_test
+    frame = _frame(spark, images[:320], labels[:320])
+    trainer = FailingOnceSingle(build_mlp(16), "adam", "categorical_crossentropy",
+                                num_epoch=2, batch_size=16)
+    trainer.train(frame, verbose=1, validation_data=(images[400:500],
+                                                     np.eye(10)[labels[400:500]]))
+
+    history = trainer.get_history()
+    assert any(record.get("superseded") for record in history)
+    steps = trainer.get_executor_history(0)
+    assert [record["iteration"] for record in steps] == list(range(1, 41))
+    assert [record["epoch"] for record in steps] == [0] * 20 + [1] * 20
+    assert list(trainer.get_averaged_history()["iteration"]) == list(range(1, 41))
