@@ -33,14 +33,17 @@ def integer_dtype(tensor):
     return dtype if np.issubdtype(dtype, np.integer) else None
 
 
-def column_rows(column, sample_shape, name, dtype=None):
+def column_rows(column, sample_shape, name, dtype=None, finite=False):
     """An Arrow column as `column_to_numpy` reads it, except that Spark ML vectors stay as
     they came (`vectors.VectorRows`): slicing it gives dense rows, so a sparse column is
     densified one minibatch at a time."""
     if is_vector_type(column.type):
         _check_no_nulls(column, name)
-        return VectorRows(column, sample_shape, name, dtype)
-    return column_to_numpy(column, sample_shape, name, dtype)
+        rows = VectorRows(column, sample_shape, name, dtype)
+        if finite:
+            check_finite(rows.values, name, "array", rows.bounds)
+        return rows
+    return column_to_numpy(column, sample_shape, name, dtype, finite)
 
 
 def _check_no_nulls(column, name):
@@ -51,7 +54,7 @@ def _check_no_nulls(column, name):
         )
 
 
-def column_to_numpy(column, sample_shape, name, dtype=None):
+def column_to_numpy(column, sample_shape, name, dtype=None, finite=False):
     """An Arrow column of numbers, (nested) lists, packed tensors or Spark ML vectors (as
     their struct, `vectors.VectorRows`) as a numpy array of ``(rows, *shape)``.
 
@@ -60,15 +63,25 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
     integer ``dtype`` (an input typed so, `integer_dtype`), numbers, vectors and lists
     become that dtype instead.
 
+    With ``finite``, NaN and infinite values are refused (`check_finite`), before any cast
+    to an integer ``dtype`` would turn them into arbitrary integers.
+
     Raises:
-        ValueError: Naming the column, for nulls or a number of values that does not fit.
+        ValueError: Naming the column, for nulls or a number of values that does not fit
+            (or, with ``finite``, NaN or infinite values).
     """
     rows = len(column)
     _check_no_nulls(column, name)
     if is_vector_type(column.type):
-        return VectorRows(column, sample_shape, name, dtype).to_numpy()
+        vectors = VectorRows(column, sample_shape, name, dtype)
+        if finite:
+            check_finite(vectors.values, name, "array", vectors.bounds)
+        return vectors.to_numpy()
     if is_packed_type(column.type):
-        return unpack_column(column, sample_shape, name)
+        values = unpack_column(column, sample_shape, name)
+        if finite:
+            check_finite(values, name, "packed")
+        return values
     if is_list_type(column.type):
         size = int(np.prod(sample_shape)) if sample_shape else 1
         values, counts = _flatten_rows(column, name, sample_shape)
@@ -83,6 +96,8 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
                 f"the model expects {size} per row (shape {tuple(sample_shape)}). {fix}"
             )
         flat = values.to_numpy(zero_copy_only=False)
+        if finite:
+            check_finite(flat.reshape((rows, size)), name, "array")
         return flat.astype(dtype or np.float32, copy=False).reshape((rows, *sample_shape))
     size = int(np.prod(sample_shape)) if sample_shape else 1
     if size != 1:
@@ -90,6 +105,8 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
             f"Column {name!r} holds one number per row, but the model expects {size} per row "
             f"(shape {tuple(sample_shape)}).")
     flat = column.to_numpy(zero_copy_only=False)
+    if finite:
+        check_finite(flat, name, "number")
     if sample_shape:
         flat = flat.reshape((rows, *sample_shape))
     if dtype is not None:
@@ -97,6 +114,65 @@ def column_to_numpy(column, sample_shape, name, dtype=None):
     if np.issubdtype(flat.dtype, np.integer):
         return _integers(flat)
     return flat.astype(np.float32, copy=False)
+
+
+def check_finite(values, name, kind, bounds=None):
+    """Raises a clear error for NaN or infinite values among a column's numbers.
+
+    One of them in a minibatch makes its loss NaN, and every weight NaN after the step
+    (and, through the parameter server, every worker's): Keras's ``fit`` trains on them
+    without a word, so the training refuses them here, naming the column and the row.
+
+    Args:
+        values: The column's numbers (a batch's), any shape, its rows first: or, with
+            ``bounds``, flat.
+        name: The column's name, for the error.
+        kind: ``"number"``, ``"array"`` (or Spark ML vector) or ``"packed"``: how to
+            drop the rows in Spark differs.
+        bounds: For flat ``values``, where each row's values start (and the last ends).
+
+    Raises:
+        ValueError: Naming the column, the first such row and how to drop or fill them.
+    """
+    values = np.asarray(values)
+    if values.dtype == object:  # decimals: finite by construction
+        return
+    if not np.issubdtype(values.dtype, np.floating):
+        return
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    first = int(np.flatnonzero(bad.reshape(-1))[0])
+    if bounds is not None:
+        rows = len(bounds) - 1
+        row = int(np.searchsorted(bounds, first, side="right")) - 1
+    else:
+        rows = len(values)
+        row = first // max(1, values[:1].size)
+    what = "NaN" if np.isnan(values.reshape(-1)[first]) else "infinite"
+    raise ValueError(
+        f"Column {name!r} holds {int(bad.sum())} NaN or infinite values (the first, "
+        f"{what}, in row {row} of a batch of {rows} in this partition): one of them makes "
+        "a step's loss NaN and every weight NaN after it. Drop or fill those rows first, "
+        f"for example {_finite_hint(name, kind)}.")
+
+
+def _finite_hint(name, kind):
+    """How to keep only the rows of column ``name`` (of ``kind``) whose values are finite,
+    in Spark."""
+    if kind == "number":
+        return (f"`df.na.drop(subset=[{name!r}])` (Spark drops NaN as null there) or "
+                f"`df.na.fill(0.0, subset=[{name!r}])`; infinite values with "
+                f"`df.where(F.abs({name!r}) != float('inf'))`")
+    values = "F.col(<the array column packed>)" if kind == "packed" else f"F.col({name!r})"
+    hint = (f"`df.where(F.forall({values}, lambda v: ~F.isnan(v) & "
+            "(F.abs(v) != float('inf'))))`")
+    if kind == "packed":
+        return hint
+    # Dense Spark ML vectors reach the workers as arrays: the kind cannot tell them apart.
+    return (f"{hint} (for a Spark ML vector column, "
+            f"`pyspark.ml.functions.vector_to_array(F.col({name!r}))` in place of "
+            f"`F.col({name!r})`)")
 
 
 def _integers(values):
@@ -272,10 +348,12 @@ class MinibatchFeed:
     def _convert(self, record_batch):
         # Features may be sparse vectors (1 MiB a row once dense for HashingTF's 2**18):
         # kept as they came, they are densified by the minibatch slice.
-        x = [column_rows(record_batch.column(arrow_name(name)), shape, name, dtype)
+        # NaN or infinite numbers are refused: they would make every weight NaN.
+        x = [column_rows(record_batch.column(arrow_name(name)), shape, name, dtype,
+                         finite=True)
              for name, shape, dtype in zip(self.features_cols, self.feature_shapes,
                                            self.feature_dtypes)]
-        y = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name)
+        y = [column_to_numpy(record_batch.column(arrow_name(name)), shape, name, finite=True)
              for name, shape in zip(self.label_cols, self.label_shapes)]
         for labels, num_classes, name in zip(y, self.num_classes, self.label_cols):
             if num_classes is not None:

@@ -1352,9 +1352,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             logger.warning(
                 "%s: the parameter server refused %d commits (NaN or infinite values) from "
                 "workers %s; the returned model holds the other %d, so it lacks those "
-                "workers' training since their first refusal. A NaN loss usually means NaN "
-                "or infinite values in that worker's data (features or labels) or a learning "
-                "rate too high; Keras's fit would have returned NaN weights.",
+                "workers' training since their first refusal. A NaN loss usually means a "
+                "learning rate too high or values too large for float32 in that worker's "
+                "data (NaN or infinite values stop the training as they are fed); Keras's "
+                "fit would have returned NaN weights.",
                 type(self).__name__, refused, dict(sorted(by_worker.items())), num_updates)
             return
         if num_updates or not self.history:

@@ -235,11 +235,12 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
 
 def _column(table, name, shape, dtype=None):
     """Column ``name`` of the collected validation rows as `column_to_numpy` reads it; its
-    errors (nulls, rows of the wrong length) say that the validation data holds them, not a
-    training partition."""
+    errors (nulls, NaN, rows of the wrong length) say that the validation data holds them,
+    not a training partition: a NaN would make every ``val_loss`` NaN, and an
+    ``EarlyStopping`` or ``ModelCheckpoint`` on it see no epoch better than another."""
     try:
         return column_to_numpy(table.column(arrow_name(name)).combine_chunks(), shape, name,
-                               dtype)
+                               dtype, finite=True)
     except ValueError as error:
         message = str(error).replace(" in this partition", "").replace(
             " (in one Arrow batch of this partition)", "")

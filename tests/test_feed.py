@@ -395,3 +395,48 @@ def test_string_feature_columns_are_refused_with_what_to_do_for_features(spark, 
     with pytest.raises(TypeError, match="integer ids") as raised:
         trainer.train(frame, verbose=0)
     assert "class names" not in str(raised.value)
+
+
+def test_nan_and_infinite_values_are_refused_for_training_not_trained_into_the_weights():
+    import pyarrow as pa
+    import pytest
+
+    from distkeras.feed import column_rows, column_to_numpy
+
+    nan, inf = float("nan"), float("inf")
+    with pytest.raises(ValueError, match=r"Column 'f' holds 1 NaN or infinite values \(the "
+                                         r"first, NaN, in row 1 of a batch of 3.*F.forall"):
+        column_to_numpy(pa.array([[1.0, 2.0], [nan, 1.0], [3.0, 4.0]]), (2,), "f",
+                        finite=True)
+    with pytest.raises(ValueError, match=r"holds 2 NaN or infinite.*infinite, in row 0.*"
+                                         r"na.drop\(subset=\['y'\]\)"):
+        column_to_numpy(pa.array([inf, 1.0, nan]), (), "y", finite=True)
+    # Before a cast to an integer input's dtype, which would make NaN an arbitrary id.
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        column_to_numpy(pa.array([[1.0, nan]]), (2,), "ids", np.dtype("int32"), finite=True)
+    vectors = pa.array([{"type": 1, "size": None, "indices": None, "values": [1.0, 2.0]},
+                        {"type": 0, "size": 2, "indices": [1], "values": [nan]}])
+    with pytest.raises(ValueError, match=r"in row 1 of a batch of 2.*vector_to_array"):
+        column_rows(vectors, (2,), "v", finite=True)
+    # Prediction (and integers, which hold no NaN) read them as before.
+    assert np.isnan(column_to_numpy(pa.array([[1.0, nan]]), (2,), "f")).any()
+    assert column_to_numpy(pa.array([1, 2]), (), "y", finite=True).tolist() == [1, 2]
+
+
+def test_a_nan_label_in_the_middle_of_the_data_stops_training_with_the_column_named(spark):
+    import keras
+    import pytest
+
+    from distkeras.trainers import SingleTrainer, TrainingError
+
+    # Keras's fit trains on it, and every weight comes out NaN.
+    rows = [([float(index % 5)] * 3, float("nan") if index == 70 else float(index % 4))
+            for index in range(100)]
+    frame = spark.createDataFrame(rows, "features array<double>, target double")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "adam", "mse", metrics=[], label_col="target")
+    with pytest.raises(TrainingError, match="Column 'target' holds 1 NaN or infinite values"):
+        trainer.train(frame.coalesce(1), verbose=0)
+    with pytest.raises(ValueError, match="In the validation data: Column 'target' holds 1 "
+                                         "NaN"):
+        trainer.train(frame.where("target = 0"), validation_data=frame, verbose=0)

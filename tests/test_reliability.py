@@ -482,9 +482,10 @@ def test_a_keras_layer_error_names_its_cause_in_the_training_error(fashion_train
 
 
 def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
-    """A NaN label in one partition: the server refuses that worker's NaN commits and the
-    model keeps the other worker's training; it used to return it with only a log line
-    per commit, as if all had trained."""
+    """A step that diverges in one partition (a feature of 1e20: its gradient overflows
+    float32; a NaN in the data is refused as it is fed): the server refuses that worker's
+    non-finite commits and the model keeps the other worker's training; it used to return
+    it with only a log line per commit, as if all had trained."""
     import keras
 
     from distkeras.trainers import DOWNPOUR
@@ -492,7 +493,7 @@ def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
     rng = np.random.default_rng(2)
     x = rng.normal(size=(400, 3)).astype("float32")
     y = x.sum(axis=1)
-    y[300] = np.nan  # in the second partition
+    x[300] = 1e20  # in the second partition
     # Two slices in order: rows 0-199, then 200-399.
     frame = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)],
                                   "features array<float>, label double")
