@@ -47,10 +47,12 @@ def column_rows(column, sample_shape, name, dtype=None, finite=False):
 
 
 def _check_no_nulls(column, name):
+    # `df.dropna()` without a subset would also drop the rows with a null in any other
+    # column (a comment, an optional field): often most of a real table.
     if column.null_count:
         raise ValueError(
             f"Column {name!r} has {column.null_count} null values in this partition; "
-            "drop or fill them first (for example `df.dropna()`)."
+            f"drop or fill them first (for example `df.dropna(subset=[{name!r}])`)."
         )
 
 

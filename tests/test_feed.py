@@ -440,3 +440,16 @@ def test_a_nan_label_in_the_middle_of_the_data_stops_training_with_the_column_na
     with pytest.raises(ValueError, match="In the validation data: Column 'target' holds 1 "
                                          "NaN"):
         trainer.train(frame.where("target = 0"), validation_data=frame, verbose=0)
+
+
+def test_a_null_row_is_told_to_drop_the_rows_null_in_that_column_only():
+    import pyarrow as pa
+    import pytest
+
+    from distkeras.feed import column_to_numpy
+
+    # `df.dropna()` would drop every row with a null anywhere, as in an unrelated
+    # optional column: most rows of many real tables.
+    with pytest.raises(ValueError, match=r"Column 'label' has 1 null values .*"
+                                         r"`df.dropna\(subset=\['label'\]\)`"):
+        column_to_numpy(pa.array([1.0, None]), (), "label")
