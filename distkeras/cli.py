@@ -215,7 +215,7 @@ def _load_model(path):
 def _compile_settings(model, args):
     compiled = getattr(model, "compiled", False)
     loss = args.loss or (model.loss if compiled else None)
-    if loss is None:
+    if loss is None and not compiled:  # compiled with loss=None: its own (add_loss)
         raise CommandError("--loss is required: the model file has no compiled loss")
     optimizer = args.optimizer or (model.optimizer if compiled else "adam")
     metrics = None if args.metrics is None else \

@@ -141,6 +141,13 @@ def _compiled_with(model):
     return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
 
 
+def _compiled_without_loss(model):
+    """Whether ``model`` was compiled with ``loss=None``, as Keras allows for a model whose
+    loss is its own: layers' ``add_loss`` (an autoencoder's reconstruction penalty), or
+    a ``train_step`` or ``compute_loss`` of its class. Its workers compile it so too."""
+    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is None
+
+
 def _binary_loss_logits(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) is a binary
     cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
@@ -355,7 +362,10 @@ class Trainer:
                 "`keras_model` must be a keras.Model. "
                 f"Received: keras_model={type(self.master_model).__name__}")
         self._use_compiled_settings()
-        for name in ("worker_optimizer", "loss"):
+        required = ["worker_optimizer"]
+        if not _compiled_without_loss(self.master_model):
+            required.append("loss")
+        for name in required:
             if getattr(self, name) is None:
                 example = "'adam'" if name == "worker_optimizer" else \
                     "'categorical_crossentropy'"
