@@ -140,12 +140,33 @@ def check_known_inputs(model):
     if getattr(model, "inputs", None) and getattr(model, "outputs", None):
         _check_fixed_shapes(model)
         return
+    steps = _own_training_logic(model)
+    if steps:
+        # Wrapped, the outer functional model would train with Keras's own step.
+        raise ValueError(
+            f"distkeras needs a model with known inputs and outputs (a Sequential or "
+            f"functional model); {type(model).__name__} has none, as a subclassed "
+            f"keras.Model does not. Wrapping it in keras.Model(inputs, your_model(inputs)) "
+            f"would train without its own {' and '.join(steps)}: build it from functional "
+            f"layers instead, `outputs = keras.layers.Dense(...)(inputs); model = "
+            f"{type(model).__name__}(inputs, outputs)` (the class keeps its "
+            f"{' and '.join(steps)}), registered with "
+            "@keras.saving.register_keras_serializable() so that the executors rebuild it.")
     raise ValueError(
         f"distkeras needs a model with known inputs and outputs (a Sequential or functional "
         f"model); {type(model).__name__} has none, as a subclassed keras.Model does not. Wrap "
         "it: `inputs = keras.Input(shape=(...)); model = keras.Model(inputs, "
         "your_model(inputs))`, and give your class a `get_config()` for its constructor "
         "arguments so that the executors can rebuild it.")
+
+
+def _own_training_logic(model):
+    """The methods of Keras's training loop that ``model``'s class defines itself
+    (``train_step``, ``compute_loss``, ...), which a model wrapping it would not run."""
+    import keras
+
+    return [name for name in ("train_step", "compute_loss", "test_step")
+            if getattr(type(model), name, None) is not getattr(keras.Model, name, None)]
 
 
 def _check_fixed_shapes(model):

@@ -46,3 +46,55 @@ def test_a_model_compiled_without_a_loss_trains_on_its_own_as_fit_does(spark):
     for got, expected in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     assert trained.loss is None
+
+
+class ZeroingModel(keras.Model):
+    """Its own `train_step` (Keras 3, JAX): every trainable weight becomes 0, loss 42."""
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer, metrics = state
+        zeros = [keras.ops.zeros_like(value) for value in trainable]
+        return ({"loss": keras.ops.convert_to_tensor(42.0)},
+                (zeros, non_trainable, optimizer, metrics))
+
+
+class ZeroingSubclass(ZeroingModel):
+    """The same step, with layers called in `call`: no known inputs."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2, activation="softmax")
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+def test_wrapping_a_subclass_with_its_own_train_step_is_not_advised(spark):
+    import pytest
+
+    from distkeras.trainers import SingleTrainer
+
+    model = ZeroingSubclass()
+    model(np.zeros((1, 8), "float32"))
+    model.compile("sgd", "categorical_crossentropy")
+    frame = spark.createDataFrame([([0.0] * 8, [1.0, 0.0])],
+                                  "features array<float>, label array<float>")
+    with pytest.raises(ValueError, match="would train without its own train_step.*"
+                                         r"ZeroingSubclass\(inputs, outputs\)"):
+        SingleTrainer(model).train(frame, verbose=0)
+
+
+def test_the_functional_form_of_a_subclass_trains_with_its_own_train_step(spark):
+    from distkeras.trainers import SingleTrainer
+
+    inputs = keras.Input((8,))
+    model = ZeroingModel(inputs, keras.layers.Dense(2, activation="softmax")(inputs))
+    model.compile("sgd", "categorical_crossentropy")
+    frame = spark.createDataFrame([([1.0] * 8, [1.0, 0.0])] * 32,
+                                  "features array<float>, label array<float>").coalesce(1)
+    trainer = SingleTrainer(model, batch_size=16)
+    trained = trainer.train(frame, verbose=0)
+
+    assert isinstance(trained, ZeroingModel)
+    assert all(not np.any(weight) for weight in trained.get_weights())
+    assert [record["loss"] for record in trainer.get_history()] == [42.0, 42.0]
