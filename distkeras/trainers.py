@@ -828,7 +828,9 @@ class Trainer:
     def _execution_options(self):
         """How the given model, if compiled, runs its later `fit`, `evaluate` and `predict`
         (``jit_compile``, ``steps_per_execution``, ``run_eagerly``): the returned model keeps
-        them. (The workers' steps are distkeras's own, one window per compiled call.)"""
+        them, and the workers run their steps with its ``jit_compile`` and ``run_eagerly``
+        (a Python side effect in ``train_step`` or a layer's ``call`` then happens at every
+        step, as in its `fit`; JAX's window of steps in one compiled call needs both on)."""
         model = self.master_model
         if not getattr(model, "compiled", False):
             return {}
@@ -856,6 +858,9 @@ class Trainer:
         worker.custom_objects = dict(getattr(self, "_custom_objects", None) or {})
         worker.weighted_metrics = serialize_keras_object(
             getattr(self, "_weighted_metrics", None))
+        worker.execution_options = {
+            name: value for name, value in self._execution_options().items()
+            if name in ("jit_compile", "run_eagerly")}
         worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
         worker.class_table = getattr(self, "_class_table", None)
         _register_user_module(worker)

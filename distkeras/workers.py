@@ -368,6 +368,8 @@ class Worker:
         self.backend = None
         self.custom_objects = {}  # set by the trainer: see `distkeras.custom_objects`
         self.weighted_metrics = None  # set by the trainer: a compiled model's
+        # Set by the trainer: a compiled model's jit_compile and run_eagerly.
+        self.execution_options = {}
         self.worker_id = 0
         self.iteration = 1
         self._trained_samples = 0
@@ -391,7 +393,9 @@ class Worker:
             model.compile(**compile_arguments(self.optimizer, self.loss, self.metrics,
                                               self.loss_weights,
                                               getattr(self, "weighted_metrics", None),
-                                              model=model))
+                                              model=model),
+                          # Steps as the model's own fit runs them (eagerly, without XLA).
+                          **(getattr(self, "execution_options", None) or {}))
         self.model = ModelReplica(model, self._record_step, self._record_window)
         # One flag per entry of get_weights(): False for state such as BatchNormalization's
         # moving statistics (see `update_rules`).

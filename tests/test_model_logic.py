@@ -98,3 +98,30 @@ def test_the_functional_form_of_a_subclass_trains_with_its_own_train_step(spark)
     assert isinstance(trained, ZeroingModel)
     assert all(not np.any(weight) for weight in trained.get_weights())
     assert [record["loss"] for record in trainer.get_history()] == [42.0, 42.0]
+
+
+class StepCounter(keras.Model):
+    """Reports as its loss how often its Python `train_step` ran: once per step when run
+    eagerly, once for all steps under jit (the trace)."""
+
+    calls = 0
+
+    def train_step(self, state, data):
+        self.calls += 1
+        return {"loss": keras.ops.convert_to_tensor(float(self.calls))}, state
+
+
+def test_workers_run_a_model_compiled_with_run_eagerly_eagerly(spark):
+    from distkeras.trainers import ADAG, SingleTrainer
+
+    frame = spark.createDataFrame([([1.0] * 8, [1.0, 0.0])] * 64,
+                                  "features array<float>, label array<float>").coalesce(2)
+    for cls, settings in ((SingleTrainer, {}), (ADAG, {"num_workers": 1})):
+        inputs = keras.Input((8,))
+        model = StepCounter(inputs, keras.layers.Dense(2, activation="softmax")(inputs))
+        model.compile("sgd", "categorical_crossentropy", run_eagerly=True)
+        trainer = cls(model, batch_size=16, **settings)
+        trainer.train(frame, verbose=0)
+
+        # As `model.fit(x, y, batch_size=16)` logs them: 1, 2, 3, 4.
+        assert [record["loss"] for record in trainer.get_history()] == [1.0, 2.0, 3.0, 4.0]
