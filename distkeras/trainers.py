@@ -426,7 +426,8 @@ class Trainer:
         return list(self.history)
 
     def get_averaged_history(self):
-        """The history averaged over workers, step by step (a dict of numpy arrays)."""
+        """The history averaged over workers, step by step within each epoch (a dict of
+        numpy arrays; see `distkeras.utils.average_history`)."""
         return average_history(self.history)
 
     def get_executor_history(self, worker_id):

@@ -2,6 +2,9 @@
 
 import math
 
+import numpy as np
+from conftest import build_mlp
+
 from distkeras import networking, workers
 
 
@@ -41,3 +44,45 @@ def test_a_loss_that_became_nan_stays_nan_and_a_missing_metric_stays_missing():
     first, second = workers.history_records(workers.unpack_history(decoded))
     assert first["loss"] == 2.5 and first["accuracy"] == 0.25
     assert math.isnan(second["loss"]) and "accuracy" not in second
+
+
+def test_averaged_history_averages_each_step_of_an_epoch_with_uneven_partitions(
+        fashion_train):
+    """Worker 0 takes 10 steps an epoch, worker 1 6, numbered on across epochs: averaged by
+    that number, worker 1's epoch 1 was averaged with worker 0's epoch 0 (an ``epoch`` of
+    0.5, losses of two epochs in one mean)."""
+    from distkeras.trainers import ADAG
+
+    first, second = (fashion_train.limit(rows).rdd.coalesce(1) for rows in (320, 192))
+    frame = fashion_train.sparkSession.createDataFrame(first.union(second),
+                                                       fashion_train.schema)
+    trainer = ADAG(build_mlp(16), "adam", "categorical_crossentropy", num_workers=2,
+                   communication_window=2, num_epoch=3)
+    trainer.train(frame, verbose=0)
+
+    averaged = trainer.get_averaged_history()
+    assert list(averaged["epoch"]) == [0] * 10 + [1] * 10 + [2] * 10
+    assert list(averaged["iteration"]) == list(range(1, 31))
+    steps = {}  # (epoch, step within it) -> the workers' losses
+    for worker in (0, 1):
+        for epoch in (0, 1, 2):
+            records = [record for record in trainer.get_executor_history(worker)
+                       if record["epoch"] == epoch]
+            assert len(records) == (10 if worker == 0 else 6)
+            for step, record in enumerate(records):
+                steps.setdefault((epoch, step), []).append(record["loss"])
+    want = [np.mean(steps[key]) for key in sorted(steps)]
+    np.testing.assert_allclose(averaged["loss"], want, rtol=1e-12)
+
+
+def test_averaged_history_of_records_without_epochs_goes_by_iteration():
+    """Records of a worker of one's own, without ``epoch``: each worker's k-th step, as
+    dist-keras averaged them."""
+    from distkeras.utils import average_history
+
+    records = [{"worker_id": worker, "iteration": step, "timestamp": float(step),
+                "loss": float(worker + step)}
+               for worker in (0, 1) for step in (1, 2, 3) if (worker, step) != (1, 3)]
+    averaged = average_history(records)
+    assert list(averaged["iteration"]) == [1, 2, 3] and "epoch" not in averaged
+    np.testing.assert_allclose(averaged["loss"], [1.5, 2.5, 3.0])
