@@ -304,23 +304,25 @@ class TrainingMonitor(threading.Thread):
         # kept it (else the center now, where several epochs end on the same one).
         for epoch in range(self._validated_epochs + 1, finished + 1):
             self._validated_epochs = epoch
-            weights = self._center_at_end(epoch)
+            weights, samples = self._state_at_end(epoch)
             logs = epoch_logs((record for record in self._epoch_records
                                if record.get("epoch", epoch - 1) == epoch - 1),
                               of_epoch(metric_states, epoch - 1))
             self._epoch_records = [record for record in self._epoch_records
                                    if record.get("epoch", epoch - 1) > epoch - 1]
-            if not self._end_epoch(weights, epoch, logs):
+            if not self._end_epoch(weights, epoch, logs, samples):
                 return
 
-    def _center_at_end(self, epoch):
-        """A copy of the center variable as ``epoch`` ended, where the server kept it
-        (see `SocketParameterServer.track_epochs`), else as it is now."""
-        kept = getattr(self.server, "epoch_center", None)
-        center = kept(epoch) if kept is not None else None
+    def _state_at_end(self, epoch):
+        """A copy of the center variable as ``epoch`` ended and the samples trained then,
+        where the server kept them (see `SocketParameterServer.track_epochs`), else the
+        center as it is now and the samples seen so far."""
+        kept = getattr(self.server, "epoch_end", None)
+        end = kept(epoch) if kept is not None else None
         with self.server.mutex:  # a copy: commits go on while it is evaluated
-            return [np.array(weight) for weight in
-                    (center if center is not None else self.server.center_variable)]
+            center, samples = end if end is not None else \
+                (self.server.center_variable, self._samples)
+            return [np.array(weight) for weight in center], samples
 
     def _finished_epochs(self):
         """Epochs every worker has finished: one that started late, or went slower, holds
@@ -331,13 +333,13 @@ class TrainingMonitor(threading.Thread):
         return min(self.num_epoch if worker in done else self._worker_epochs.get(worker, 0)
                    for worker in range(self.num_tasks))
 
-    def _end_epoch(self, weights, epoch, logs):
+    def _end_epoch(self, weights, epoch, logs, samples):
         """Validates and calls back one epoch's end (``logs``: the steps' mean loss and
-        metrics); returns whether training goes on."""
+        metrics; ``samples``: those trained into ``weights``); returns whether training
+        goes on."""
         logs = dict(logs)
         try:
-            self.validator.evaluate(weights, epoch, self._samples, logs.pop("loss", None),
-                                    logs)
+            self.validator.evaluate(weights, epoch, samples, logs.pop("loss", None), logs)
             if not self.validator.stop_requested:
                 self.validator.epoch_begin(epoch + 1)
                 rate = self.validator.learning_rate()

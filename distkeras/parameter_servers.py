@@ -97,11 +97,12 @@ class SocketParameterServer(ParameterServer):
         self._attempts = {}
         self.finished_workers = set()  # ids of the workers that said goodbye
         # Set by `track_epochs`: (worker tasks, epochs); per worker, the latest epoch it
-        # recorded a step of; the epochs ended; the center as each ended, until taken.
+        # recorded a step of; the epochs ended; the center and the samples trained as each
+        # ended, until taken.
         self._epoch_tracking = None
         self._trained_epochs = {}
         self._epochs_ended = 0
-        self._epoch_centers = {}
+        self._epoch_ends = {}
         self.staleness = []
         self.errors = []
         self.worker_failures = []  # (worker id, error) that workers reported before failing
@@ -273,8 +274,8 @@ class SocketParameterServer(ParameterServer):
     # -- epoch ends ----------------------------------------------------------------------
 
     def track_epochs(self, num_tasks=None, num_epoch=None):
-        """Keeps the center variable as each epoch ends, for `epoch_center` (None: stops
-        and forgets the centers kept).
+        """Keeps the center variable and the samples trained as each epoch ends, for
+        `epoch_end` (None: stops and forgets the ones kept).
 
         An epoch ends when every worker (ids 0 to ``num_tasks - 1``) has recorded a step
         of a later epoch, or said goodbye, as `monitor.TrainingMonitor` decides; the last
@@ -288,16 +289,18 @@ class SocketParameterServer(ParameterServer):
         """
         with self._history_lock:
             self._epoch_tracking = None if num_tasks is None else (num_tasks, num_epoch)
-            self._trained_epochs, self._epochs_ended, self._epoch_centers = {}, 0, {}
+            self._trained_epochs, self._epochs_ended, self._epoch_ends = {}, 0, {}
 
-    def epoch_center(self, epoch):
-        """The center variable as ``epoch`` (from 1) ended, or None where it was not kept
-        (see `track_epochs`); it is then forgotten, with those of the epochs before."""
+    def epoch_end(self, epoch):
+        """``(center, samples)`` as ``epoch`` (from 1) ended: the center variable, and the
+        samples of the steps recorded then (the ones it holds), or None where they were
+        not kept (see `track_epochs`); they are then forgotten, with those of the epochs
+        before."""
         with self._history_lock:
-            center = self._epoch_centers.pop(epoch, None)
-            for earlier in [kept for kept in self._epoch_centers if kept < epoch]:
-                del self._epoch_centers[earlier]
-        return center
+            end = self._epoch_ends.pop(epoch, None)
+            for earlier in [kept for kept in self._epoch_ends if kept < epoch]:
+                del self._epoch_ends[earlier]
+        return end
 
     def _note_epoch_records(self, worker_id, records):
         """Counts the epochs of a worker's new records (of its current attempt); call
@@ -320,10 +323,17 @@ class SocketParameterServer(ParameterServer):
         finished = min(num_epoch if worker in self.finished_workers
                        else self._trained_epochs.get(worker, 0)
                        for worker in range(num_tasks))
+        ended = range(self._epochs_ended + 1, min(finished, num_epoch - 1) + 1)
+        if not ended:
+            return
+        # The samples the center holds: a late worker's epoch may end well after the
+        # others have trained on (the driver, looking later, would count those too).
+        samples = sum(int(record.get("batch_size", 0)) for record in self.history
+                      if not record.get("superseded"))
         # Handlers replace the center, never modify it in place: the reference is the
         # center as it is now, and pins one copy of the weights until taken.
-        for epoch in range(self._epochs_ended + 1, min(finished, num_epoch - 1) + 1):
-            self._epoch_centers[epoch] = self.center_variable
+        for epoch in ended:
+            self._epoch_ends[epoch] = (self.center_variable, samples)
             self._epochs_ended = epoch
 
     def _supersede(self, worker_id, redone):

@@ -327,6 +327,34 @@ def test_history_with_missing_values(servers):
     assert server.history == [{"iteration": 1}, {"iteration": 2, "acc": 0.75}]
 
 
+
+def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
+    """Worker 1 runs late: epoch 1 ends when it records a step of epoch 2, after worker 0
+    has trained on. The samples kept are those trained then (the center's), not those the
+    driver counts when it looks (the same for two epochs that ended before it did)."""
+    server = servers()
+    server.track_epochs(2, 3)
+    early, late = Client(server, 0), Client(server, 1)
+
+    def steps(client, worker, epochs, rows):
+        client.send_history({"worker_id": [worker] * len(epochs), "epoch": epochs,
+                             "iteration": list(range(1, len(epochs) + 1)),
+                             "batch_size": [rows] * len(epochs)})
+        client.pull()  # the history was handled before the pull was answered
+
+    steps(early, 0, [0, 1], 100)
+    steps(late, 1, [0], 60)
+    assert server.epoch_end(1) is None  # worker 1 is still in epoch 1
+    steps(late, 1, [1], 60)  # epoch 1 ends: 320 samples
+    steps(early, 0, [2], 100)
+    steps(late, 1, [2], 60)  # epoch 2 ends: 480 samples
+    early.quit()
+    late.quit()
+    center, samples = server.epoch_end(1)
+    assert samples == 320 and [w.shape for w in center] == [(3, 2), (2,)]
+    assert server.epoch_end(2)[1] == 480
+    assert server.epoch_end(2) is None  # taken
+
 def test_get_model_holds_the_center(servers):
     server = servers()
     client = Client(server, 0)

@@ -180,6 +180,29 @@ def test_an_epoch_ends_when_every_worker_has_gone_past_it():
     assert [epoch for _, epoch, _ in validator.calls] == [1, 2, 3]
 
 
+
+def test_each_epoch_is_validated_with_the_samples_trained_as_it_ended():
+    """Two epochs ended before the driver looked (a worker that started late): each is
+    evaluated on the center the server kept as it ended, and says the samples trained
+    then (both said the samples counted at the look)."""
+    from distkeras.monitor import TrainingMonitor
+
+    class KeepingServer(_Server):
+        ends = {1: ([np.full(2, 1.0, np.float32)], 250),
+                2: ([np.full(2, 2.0, np.float32)], 330)}
+
+        def epoch_end(self, epoch):
+            return self.ends.pop(epoch, None)
+
+    server, validator = KeepingServer(), _Validator()
+    monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
+                              validator=validator, num_epoch=4, num_tasks=2)
+    server.history.extend({"worker_id": worker, "epoch": epoch, "batch_size": 50,
+                           "loss": 1.0} for worker, epoch in
+                          [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)])
+    monitor._update(None, 0.0)
+    assert validator.calls == [(1.0, 1, 250), (2.0, 2, 330)]
+
 def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
     from distkeras.monitor import TrainingMonitor
 
@@ -1053,3 +1076,8 @@ def test_each_epoch_ends_on_its_own_center_when_a_worker_starts_late(spark, fash
         assert not np.array_equal(earlier, later)
     losses = [record["val_loss"] for record in trainer.get_validation_history()]
     assert len(set(losses)) == len(losses) == 4
+    # Each with the samples trained as it ended (they were those trained when the driver
+    # looked: the same for the epochs that ended at once).
+    samples = [record["samples"] for record in trainer.get_validation_history()]
+    assert samples == sorted(set(samples)) and samples[-1] == 4000
+    assert all(count >= 1000 * epoch for epoch, count in enumerate(samples, 1))
