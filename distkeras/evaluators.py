@@ -96,10 +96,40 @@ def _mean_of(dataset, per_row, what):
     return float(value["mean"])
 
 
+def _refusing_nulls(dataset, per_row, evaluator, *names):
+    """``per_row``, or a job error naming the column for a row whose value in one of
+    ``names`` is null or an array holding a null.
+
+    Keras's ``evaluate`` has no row without a prediction or a label: a null row scored as
+    wrong (or as a loss of 0), or left out of Spark's mean unsaid, would give another
+    number than Keras's on the same data. As the training feed does, the error names the
+    column and the rows to drop (only those null in it: ``dropna()`` without a subset also
+    drops the rows null in any other column).
+    """
+    checked = per_row
+    for name in reversed(names):
+        if _is_nested(dataset, name):
+            values = F.flatten(column(name))
+        elif _kind(dataset, name, "column") == "array":
+            values = column(name)
+        else:  # a number, or a Spark ML vector (whose values are never null)
+            values = None
+        checked = F.when(column(name).isNull(), _fail(
+            f"{evaluator}: column {name!r} holds null rows; drop them first, for example "
+            f"`dataset.dropna(subset=[{name!r}])`.")).otherwise(
+            checked if values is None else F.when(
+                F.exists(values, lambda x: x.isNull()), _fail(
+                    f"{evaluator}: column {name!r} holds arrays with a null value; drop "
+                    "those rows first (dropna does not look inside arrays), for example "
+                    f"`dataset.where(~F.exists({name!r}, lambda x: x.isNull()))`.")
+            ).otherwise(checked))
+    return checked
+
+
 def _binary_accuracy(dataset, prediction_col, label_col):
     """Per row, the fraction of label elements equal to the predictions thresholded at
-    0.5 (Keras's ``binary_accuracy``); 0 for a null row, and a job error for a row whose
-    two arrays differ in length."""
+    0.5 (Keras's ``binary_accuracy``), and a job error for a row whose two arrays differ
+    in length."""
     predictions = _double_array(dataset, prediction_col, "prediction column")
     labels = _double_array(dataset, label_col, "label column")
     matches = F.transform(F.arrays_zip(predictions.alias("p"), labels.alias("y")),
@@ -110,7 +140,7 @@ def _binary_accuracy(dataset, prediction_col, label_col):
         f"AccuracyEvaluator(multi_label=True): a row's prediction array ({prediction_col!r})"
         f" and label array ({label_col!r}) differ in length (or are empty); multi-label "
         "accuracy compares them element by element."))
-    return F.when(predictions.isNull() | labels.isNull(), F.lit(0.0)).otherwise(per_row)
+    return per_row
 
 
 def _refusing_multi_hot(labels, label, name):
@@ -145,8 +175,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     step (a tagger's output of shape ``(steps, classes)``, flattened by ModelPredictor):
     each row counts the fraction of its steps right, as Keras's accuracy over every step
     (padded steps too: a ``mask_zero`` model's Keras metrics skip them); one-hot labels per
-    step (``array<array<...>>``) count by each step's argmax. Rows with a null
-    prediction or label count as wrong.
+    step (``array<array<...>>``) count by each step's argmax. A null prediction or label
+    (or a null inside its array) stops the job, naming the column, as in LossEvaluator:
+    Keras's ``evaluate`` has no such row to count.
 
     Multi-label outputs (sigmoid units with multi-hot labels, trained with
     ``binary_crossentropy``) need ``multi_label=True``: each row then counts the fraction
@@ -182,18 +213,23 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
 
     def _evaluate(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        correct = _refusing_nulls(dataset, self._correct(dataset, prediction_col, label_col),
+                                  "AccuracyEvaluator", prediction_col, label_col)
+        return _mean_of(dataset, correct, "the accuracy")
+
+    def _correct(self, dataset, prediction_col, label_col):
+        """Per row, 1 for a right prediction and 0 for a wrong one (for arrays scored per
+        step or per element, the fraction right)."""
         if self.getMultiLabel():
-            return _mean_of(dataset, _binary_accuracy(dataset, prediction_col, label_col),
-                            "the accuracy")
+            return _binary_accuracy(dataset, prediction_col, label_col)
         if _is_nested(dataset, label_col):
             # One-hot labels per step: each step's class is its argmax.
             predictions = _double_array(dataset, prediction_col, "prediction column")
             labels = F.transform(_nested_rows(dataset, label_col),
                                  lambda step: _argmax(step).cast(T.DoubleType()))
-            per_step = _step_mean(labels, predictions,
-                                  lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
-                                  "AccuracyEvaluator")
-            return _mean_of(dataset, F.coalesce(per_step, F.lit(0.0)), "the accuracy")
+            return _step_mean(labels, predictions,
+                              lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
+                              "AccuracyEvaluator")
         prediction = _class_index(dataset, prediction_col, "prediction column")
         label = _class_index(dataset, label_col, "label column")
         if _kind(dataset, label_col, "label column") != "scalar":
@@ -209,11 +245,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
             per_step = _step_mean(labels, predictions,
                                   lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
                                   "AccuracyEvaluator")
-            nulls = predictions.isNull() | labels.isNull()
-            correct = F.when(nulls | (F.size(predictions) == F.size(labels)), correct) \
+            correct = F.when(F.size(predictions) == F.size(labels), correct) \
                 .otherwise(per_step)
-        correct = F.coalesce(correct, F.lit(0.0))
-        return _mean_of(dataset, correct, "the accuracy")
+        return correct
 
     def isLargerBetter(self):
         """Accuracy: larger is better."""
@@ -292,15 +326,8 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
                                      column(prediction_col).cast(T.DoubleType()))
             else:
                 per_row = self._elementwise(dataset, loss, prediction_col, label_col)
-        # A null row is no loss of 0, nor one to leave out of the mean unsaid (Spark's avg
-        # skips it), nor a label out of range or a length mismatch (what the checks above
-        # would call it): it is named.
-        nulls = column(prediction_col).isNull() | column(label_col).isNull()
-        per_row = F.when(nulls, _fail(
-            f"LossEvaluator: prediction column {prediction_col!r} or label column "
-            f"{label_col!r} holds a null row; drop those rows first (for example "
-            f"dataset.dropna(subset=[{prediction_col!r}, {label_col!r}]))."
-        )).otherwise(per_row)
+        per_row = _refusing_nulls(dataset, per_row, "LossEvaluator", prediction_col,
+                                  label_col)
         return _mean_of(dataset, per_row, f"the {loss} loss")
 
     @staticmethod

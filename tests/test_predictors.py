@@ -405,10 +405,41 @@ def test_loss_evaluator_names_null_rows(spark):
                              (LossEvaluator("categorical_crossentropy", label_col="one_hot"),
                               arrays),
                              (LossEvaluator("binary_crossentropy"), one_unit)]:
-        with pytest.raises(Exception, match="'prediction' or label column .* holds a null "
-                                            "row; drop those rows first"):
+        with pytest.raises(Exception, match="LossEvaluator: column '(prediction|label|one_hot)"
+                                            "' holds null rows; drop them first"):
             evaluator.evaluate(frame)
     assert LossEvaluator("mse").evaluate(numbers.dropna()) == 0.25
+
+
+def test_evaluators_name_a_null_prediction_or_label_as_the_training_feed_does(spark):
+    """AccuracyEvaluator counted a null prediction or label as wrong (a left join's missing
+    predictions gave 1/3 here, silently), where LossEvaluator refused them; a null inside
+    an array was read past (an accuracy of 1.0) or left out of the mean unsaid. Both now
+    stop, naming the column and the rows to drop."""
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    rows = spark.createDataFrame(
+        [([0.7, 0.3], 0, [1.0, 0.0]), (None, 1, [0.0, 1.0]), ([0.2, 0.8], None, None)],
+        "prediction array<float>, label int, one_hot array<float>")
+    for label_col in ("label", "one_hot"):
+        with pytest.raises(Exception, match=r"AccuracyEvaluator: column '(prediction|"
+                                            f"{label_col})' holds null rows; drop them first, "
+                                            r"for example `dataset.dropna\(subset="):
+            AccuracyEvaluator("prediction", label_col).evaluate(rows)
+    with pytest.raises(Exception, match="AccuracyEvaluator: column 'prediction' holds null"):
+        AccuracyEvaluator("prediction", "one_hot", multi_label=True).evaluate(
+            rows.dropna(subset=["one_hot"]))
+    assert AccuracyEvaluator("prediction", "label").evaluate(
+        rows.dropna(subset=["prediction", "label"])) == 1.0
+
+    inside = spark.createDataFrame([([0.7, None], 1, [0.0, 1.0]), ([0.2, 0.8], 1, [0.0, None])],
+                                   "prediction array<float>, label int, one_hot array<float>")
+    for evaluator, frame in [(AccuracyEvaluator("prediction", "label"), inside.limit(1)),
+                             (LossEvaluator("mse", label_col="one_hot"), inside),
+                             (LossEvaluator("sparse_categorical_crossentropy"), inside.limit(1))]:
+        with pytest.raises(Exception, match="Evaluator: column '(prediction|one_hot)' holds "
+                                            "arrays with a null value; drop those rows"):
+            evaluator.evaluate(frame)
 
 
 def test_loss_evaluator_agrees_with_keras(scored):
