@@ -15,7 +15,7 @@ import logging
 
 from pyspark.ml.evaluation import Evaluator
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol
+from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasWeightCol
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -87,13 +87,45 @@ def _nested_rows(dataset, name):
     return column(name).cast(T.ArrayType(T.ArrayType(T.DoubleType())))
 
 
-def _mean_of(dataset, per_row, what):
-    """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows."""
-    value = dataset.select(F.avg(per_row).alias("mean"), F.count(F.lit(1)).alias("rows")) \
-        .first()
+def _mean_of(dataset, per_row, what, weight=None, per_weight=True):
+    """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows.
+
+    Args:
+        dataset: The DataFrame.
+        per_row: The column to average.
+        what: What the mean is, for the error.
+        weight: A column of per-row weights, or None.
+        per_weight: With ``weight``, divide the weighted sum by the sum of the weights (0
+            where they sum to 0), as Keras's weighted metrics do; else by the number of
+            rows, as Keras's losses do with ``sample_weight`` (reduction
+            ``"sum_over_batch_size"``), which ``evaluate`` reports.
+    """
+    if weight is None:
+        value = dataset.select(F.avg(per_row).alias("mean"),
+                               F.count(F.lit(1)).alias("rows")).first()
+    else:
+        value = dataset.select(F.sum(per_row * weight).alias("sum"),
+                               F.sum(weight).alias("weights"),
+                               F.count(F.lit(1)).alias("rows")).first()
     if not value["rows"]:
         raise ValueError(f"Cannot compute {what} of an empty DataFrame.")
-    return float(value["mean"])
+    if weight is None:
+        return float(value["mean"])
+    total = value["weights"] if per_weight else value["rows"]
+    return float(value["sum"]) / total if total else 0.0
+
+
+def _weight(dataset, name, evaluator):
+    """Column ``name`` as per-row weights (doubles), refusing null rows as
+    `_refusing_nulls` does (checked on the weight itself: ``value * null`` is folded to
+    null before the value's check would run); None for no column; a TypeError for a
+    column that is not one number per row."""
+    if not name:  # unset or "", as Spark's evaluators read weightCol
+        return None
+    if _kind(dataset, name, "weight column") != "scalar":
+        raise TypeError(f"Column {name!r} (the weight column) must hold one number per row; "
+                        f"it has type {dataset.schema[name].dataType.simpleString()}.")
+    return _refusing_nulls(dataset, column(name).cast(T.DoubleType()), evaluator, name)
 
 
 def _refusing_nulls(dataset, per_row, evaluator, *names):
@@ -164,8 +196,8 @@ def _clip(value):
     return F.least(F.greatest(value, F.lit(EPSILON)), F.lit(1.0 - EPSILON))
 
 
-class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReadable,
-                        DefaultParamsWritable):
+class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
+                        DefaultParamsReadable, DefaultParamsWritable):
     """The fraction of rows whose predicted class equals the label.
 
     Each column may hold class indices (numbers) or vectors (arrays or Spark ML vectors,
@@ -189,6 +221,9 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
         prediction_col: Predicted classes (default ``"prediction_index"``).
         label_col: True classes (default ``"label_index"``).
         multi_label: Score arrays element by element (default False).
+        weight_col: A column of per-row weights (as ``sample_weight`` in Keras's
+            ``evaluate``): the weighted mean, ``sum(w * right) / sum(w)``, as Keras's
+            ``weighted_metrics`` and Spark's evaluators give (default: none).
     """
 
     multiLabel = Param(Params._dummy(), "multiLabel",
@@ -198,14 +233,15 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
     setMultiLabel = _setter("multiLabel")
+    setWeightCol = _setter("weightCol")
 
     def __init__(self, prediction_col="prediction_index", label_col="label_index",
-                 multi_label=None):
+                 multi_label=None, weight_col=None):
         super().__init__()
         self._setDefault(predictionCol="prediction_index", labelCol="label_index",
                          multiLabel=False)
         _set_given(self, predictionCol=prediction_col, labelCol=label_col,
-                   multiLabel=multi_label)
+                   multiLabel=multi_label, weightCol=weight_col)
 
     def getMultiLabel(self):
         """Whether arrays are scored element by element (Keras's binary accuracy)."""
@@ -213,9 +249,11 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
 
     def _evaluate(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else None
+        weight = _weight(dataset, weight_col, "AccuracyEvaluator")
         correct = _refusing_nulls(dataset, self._correct(dataset, prediction_col, label_col),
                                   "AccuracyEvaluator", prediction_col, label_col)
-        return _mean_of(dataset, correct, "the accuracy")
+        return _mean_of(dataset, correct, "the accuracy", weight)
 
     def _correct(self, dataset, prediction_col, label_col):
         """Per row, 1 for a right prediction and 0 for a wrong one (for arrays scored per
@@ -254,8 +292,8 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsR
         return True
 
 
-class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReadable,
-                    DefaultParamsWritable):
+class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
+                    DefaultParamsReadable, DefaultParamsWritable):
     """The mean loss of the predictions over the rows, as Keras computes it.
 
     Predictions are probabilities (not logits), clipped to ``[1e-7, 1 - 1e-7]`` as Keras
@@ -280,6 +318,10 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
         loss: One of the names above.
         prediction_col: The predictions (default ``"prediction"``).
         label_col: The targets (default ``"label"``).
+        weight_col: A column of per-row weights (as ``sample_weight`` in Keras's
+            ``evaluate``): ``sum(w * loss) / rows``, the loss ``evaluate`` reports with
+            them (Keras divides by the number of rows, not by the sum of the weights)
+            (default: none).
     """
 
     loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
@@ -287,13 +329,15 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
     setLoss = _setter("loss")
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
+    setWeightCol = _setter("weightCol")
 
     def __init__(self, loss="categorical_crossentropy", prediction_col="prediction",
-                 label_col="label"):
+                 label_col="label", weight_col=None):
         super().__init__()
         self._setDefault(loss="categorical_crossentropy", predictionCol="prediction",
                          labelCol="label")
-        _set_given(self, loss=loss, predictionCol=prediction_col, labelCol=label_col)
+        _set_given(self, loss=loss, predictionCol=prediction_col, labelCol=label_col,
+                   weightCol=weight_col)
 
     def _evaluate(self, dataset):
         loss = self.getOrDefault(self.loss)
@@ -326,9 +370,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, DefaultParamsReada
                                      column(prediction_col).cast(T.DoubleType()))
             else:
                 per_row = self._elementwise(dataset, loss, prediction_col, label_col)
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else None
+        weight = _weight(dataset, weight_col, "LossEvaluator")
         per_row = _refusing_nulls(dataset, per_row, "LossEvaluator", prediction_col,
                                   label_col)
-        return _mean_of(dataset, per_row, f"the {loss} loss")
+        return _mean_of(dataset, per_row, f"the {loss} loss", weight, per_weight=False)
 
     @staticmethod
     def _term(loss, y, p):

@@ -442,6 +442,37 @@ def test_evaluators_name_a_null_prediction_or_label_as_the_training_feed_does(sp
             evaluator.evaluate(frame)
 
 
+def test_evaluators_weigh_rows_as_keras_evaluate_with_sample_weight(spark):
+    """Neither evaluator took per-row weights: a model trained with
+    ``sample_weight_col`` could not be scored as ``evaluate(x, y, sample_weight=w)``
+    scores it. ``weight_col`` gives evaluate's loss (``sum(w * loss) / rows``) and its
+    weighted accuracy (``sum(w * right) / sum(w)``)."""
+    import keras
+    from pyspark.sql import functions as F
+
+    from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(40, 4)).astype("float32")
+    y = rng.integers(0, 3, 40)
+    w = rng.random(40).astype("float32")
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
+    expected = model.evaluate(x, y, sample_weight=w, batch_size=16, verbose=0,
+                              return_dict=True)
+    frame = spark.createDataFrame(
+        [(p.tolist(), int(label), float(weight))
+         for p, label, weight in zip(model.predict(x, verbose=0), y, w)],
+        "prediction array<float>, label int, weight double").coalesce(1)
+
+    loss = LossEvaluator("sparse_categorical_crossentropy", weight_col="weight")
+    assert loss.evaluate(frame) == pytest.approx(expected["loss"], rel=1e-5)
+    accuracy = AccuracyEvaluator("prediction", "label").setWeightCol("weight")
+    assert accuracy.evaluate(frame) == pytest.approx(expected["accuracy"], rel=1e-5)
+    with pytest.raises(Exception, match="column 'weight' holds null rows"):
+        loss.evaluate(frame.withColumn("weight", F.when(frame.label != 0, frame.weight)))
+
 def test_loss_evaluator_agrees_with_keras(scored):
     import keras
 
