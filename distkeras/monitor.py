@@ -130,7 +130,10 @@ def report_returned_validation(name, records, verbose, stream=None):
         member = f" {record['member']}" if "member" in record else ""
         values = ", ".join(f"{key}={value:.4f}" for key, value in record.items()
                            if key.startswith("val_"))
-        stream.write(f"{name}, returned model{member} (epoch {record['epoch']}): {values}\n")
+        # None: weights that a callback set at the train's end, of no epoch known.
+        epoch = "weights a callback set" if record["epoch"] is None else \
+            f"epoch {record['epoch']}"
+        stream.write(f"{name}, returned model{member} ({epoch}): {values}\n")
     stream.flush()
 
 

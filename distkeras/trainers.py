@@ -525,9 +525,17 @@ class Trainer:
             validated = len(self.get_validation_history())
             self._validate_returned(model)
             report_returned_validation(type(self).__name__,
-                                       self.get_validation_history()[validated:],
+                                       self._returned_validation(validated),
                                        self.verbose)
             return model
+
+    def _returned_validation(self, validated):
+        """The validation records of the returned model(s): the one the validator says
+        describes the weights its callbacks left (an ``EarlyStopping`` that restored its
+        best epoch's), else those evaluated after the first ``validated`` records."""
+        returned = getattr(self._validator, "returned_record", None)
+        return [returned] if returned is not None else \
+            self.get_validation_history()[validated:]
 
     def _check_settings(self, dataframe, label_shapes, sample_weight_col, class_weight):
         """Checks here what would fail on every executor; keeps what the workers need (the

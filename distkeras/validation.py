@@ -446,6 +446,8 @@ class Validator:
         # The last epoch's logs (loss, metrics, val_*), which `fit` hands to
         # `on_train_end`; as there, without what callbacks added to their own copy.
         self.last_logs = None
+        # The validation of the weights `end` returned (see `returned_record`).
+        self.returned_record = None
         # The monitor's thread evaluates epoch ends while the trainer's may end the run.
         self._lock = threading.RLock()
 
@@ -538,6 +540,8 @@ class Validator:
         with self._lock:
             if self.stopped_epoch is None:
                 self.evaluate(model.get_weights(), self.num_epoch, samples, loss, metrics)
+            # What the last record describes.
+            evaluated = None if self.x is None else self.model.get_weights()
             if self.callbacks is not None:
                 # As fit does: the logs of the last epoch that ended (the one a callback
                 # stopped after), not None.
@@ -545,6 +549,38 @@ class Validator:
                 model.set_weights(self.model.get_weights())
                 if self.sets_learning_rate:
                     model.optimizer.learning_rate = self.learning_rate()
+            self.returned_record = self._returned_record(evaluated, samples)
+
+    def _returned_record(self, evaluated, samples):
+        """The validation of the weights the callbacks left on the model at the train's
+        end, or None without validation rows.
+
+        The last record, where they are the weights it evaluated; else (an
+        ``EarlyStopping(restore_best_weights=True)`` put back its best epoch's, also
+        when no epoch stopped the training) the model evaluated again, not added to the
+        records: ``epoch`` is that best epoch's, or None for weights another callback set.
+        """
+        if evaluated is None or not self.records:
+            return None
+        restored = self.model.get_weights()
+        if len(restored) == len(evaluated) and all(
+                np.array_equal(now, then) for now, then in zip(restored, evaluated)):
+            return self.records[-1]
+        logs = self.model.evaluate(self.x, self.y, batch_size=self.batch_size, verbose=0,
+                                   sample_weight=self.sample_weight, return_dict=True)
+        return {"epoch": self._restored_epoch(), "samples": int(samples),
+                "timestamp": time.time(),
+                **{f"val_{name}": float(np.asarray(value)) for name, value in logs.items()}}
+
+    def _restored_epoch(self):
+        """The epoch (1-based) whose weights an ``EarlyStopping(restore_best_weights=
+        True)`` restored, or None."""
+        for callback in self.user_callbacks:
+            if type(callback).__name__ == "EarlyStopping" and \
+                    getattr(callback, "restore_best_weights", False) and \
+                    getattr(callback, "best_weights", None) is not None:
+                return int(callback.best_epoch) + 1
+        return None
 
     def evaluate_model(self, model, epoch, samples, **extra):
         """Evaluates a compiled model as it is; appends and returns the record."""

@@ -905,6 +905,74 @@ def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
     assert validator.stop_requested and validator.stopped_epoch == 2
 
 
+def _linear_validator(callbacks, num_epoch):
+    """A Validator of y = x on a Dense(1) without bias: weight 1 fits, others do not."""
+    import keras
+
+    from distkeras.validation import Validator
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.linspace(-1, 1, 20, dtype="float32").reshape(-1, 1)
+    return model, Validator(model, x, x, callbacks=callbacks, num_epoch=num_epoch)
+
+
+def test_the_returned_models_record_is_the_best_epochs_that_early_stopping_restored(
+        capsys):
+    import keras
+
+    from distkeras.monitor import report_returned_validation
+
+    # Epoch 1 reached the best weights, epochs 2 and 3 worse ones; patience lets all three
+    # run, and EarlyStopping restores epoch 1's at the train's end (as after fit).
+    stopping = keras.callbacks.EarlyStopping(patience=5, restore_best_weights=True)
+    model, validator = _linear_validator([stopping], num_epoch=3)
+    validator.begin()
+    for epoch, weight in ((1, 1.0), (2, 0.5)):
+        validator.evaluate([np.array([[weight]], "float32")], epoch, 20 * epoch)
+    returned = keras.models.clone_model(model)
+    returned.compile(optimizer="sgd", loss="mse")
+    returned.set_weights([np.array([[0.0]], "float32")])  # the last epoch's
+    validator.end(returned, 60)
+
+    assert returned.get_weights()[0][0, 0] == 1.0
+    best = validator.records[0]
+    assert validator.returned_record["epoch"] == 1
+    assert validator.returned_record["val_loss"] == pytest.approx(best["val_loss"])
+    # The line after the progress says the returned model's loss, not the last epoch's.
+    report_returned_validation("ADAG", [validator.returned_record], verbose=2)
+    assert capsys.readouterr().err == "ADAG, returned model (epoch 1): val_loss=0.0000\n"
+
+
+def test_the_returned_models_record_is_the_last_where_no_callback_changed_it():
+    model, validator = _linear_validator([], num_epoch=2)
+    validator.begin()
+    validator.evaluate([np.array([[0.5]], "float32")], 1, 20)
+    model.set_weights([np.array([[1.0]], "float32")])
+    validator.end(model, 40)
+    assert validator.returned_record is validator.records[-1]
+    assert validator.returned_record["epoch"] == 2
+
+
+def test_the_progress_names_the_epoch_early_stopping_restored(fashion_train, fashion_test,
+                                                              capsys):
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    images, labels = fashion_test[0][:300], fashion_test[1][:300]
+    # mode="max" on val_loss: the best epoch is the worst one, rarely the last.
+    stopping = keras.callbacks.EarlyStopping(monitor="val_loss", mode="max", patience=5,
+                                             restore_best_weights=True)
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=3)
+    model = trainer.train(fashion_train.limit(600), verbose=2,
+                          validation_data=(images, np.eye(10)[labels]), callbacks=[stopping])
+    returned = model.evaluate(images, np.eye(10)[labels], verbose=0, return_dict=True)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"SingleTrainer, returned model (epoch {stopping.best_epoch + 1}): "
+        f"val_accuracy={returned['accuracy']:.4f}, val_loss={returned['loss']:.4f}")
+
+
 @pytest.mark.parametrize("trainer_name", ["SingleTrainer", "AveragingTrainer", "ADAG"])
 def test_callbacks_see_the_training_metrics_as_fit_gives_them(trainer_name, fashion_train):
     import keras
