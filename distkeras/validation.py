@@ -261,6 +261,49 @@ _REFUSED_CALLBACKS = {
 }
 
 
+# What `Validator` calls back: `fit`'s epoch-level hooks. The batch-level ones run in
+# `fit`'s own loop (and its validation's), which the workers replace.
+_CALLED_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end")
+_UNCALLED_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin",
+                   "on_train_batch_end", "on_test_begin", "on_test_end",
+                   "on_test_batch_begin", "on_test_batch_end")
+
+
+def _defined_hooks(callback, hooks, outside_keras=False):
+    """The ``hooks`` that ``callback`` defines: as arguments (a ``LambdaCallback``'s) or in
+    its class, below `keras.callbacks.Callback` (``outside_keras``: in a class of the
+    user's, not one of Keras's, which the trainers handle themselves)."""
+    import keras
+
+    defined = []
+    for hook in hooks:
+        if hook in vars(callback):
+            defined.append(hook)
+            continue
+        owner = next(cls for cls in type(callback).__mro__ if hook in vars(cls))
+        if owner is not keras.callbacks.Callback and not (
+                outside_keras and owner.__module__.startswith("keras.")):
+            defined.append(hook)
+    return defined
+
+
+def _check_batch_hooks(callback):
+    """Refuses a callback of the user's that acts on batches only (it would do nothing,
+    silently), and warns of one that also acts on epochs (its batch hooks never run)."""
+    uncalled = _defined_hooks(callback, _UNCALLED_HOOKS, outside_keras=True)
+    if not uncalled:
+        return
+    name = type(callback).__name__
+    message = (f"{name}'s {', '.join(uncalled)} would never be called: train() calls "
+               f"back only {', '.join(_CALLED_HOOKS)}, on the driver, as the workers run "
+               "the batches")
+    if not _defined_hooks(callback, _CALLED_HOOKS):
+        raise ValueError(f"{message}; it would do nothing. Act on on_epoch_end's logs "
+                         "(the epoch's loss and metrics), or on trainer.get_history() "
+                         "(every step's) after train().")
+    logger.warning("%s.", message)
+
+
 def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callbacks=False):
     """The Keras callbacks as a list, or a clear error for one that cannot work here.
 
@@ -273,7 +316,8 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
 
     Raises:
         TypeError: For something that is not a `keras.callbacks.Callback`.
-        ValueError: For a callback that would change nothing, silently.
+        ValueError: For a callback that would change nothing, silently (one of the
+            user's that acts on batch ends only, for instance).
     """
     import keras
 
@@ -295,6 +339,7 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
                 f"ModelCheckpoint(save_freq={callback.save_freq!r}) saves every "
                 f"{callback.save_freq} batches, but train() calls callbacks back at epoch "
                 "ends only: it would save nothing. Use save_freq='epoch' (the default).")
+        _check_batch_hooks(callback)
         if name in LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(
                 f"{name} changes the learning rate, but {trainer_name}'s optimizers live in "

@@ -704,6 +704,52 @@ def test_a_checkpoint_saved_every_few_batches_is_refused(fashion_train, tmp_path
     assert trainer.get_history() == [] and list(tmp_path.iterdir()) == []
 
 
+def test_a_callback_acting_on_batches_only_is_refused(fashion_train):
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    steps = []
+    callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs:
+                                              steps.append(logs["loss"]))
+    trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2)
+    # fit calls it at every step; train() never would: it would record nothing, silently.
+    with pytest.raises(ValueError, match="LambdaCallback's on_train_batch_end would never "
+                                         "be called.*it would do nothing"):
+        trainer.train(fashion_train, verbose=0, callbacks=[callback])
+    assert trainer.get_history() == [] and steps == []
+
+
+def test_a_callbacks_batch_hooks_that_never_run_are_warned_of(caplog):
+    import keras
+
+    from distkeras.validation import check_callbacks
+
+    class Both(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+        def on_test_batch_end(self, batch, logs=None):
+            pass
+
+    class Checkpoint(keras.callbacks.ModelCheckpoint):  # the user's, on Keras's
+        def on_train_batch_begin(self, batch, logs=None):
+            pass
+
+    keras_own = [keras.callbacks.EarlyStopping(), keras.callbacks.TerminateOnNaN(),
+                 keras.callbacks.ModelCheckpoint("m.keras"), keras.callbacks.History(),
+                 keras.callbacks.LambdaCallback(on_epoch_end=print)]
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        check_callbacks(keras_own)
+        assert caplog.messages == []
+        check_callbacks([Both(), Checkpoint("m.keras"),
+                         keras.callbacks.LambdaCallback(on_epoch_end=print,
+                                                        on_batch_end=print)])
+    assert [message.split(" would")[0] for message in caplog.messages] == [
+        "Both's on_test_batch_end", "Checkpoint's on_train_batch_begin",
+        "LambdaCallback's on_batch_end"]
+
+
 @pytest.mark.parametrize("wrap", ["alone", "CallbackList"])
 def test_callbacks_are_taken_alone_or_in_a_callback_list_as_fit_takes_them(
         wrap, spark, fashion_train):
