@@ -133,6 +133,12 @@ class EpochMetricSums:
         self._positions = [position for _, positions, _ in self.slots
                            for position in positions]
 
+    @property
+    def positions(self):
+        """The positions in ``model.metrics_variables`` of the variables added up (after
+        `bind`): `add` and `add_window` read only these of the values they take."""
+        return list(self._positions)
+
     def add(self, epoch, values):
         """Adds one step's metric values (JAX arrays, or anything numpy reads)."""
         if not self.slots:

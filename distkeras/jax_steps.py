@@ -11,8 +11,10 @@ Two more costs are removed against a loop over Keras's train function:
 * Metrics report per batch (as `train_on_batch` does), so every step starts from reset
   metric variables. The reset happens inside the compiled step (the initial values are
   constants of the trace), not as fresh arrays built in Python before every step. The
-  step's metric variables come back too (still on the device), for the worker to add up
-  the epoch's (see `distkeras.epoch_metrics`).
+  step's metric variables that the worker adds up for the epoch's logs come back too
+  (still on the device; see `distkeras.epoch_metrics`), and only those: a window stacks
+  one copy per step, which a metric with a large state the epoch leaves out (a
+  ``MeanIoU`` over a thousand classes) would make a copy of hundreds of megabytes.
 * The weights the workers exchange every window are read from and written to the JAX state
   directly, without writing the optimizer and metric state back into Keras variables.
 """
@@ -36,7 +38,8 @@ class JaxTrainStep:
         self._window = None
         self._weight_slots = None
         # The metric variables' values after the last step (or, after a window, one per
-        # step along their first axis): that batch's state, from zero.
+        # step along their first axis): that batch's state, from zero. None in place of
+        # those the epoch's sums do not take (`epoch_metrics.metric_slots`).
         self.metric_values = None
 
     @staticmethod
@@ -53,12 +56,15 @@ class JaxTrainStep:
         model._symbolic_build(data_batch=data)
         model.reset_metrics()
         fresh_metrics = [np.asarray(variable.value) for variable in model.metrics_variables]
+        summed = _summed_metric_positions(model)
 
         def step(state, batch):
             # Fresh metric values on every step: the logs describe this batch alone.
             metrics = [jnp.asarray(value) for value in fresh_metrics]
             logs, (trainable, non_trainable, optimizer, metrics) = model.train_step(
                 (*state, metrics), batch)
+            metrics = [value if index in summed else None
+                       for index, value in enumerate(metrics)]
             return (logs, metrics), (trainable, non_trainable, optimizer)
 
         def window(state, batches):
@@ -163,6 +169,16 @@ class JaxTrainStep:
             for variable, value in zip(variables, values):
                 variable.assign(value)
         self.state = None  # the variables hold the truth now; re-read them at the next step
+
+
+def _summed_metric_positions(model):
+    """The positions in ``model.metrics_variables`` of the variables whose per-step values
+    the worker adds up for the epoch's logs (`epoch_metrics.EpochMetricSums`)."""
+    from distkeras.epoch_metrics import EpochMetricSums
+
+    sums = EpochMetricSums()
+    sums.bind(model)
+    return frozenset(sums.positions)
 
 
 def stack(arrays):

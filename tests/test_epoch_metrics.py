@@ -132,3 +132,30 @@ def test_exact_logs_add_the_workers_states():
                for index, half in enumerate(halves)]
     reports.append(dict(reports[0], superseded=True))  # a failed attempt's: not counted
     assert exact_logs(reports)["auc"] == pytest.approx(float(whole.result()), rel=1e-6)
+
+
+def test_a_window_returns_only_the_metric_state_the_epoch_adds_up():
+    # A MeanIoU over 300 classes keeps the steps' mean (its state is too large to report):
+    # the compiled window must not stack a copy of its 300 x 300 state per step.
+    import jax
+    import keras
+
+    from distkeras.epoch_metrics import EpochMetricSums
+    from distkeras.jax_steps import JaxTrainStep
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(300, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy",
+                  metrics=[keras.metrics.MeanIoU(num_classes=300, sparse_y_pred=False),
+                           "accuracy"])
+    rng = np.random.default_rng(0)
+    batches = [(rng.random((8, 4), np.float32), rng.integers(0, 300, 8)) for _ in range(4)]
+    step = JaxTrainStep(model)
+    step.run_window(batches)
+    returned = sum(leaf.size for leaf in jax.tree_util.tree_leaves(step.metric_values))
+    assert returned < 4 * 300 * 300
+    sums = EpochMetricSums()
+    sums.bind(model)
+    assert [name for name, _, _ in sums.slots] == ["loss", "accuracy"]
+    sums.add_window(np.zeros(4, np.int64), step.metric_values)  # what it adds is there
+    assert sums.drain()
