@@ -162,6 +162,26 @@ def test_train_options_reach_the_job(server, secrets, data_path):
     assert last["epoch"] == 1 and last["samples"] == trained and 0 < last["val_loss"] < 5
 
 
+def test_readme_client_example_runs_as_printed(server, secrets, data_path):
+    from readme_support import readme_block, run_as_main
+
+    code = readme_block("Punchcard: remote jobs")
+    # The changes: the block's cluster is this server and its data, and its jobs are of
+    # 1 executor x 2 processes (the same 2 workers at a time as 4 x 2 on local[2]).
+    for printed, here in (('"hdfs:///data/fashion.parquet"', "path"),
+                          ('"http://yourcluster:8000"', "url"), (", 4, 2, ", ", 1, 2, ")):
+        assert printed in code
+        code = code.replace(printed, here)
+    secret = secrets[1][4]
+    namespace = run_as_main(code, secret=secret, trainer=_trainer(), path=data_path,
+                            url=server.url)
+
+    assert namespace["trained_model"].compiled
+    assert sum(record["batch_size"] for record in namespace["history"]) == 2000
+    assert namespace["job"].state == "cancelled"
+    assert _raw(server.url, "/api/state", secret)[0] == 404  # destroyed: the secret is free
+
+
 def test_refusals(secrets, tmp_path, data_path):
     import keras
 
