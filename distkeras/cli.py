@@ -34,7 +34,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default, except where its help already says what it is."""
 
     def _get_help_string(self, action):
-        if action.help and "(default:" in action.help:
+        if action.help and "(default" in action.help:  # "(default: x)", "(default x; ...)"
             return action.help
         return super()._get_help_string(action)
 

@@ -143,6 +143,8 @@ def test_help_states_each_default_once(command, capsys):
         assert "(default: the model's compiled one, else adam)" in out
         assert "else adam) (default: None)" not in out
         assert "required otherwise) (default: None)" not in out
+        assert "(default 2; not for SingleTrainer)" in out
+        assert "SingleTrainer) (default: None)" not in out
         assert "(default: 32)" in out
 
 
