@@ -304,6 +304,23 @@ def _check_batch_hooks(callback):
     logger.warning("%s.", message)
 
 
+def _warn_of_tensorboard_batch_options(callback):
+    """Warns that a `TensorBoard`'s batch-level options do nothing here: it writes its
+    epoch summaries, but its batch summaries and profiling run on batch ends, which the
+    workers do not call back."""
+    unheard = []
+    if getattr(callback, "update_freq", "epoch") != "epoch":
+        unheard.append(f"update_freq={callback.update_freq!r} (batch summaries)")
+    if getattr(callback, "_start_batch", 0) > 0:
+        unheard.append(f"profile_batch=({callback._start_batch}, {callback._stop_batch}) "
+                       "(profiling)")
+    if unheard:
+        logger.warning(
+            "TensorBoard's %s will not happen: train() calls callbacks back at epoch ends "
+            "only, so it writes epoch summaries alone. Every step's loss and metrics are in "
+            "trainer.get_history() after train().", " and ".join(unheard))
+
+
 def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callbacks=False):
     """The Keras callbacks as a list, or a clear error for one that cannot work here.
 
@@ -339,6 +356,8 @@ def check_callbacks(callbacks, trainer_name="This trainer", learning_rate_callba
                 f"ModelCheckpoint(save_freq={callback.save_freq!r}) saves every "
                 f"{callback.save_freq} batches, but train() calls callbacks back at epoch "
                 "ends only: it would save nothing. Use save_freq='epoch' (the default).")
+        if name == "TensorBoard":
+            _warn_of_tensorboard_batch_options(callback)
         _check_batch_hooks(callback)
         if name in LEARNING_RATE_CALLBACKS and not learning_rate_callbacks:
             raise ValueError(

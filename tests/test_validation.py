@@ -750,6 +750,24 @@ def test_a_callbacks_batch_hooks_that_never_run_are_warned_of(caplog):
         "LambdaCallback's on_batch_end"]
 
 
+def test_tensorboards_batch_options_are_warned_of(caplog, tmp_path):
+    import keras
+
+    from distkeras.validation import check_callbacks
+
+    with caplog.at_level("WARNING", logger="distkeras.validation"):
+        check_callbacks([keras.callbacks.TensorBoard(str(tmp_path / "epochs"))])
+        assert caplog.messages == []  # epoch summaries: written as in fit
+        board = keras.callbacks.TensorBoard(str(tmp_path / "batches"), update_freq=10)
+        # As Keras keeps profile_batch=(2, 4) where it can profile (JAX needs Python 3.12).
+        board._start_batch, board._stop_batch = 2, 4
+        check_callbacks([board])
+    assert len(caplog.messages) == 1
+    message = caplog.messages[0]
+    assert "update_freq=10" in message and "profile_batch=(2, 4)" in message
+    assert "epoch summaries alone" in message and "get_history()" in message
+
+
 @pytest.mark.parametrize("wrap", ["alone", "CallbackList"])
 def test_callbacks_are_taken_alone_or_in_a_callback_list_as_fit_takes_them(
         wrap, spark, fashion_train):
