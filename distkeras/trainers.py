@@ -1566,6 +1566,17 @@ class Experimental(AsynchronousDistributedTrainer):
             self.master_model, self.master_port, learning_rate=self.learning_rate)
 
 
+def _next_iterations(records):
+    """``{worker_id: the iteration after its last}`` over step records (those of a failed
+    task that Spark's retry trained again, ``superseded``, left out)."""
+    last = {}
+    for record in records:
+        if not record.get("superseded"):
+            worker = record["worker_id"]
+            last[worker] = max(last.get(worker, 0), int(record["iteration"]))
+    return {worker: iteration + 1 for worker, iteration in last.items()}
+
+
 class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
@@ -1656,10 +1667,9 @@ class AveragingTrainer(DistributedTrainer):
                 # The driver's optimizer: the worker's config, at the rate a callback set.
                 worker.optimizer = optimizer_config(self._validator.model.optimizer,
                                                     self._validator.model)
-            # Each worker's steps count on from the last epoch's (the averaged history
-            # lines steps up by iteration).
-            worker.iteration = 1 + max((record["iteration"] for record in self.history),
-                                       default=0)
+            # Each worker's steps count on from its own last epoch's, as in the one-job
+            # path (from the largest of all, the smaller partition's left gaps).
+            worker.first_iterations = _next_iterations(self.history)
             description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
             job_group = self._new_job_group()
             samples = self._progress_total // self.num_epoch if self._progress_total else None

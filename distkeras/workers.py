@@ -372,6 +372,8 @@ class Worker:
         self.execution_options = {}
         self.worker_id = 0
         self.iteration = 1
+        # Set by a trainer that runs a job per epoch: {worker_id: its first iteration}.
+        self.first_iterations = None
         self._trained_samples = 0
         self.model = None
         self.trainable = None  # set with the model: see `prepare_model`
@@ -523,6 +525,9 @@ class Worker:
             A message dict for the driver (see `result`).
         """
         self.worker_id = worker_id
+        # A trainer that runs a job per epoch numbers each worker's steps on from its own.
+        self.iteration = (getattr(self, "first_iterations", None) or {}).get(
+            worker_id, self.iteration)
         with claimed_cores(getattr(self, "workers_per_machine", None)):
             self.prepare_model()
             self.open_feed(record_batches, label_shapes)

@@ -75,6 +75,28 @@ def test_averaged_history_averages_each_step_of_an_epoch_with_uneven_partitions(
     np.testing.assert_allclose(averaged["loss"], want, rtol=1e-12)
 
 
+def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
+        fashion_train, monkeypatch):
+    """A job per epoch: each epoch's steps started at 1 + the largest iteration of any
+    worker, so the smaller partition's worker skipped numbers (1-6, 11-16, ...), where the
+    one-job path and the parameter-server trainers count on without gaps."""
+    from distkeras.trainers import AveragingTrainer
+
+    first, second = (fashion_train.limit(rows).rdd.coalesce(1) for rows in (320, 192))
+    frame = fashion_train.sparkSession.createDataFrame(first.union(second),
+                                                       fashion_train.schema)
+    trainer = AveragingTrainer(build_mlp(16), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=3)
+    monkeypatch.setattr(trainer, "_slots_for_one_job", lambda *args: False)
+    trainer.train(frame, verbose=0)
+
+    for worker, steps in ((0, 10), (1, 6)):
+        records = trainer.get_executor_history(worker)
+        assert [record["iteration"] for record in records] == list(range(1, 3 * steps + 1))
+        assert [record["epoch"] for record in records] == \
+            [epoch for epoch in range(3) for _ in range(steps)]
+
+
 def test_averaged_history_of_records_without_epochs_goes_by_iteration():
     """Records of a worker of one's own, without ``epoch``: each worker's k-th step, as
     dist-keras averaged them."""
