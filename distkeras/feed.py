@@ -8,6 +8,7 @@ Memory stays bounded by one record batch plus one minibatch, whatever the partit
 import numpy as np
 import pyarrow as pa
 
+from distkeras.errors import InvalidDataError
 from distkeras.sample_weights import per_row, row_weights
 from distkeras.tensors import is_list_type, is_packed_type, unpack_column
 from distkeras.vectors import VectorRows, is_vector_type
@@ -50,7 +51,7 @@ def _check_no_nulls(column, name):
     # `df.dropna()` without a subset would also drop the rows with a null in any other
     # column (a comment, an optional field): often most of a real table.
     if column.null_count:
-        raise ValueError(
+        raise InvalidDataError(
             f"Column {name!r} has {column.null_count} null values in this partition; "
             f"drop or fill them first (for example `df.dropna(subset=[{name!r}])`)."
         )
@@ -69,7 +70,7 @@ def column_to_numpy(column, sample_shape, name, dtype=None, finite=False):
     to an integer ``dtype`` would turn them into arbitrary integers.
 
     Raises:
-        ValueError: Naming the column, for nulls or a number of values that does not fit
+        InvalidDataError: Naming the column, for nulls or a number of values that does not fit
             (or, with ``finite``, NaN or infinite values).
     """
     rows = len(column)
@@ -92,7 +93,7 @@ def column_to_numpy(column, sample_shape, name, dtype=None, finite=False):
             tokens = dtype is not None and np.issubdtype(dtype, np.integer)
             fix = padding_hint(name, size) if tokens and len(sample_shape) == 1 else ("Drop or fix those rows, for example "
                                              "`df.where(F.size(column) == expected)`.")
-            raise ValueError(
+            raise InvalidDataError(
                 f"Column {name!r} holds arrays of different lengths or of the wrong length: "
                 f"a row of {int(counts[row])} values (row {row} of a batch of {rows}), but "
                 f"the model expects {size} per row (shape {tuple(sample_shape)}). {fix}"
@@ -103,7 +104,7 @@ def column_to_numpy(column, sample_shape, name, dtype=None, finite=False):
         return flat.astype(dtype or np.float32, copy=False).reshape((rows, *sample_shape))
     size = int(np.prod(sample_shape)) if sample_shape else 1
     if size != 1:
-        raise ValueError(
+        raise InvalidDataError(
             f"Column {name!r} holds one number per row, but the model expects {size} per row "
             f"(shape {tuple(sample_shape)}).")
     flat = column.to_numpy(zero_copy_only=False)
@@ -134,7 +135,7 @@ def check_finite(values, name, kind, bounds=None):
         bounds: For flat ``values``, where each row's values start (and the last ends).
 
     Raises:
-        ValueError: Naming the column, the first such row and how to drop or fill them.
+        InvalidDataError: Naming the column, the first such row and how to drop or fill them.
     """
     values = np.asarray(values)
     if values.dtype == object:  # decimals: finite by construction
@@ -152,7 +153,7 @@ def check_finite(values, name, kind, bounds=None):
         rows = len(values)
         row = first // max(1, values[:1].size)
     what = "NaN" if np.isnan(values.reshape(-1)[first]) else "infinite"
-    raise ValueError(
+    raise InvalidDataError(
         f"Column {name!r} holds {int(bad.sum())} NaN or infinite values (the first, "
         f"{what}, in row {row} of a batch of {rows} in this partition): one of them makes "
         "a step's loss NaN and every weight NaN after it. Drop or fill those rows first, "
@@ -204,7 +205,7 @@ def _flatten_rows(column, name, sample_shape):
     level's lengths must be its dimension too.
 
     Raises:
-        ValueError: For null values inside the arrays (Arrow would make them NaN), or
+        InvalidDataError: For null values inside the arrays (Arrow would make them NaN), or
             nested lengths that do not match ``sample_shape``.
     """
     levels = []
@@ -218,14 +219,14 @@ def _flatten_rows(column, name, sample_shape):
         levels.append(offsets)
         values = values.flatten()
         if values.null_count:
-            raise ValueError(
+            raise InvalidDataError(
                 f"Column {name!r} has {values.null_count} null values inside its arrays "
                 "(in one Arrow batch of this partition); fill or drop those rows first "
                 "(nulls would train as NaN).")
     if len(levels) == len(sample_shape) > 1:
         for depth, (offsets, expected) in enumerate(zip(levels, sample_shape)):
             if (np.diff(offsets) != expected).any():
-                raise ValueError(
+                raise InvalidDataError(
                     f"Column {name!r} holds nested arrays whose level {depth + 1} has lengths "
                     f"other than {expected}; the model expects rows of shape "
                     f"{tuple(sample_shape)}.")
@@ -247,7 +248,7 @@ def check_class_indices(labels, num_classes, where):
         where: What holds them, for the error ("Column 'label'").
 
     Raises:
-        ValueError: Naming where and the first label that does not fit.
+        InvalidDataError: Naming where and the first label that does not fit.
     """
     if labels.size == 0:
         return
@@ -259,7 +260,7 @@ def check_class_indices(labels, num_classes, where):
                                                                          np.floor(labels)):
         bad = labels[labels != np.floor(labels)][0]
     if bad is not None:
-        raise ValueError(
+        raise InvalidDataError(
             f"{where} holds the class index {bad.item()!r}, but the model's output "
             f"has {num_classes} classes: labels must be whole numbers from 0 to "
             f"{num_classes - 1} (for string or 1-based labels, index them first, for "

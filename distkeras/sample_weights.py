@@ -11,6 +11,8 @@ import numbers
 import numpy as np
 from pyspark.sql import types as T
 
+from distkeras.errors import InvalidDataError
+
 
 def validate(dataframe, sample_weight_col, class_weight, training_cols, label_shapes,
              output_shapes):
@@ -130,7 +132,7 @@ def row_weights(rows, weights=None, labels=None, class_table=None):
     result = np.ones(rows, dtype=np.float32) if weights is None \
         else np.asarray(weights, dtype=np.float32).reshape(rows)
     if weights is not None and not (np.isfinite(result).all() and (result >= 0).all()):
-        raise ValueError("Sample weights must be finite numbers >= 0; this partition holds "
+        raise InvalidDataError("Sample weights must be finite numbers >= 0; this partition holds "
                          f"{int((~np.isfinite(result) | (result < 0)).sum())} that are not.")
     if class_table is not None:
         indices = class_indices(labels)

@@ -17,6 +17,8 @@ import typing
 import numpy as np
 import pyarrow as pa
 
+from distkeras.errors import InvalidDataError
+
 PACKED_DTYPE = np.dtype("<f4")
 _MAX_BYTES = 2 ** 31 - 1  # Arrow's binary offsets are 32-bit
 
@@ -124,7 +126,7 @@ def unpack_column(column, sample_shape, name):
         start = int(offsets[0]) if rows else 0
         found = "" if lengths_ok else f"a row has {int(lengths[lengths != width][0])} bytes"
     if not lengths_ok:
-        raise ValueError(
+        raise InvalidDataError(
             f"Column {name!r} holds packed float32 rows of the wrong length: {found}, but the "
             f"model expects {size} values per row ({width} bytes, shape "
             f"{tuple(sample_shape)}). Pack the right column, or reshape the model's input.")

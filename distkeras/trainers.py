@@ -243,6 +243,10 @@ def _register_user_module(obj):
         cloudpickle.register_pickle_by_value(module)
 
 
+# The field of a task's reply that carries an `InvalidDataError` instead of its results.
+INVALID_DATA = "invalid_data"
+
+
 def _arrow_training_job(worker, label_shapes, replay):
     """The function each Spark task runs: train on the partition (``replay.num_epoch``
     times, see `epochs.Replay`), return one frame."""
@@ -256,9 +260,16 @@ def _arrow_training_job(worker, label_shapes, replay):
             message = worker.run(partition, replay.batches(record_batches, partition),
                                  label_shapes)
         except Exception as error:
-            raise workers.WorkerFailure(
-                f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                f"{workers.one_line(error)}") from error
+            invalid = workers.invalid_data_error(error)
+            if invalid is None:
+                raise workers.WorkerFailure(
+                    f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
+                    f"{workers.one_line(error)}") from error
+            # Rows no retry can train on: the task ends as one that succeeded, so Spark
+            # does not run it again (up to 4 times, each training up to the same rows),
+            # and its reply carries the error to the driver.
+            message = {"worker_id": partition,
+                       INVALID_DATA: f"partition {partition} failed: {workers.one_line(invalid)}"}
         frame = networking.encode_message(message)
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition], "payload": [frame]},
@@ -909,6 +920,9 @@ class Trainer:
             context.setLocalProperty("spark.jobGroup.id", None)
             context.setJobDescription(None)
         messages = [networking.decode_message(row["payload"]) for row in rows]
+        for message in messages:
+            if INVALID_DATA in message:
+                raise TrainingError(f"Training failed on an executor: {message[INVALID_DATA]}")
         warn_if_uneven(messages)
         return messages
 
@@ -1291,6 +1305,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker = self.allocate_worker()
             self._configure_worker(worker)
             if isinstance(server, parameter_servers.SocketParameterServer):
+                # A worker that met rows no retry can train on says so: stop the others.
+                server.on_worker_failure = \
+                    lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
                 monitor = TrainingMonitor(server, spark.sparkContext, job_group,
                                           self._progress_total, self.verbose,
                                           self.worker_timeout, type(self).__name__,
@@ -1310,6 +1327,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 server.wait_for_goodbyes(timeout=10.0)
             stopped_early = False
         except TrainingError as error:
+            if getattr(server, "worker_failures", None):
+                worker_id, cause = server.worker_failures[0]
+                raise TrainingError(f"Training failed on an executor: partition {worker_id} "
+                                    f"failed: {cause}") from error
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
             if monitor is None or not (monitor.stopped_by_callback or

@@ -17,6 +17,7 @@ import numpy as np
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.epoch_metrics import EpochMetricSums
+from distkeras.errors import InvalidDataError
 from distkeras.affinity import claimed_cores
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype
 from distkeras.networking import weights_array
@@ -64,6 +65,18 @@ def _enable_compilation_cache():
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     except (AttributeError, ValueError) as error:  # an older JAX without these options
         logger.info("JAX compilation cache not enabled: %s", error)
+
+
+def invalid_data_error(error):
+    """The `InvalidDataError` that caused ``error`` (itself, or one it was raised from),
+    or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, InvalidDataError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def one_line(error):
@@ -545,9 +558,17 @@ class Worker:
                     raise ValueError(hint) from error
                 self.finish()
                 self.completed = True
+            except Exception as error:
+                if invalid_data_error(error) is not None:
+                    self.report_failure(error)
+                raise
             finally:
                 self.teardown()
             return self.result()
+
+    def report_failure(self, error):
+        """Tells the driver, where this worker talks to it, of the error that stops it
+        (rows no retry can train on: the driver stops the other workers at once)."""
 
     def _weighted_unpack_hint(self, error):
         """What to write instead, when a custom loop's ``x, y = self.get_next_minibatch()``
@@ -775,6 +796,7 @@ class NetworkWorker(Worker):
     HISTORY_EVERY_SECONDS = 0.5
 
     def setup(self):
+        self._failure_reported = False
         self.socket = networking.connect(self.master_host, self.master_port,
                                          timeout=self.connect_timeout)
         networking.authenticate(self.socket, self.token, self.worker_id,
@@ -798,6 +820,19 @@ class NetworkWorker(Worker):
 
     def before_goodbye(self):
         """Hook run before the last history and the goodbye are sent."""
+
+    def report_failure(self, error):
+        """Sends the error that stops this worker to the server (once), whose driver then
+        stops the job rather than wait for the other workers or Spark's retries."""
+        if self.socket is None or getattr(self, "_failure_reported", False):
+            return
+        self._failure_reported = True
+        try:
+            networking.send_action(self.socket, networking.ACTION_FAILURE)
+            networking.send_data(self.socket, {"error": one_line(error)})
+        except OSError as cause:
+            logger.warning("Worker %s could not report its failure: %s", self.worker_id,
+                           cause)
 
     def pull(self):
         """Fetches the center variable into ``self.center_variable``."""
@@ -1125,17 +1160,8 @@ class AveragingWorker(NetworkWorker):
         except Exception as error:
             # Spark restarts a failed barrier stage whole (up to 4 times), and this error
             # would come back each time: the driver hears it now and stops the job.
-            self._report_failure(error)
+            self.report_failure(error)
             raise
-
-    def _report_failure(self, error):
-        message = one_line(error)
-        try:
-            networking.send_action(self.socket, networking.ACTION_FAILURE)
-            networking.send_data(self.socket, {"error": message})
-        except OSError as cause:
-            logger.warning("Worker %s could not report its failure: %s", self.worker_id,
-                           cause)
 
     def _train_epochs(self):
         state = self._exchange(networking.ACTION_PULL)

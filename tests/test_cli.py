@@ -218,8 +218,9 @@ def test_predict_on_rows_of_the_wrong_size_names_them_and_leaves_nothing(
             "--features", "label"]
     assert cli.main(argv) == 1
     error = capsys.readouterr().err.strip()
-    assert error.startswith("distkeras predict: error: ValueError: Column 'label' holds "
-                            "arrays"), error  # not Spark's "An exception was thrown..."
+    # Not Spark's "An exception was thrown...": the feed's own error.
+    assert error.startswith("distkeras predict: error: distkeras.errors.InvalidDataError: "
+                            "Column 'label' holds arrays"), error
     assert "the model expects 784 per row" in error and len(error.splitlines()) == 1
     assert not output.exists()  # so the corrected command needs no --overwrite
 

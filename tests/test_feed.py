@@ -453,3 +453,65 @@ def test_a_null_row_is_told_to_drop_the_rows_null_in_that_column_only():
     with pytest.raises(ValueError, match=r"Column 'label' has 1 null values .*"
                                          r"`df.dropna\(subset=\['label'\]\)`"):
         column_to_numpy(pa.array([1.0, None]), (), "label")
+
+
+def _task_attempts(spark, job_group):
+    """(task attempts that failed, task attempts in all) of a job group's Spark stages."""
+    tracker = spark.sparkContext.statusTracker()
+    failed = launched = 0
+    for job_id in tracker.getJobIdsForGroup(job_group):
+        for stage_id in tracker.getJobInfo(job_id).stageIds:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                failed += stage.numFailedTasks
+                launched += stage.numCompletedTasks + stage.numFailedTasks
+    return failed, launched
+
+
+def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(spark):
+    """On `local[2,4]` (a cluster's 4 attempts) a task that failed on a NaN would run
+    4 times, each training again up to the same row, before the same error."""
+    import keras
+    import pytest
+
+    from distkeras.errors import InvalidDataError
+    from distkeras.trainers import SingleTrainer, TrainingError
+
+    rows = [([0.5] * 3, 1.0 if index != 150 else float("inf")) for index in range(200)]
+    frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target")
+    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-single"
+    with pytest.raises(TrainingError, match=r"partition 0 failed: InvalidDataError: Column "
+                                            r"'target' holds 1 NaN or infinite") as caught:
+        trainer.train(frame, verbose=0)
+    assert "attempt" not in str(caught.value)
+    assert _task_attempts(spark, "distkeras-test-invalid-rows-single") == (0, 1)
+    assert issubclass(InvalidDataError, ValueError)  # what code catching ValueError expects
+
+
+def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark):
+    """ADAG: the worker whose partition holds a null tells the driver, which stops the
+    other worker (which would otherwise train its 300 epochs) and names the rows."""
+    import keras
+    import pytest
+
+    from distkeras.trainers import ADAG, TrainingError
+
+    good = spark.createDataFrame([([0.5, 0.25], index % 2) for index in range(64)],
+                                 "features array<float>, label int").coalesce(1)
+    holed = spark.createDataFrame([([0.5, 0.25], 0), (None, 1)],
+                                  "features array<float>, label int").coalesce(1)
+    frame = good.union(holed)  # two partitions: one per worker
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    num_epoch = 300
+    trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
+                   num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2)
+    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-adag"
+    with pytest.raises(TrainingError, match=r"partition \d failed: InvalidDataError: Column "
+                                            r"'features' has 1 null values"):
+        trainer.train(frame, verbose=0)
+    # The good worker's 64 rows, 8 steps an epoch: it was stopped long before its end.
+    assert len(trainer.get_history()) < num_epoch * 8 // 2
+    failed, _ = _task_attempts(spark, "distkeras-test-invalid-rows-adag")
+    assert failed <= 1  # the good worker's, cancelled: never the invalid rows' retries
