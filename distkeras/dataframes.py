@@ -295,9 +295,9 @@ def validate(dataframe, model, features_col, label_col):
 
     Returns:
         The label shapes the data carries: the model's, or its shape without the last axis
-        for class indices (``()`` for scalar labels; ``(steps,)`` for one class index per
-        step of an output of shape ``(steps, classes)``, as Keras's sparse losses read
-        them).
+        for class indices (``()`` for scalar labels or arrays of one; ``(steps,)`` for one
+        class index per step of an output of shape ``(steps, classes)``, as Keras's sparse
+        losses read them).
 
     Raises:
         ValueError: Naming the column and what the model expects.
@@ -349,8 +349,10 @@ def validate(dataframe, model, features_col, label_col):
         if size == 0 and not isinstance(row[name], (list, tuple)):
             label_shapes.append(())  # scalar labels, e.g. for a sparse categorical loss
             continue
-        if len(shape) > 1 and shape[-1] > 1 and size == _flat_size(shape[:-1]):
-            label_shapes.append(shape[:-1])  # a class index per step, for a sparse loss
+        # A class index per step, for a sparse loss; for an output of one axis, a class
+        # index held in an array of one (labels shaped (rows, 1), which `fit` takes too).
+        if shape and shape[-1] > 1 and size == _flat_size(shape[:-1]):
+            label_shapes.append(shape[:-1])
             continue
         if size != _flat_size(shape):
             indices = f" ({_flat_size(shape[:-1])} class indices per row)" \

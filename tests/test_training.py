@@ -221,6 +221,38 @@ def test_a_number_column_trains_a_one_value_input_as_fit_does(spark):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_class_indices_in_arrays_of_one_train_as_fit_does(spark):
+    """Labels shaped (rows, 1), as numpy's `y.reshape(-1, 1)` gives them, are class
+    indices for a sparse loss, as in `fit`: they were refused, the error saying to use
+    class indices with a sparse loss."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = ((x[:, 0] > 0).astype(int) + (x[:, 1] > 0)).reshape(-1, 1)
+    frame = spark.createDataFrame([(row.tolist(), label.tolist()) for row, label in zip(x, y)],
+                                  "features array<double>, label array<bigint>").coalesce(1)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    initial = model.get_weights()
+    trainer = SingleTrainer(model, worker_optimizer="sgd",
+                            loss="sparse_categorical_crossentropy", metrics=[], batch_size=16)
+    trained = trainer.train(frame, validation_data=frame, verbose=0)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(initial)
+    reference.compile("sgd", "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert trainer.get_validation_history()[-1]["val_loss"] == pytest.approx(
+        reference.evaluate(x, y, verbose=0), rel=1e-4)
+    with pytest.raises(ValueError, match=r"\(class indices\) but the loss .* one-hot"):
+        SingleTrainer(model, "sgd", "categorical_crossentropy", metrics=[]).train(
+            frame, verbose=0)
+
+
 def _tagging_model(steps, vocabulary, tags):
     import keras
 
