@@ -194,6 +194,19 @@ def _uses_ema(optimizer):
     return bool(getattr(optimizer, "use_ema", False))
 
 
+def _steps_taken(optimizer):
+    """The minibatches a built optimizer has taken, counting those it only accumulated.
+
+    With ``gradient_accumulation_steps``, Keras's ``iterations`` is a tensor (not a
+    variable) that counts the updates applied: a model `fit` for fewer minibatches than
+    one accumulation holds gradients all the same. Its own step variable counts each.
+    """
+    steps = getattr(optimizer, "_iterations", None)
+    if steps is None:
+        steps = optimizer.iterations
+    return int(np.asarray(steps))
+
+
 def _check_columns(name, value):
     """Refuses a column setting that is not a name or a non-empty list of names (a dict
     keyed by the model's names has become the list by now)."""
@@ -1017,7 +1030,7 @@ class SingleTrainer(Trainer):
         None otherwise."""
         optimizer = getattr(self.master_model, "optimizer", None)
         if optimizer is None or self.worker_optimizer is not optimizer or \
-                not optimizer.built or int(np.asarray(optimizer.iterations.value)) == 0:
+                not optimizer.built or _steps_taken(optimizer) == 0:
             return None
         return workers.get_optimizer_state(self.master_model)
 

@@ -280,6 +280,42 @@ def test_single_trainer_returns_fits_model_optimizer_state_included(spark, tmp_p
                                   trained.predict(x[:5], verbose=0))
 
 
+def test_a_fit_model_accumulating_gradients_goes_on_as_fit_does(spark):
+    """A model compiled with gradient_accumulation_steps and `fit` lends its optimizer's
+    state (reading its step count raised AttributeError: Keras's ``iterations`` is then a
+    tensor), its accumulated gradients included."""
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(160, 8)).astype("float32")  # 5 minibatches: 1 update, 2 held
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+
+    def model():
+        keras.utils.set_random_seed(5)
+        built = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(2, activation="softmax")])
+        built.compile(keras.optimizers.Adam(0.01, gradient_accumulation_steps=3),
+                      "sparse_categorical_crossentropy")
+        return built
+
+    reference, mine = model(), model()
+    for each in (reference, mine):
+        each.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    further = SingleTrainer(mine, metrics=[]).train(frame, verbose=0)
+
+    for got, want in zip(further.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(further.optimizer.variables, reference.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(got.value), np.asarray(want.value),
+                                   rtol=1e-4, atol=1e-6)
+
+
 def test_single_trainer_ends_with_the_ema_weights_as_fit_does(spark):
     import keras
     import numpy as np
