@@ -31,7 +31,7 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.predictors import ModelPredictor, _check_batch_size
-from distkeras.transformers import _set_given, _setter, _to_int, _to_number
+from distkeras.transformers import _getter, _set_given, _setter, _to_int, _to_number
 from distkeras.validation import as_callback_list
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ class _HasKerasParams(HasPredictionCol):
                       typeConverter=TypeConverters.toInt)
     setPredictionCol = _setter("predictionCol")
     setBatchSize = _setter("batchSize")
+    getBatchSize = _getter("batchSize")
 
     def _init_params(self, output_col, batch_size):
         self._setDefault(predictionCol="prediction", batchSize=1024)
@@ -166,6 +167,7 @@ class KerasModel(Model, _HasKerasParams, MLReadable, MLWritable):
     featuresCol = Param(Params._dummy(), "featuresCol", "input column(s) of the model",
                         typeConverter=_to_features_col)
     setFeaturesCol = _setter("featuresCol")
+    getFeaturesCol = _getter("featuresCol")
 
     def __init__(self, keras_model=None, features_col="features", output_col="prediction",
                  batch_size=1024):
@@ -292,6 +294,15 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
     setTrainingBatchSize = _setter("trainingBatchSize")
     setWorkerOptimizer = _setter("workerOptimizer")
     setLearningRate = _setter("learningRate")
+    # Getters, as Spark's own stages have one for every Param (weightCol's and
+    # predictionCol's come with Spark's shared Params).
+    getValidation = _getter("validation")
+    getShuffle = _getter("shuffle")
+    getClassWeight = _getter("classWeight")
+    getNumEpoch = _getter("numEpoch")
+    getTrainingBatchSize = _getter("trainingBatchSize")
+    getWorkerOptimizer = _getter("workerOptimizer")
+    getLearningRate = _getter("learningRate")
 
     def __init__(self, trainer=None, output_col="prediction", batch_size=1024,
                  weight_col=None, validation=None, callbacks=None, class_weight=None,

@@ -146,6 +146,17 @@ def _setter(param_name):
     return set_value
 
 
+def _getter(param_name):
+    """A ``get<Name>`` method for the Param ``param_name``, as Spark's own stages have
+    (``estimator.getNumEpoch()``): its value or default, or Spark's KeyError when neither."""
+    def get_value(self):
+        return self.getOrDefault(getattr(self, param_name))
+
+    get_value.__name__ = "get" + param_name[0].upper() + param_name[1:]
+    get_value.__doc__ = f"Gets the value of :py:attr:`{param_name}` or its default value."
+    return get_value
+
+
 def _require(instance, param):
     """The value of a Param, or a ValueError saying that it must be set."""
     if not instance.isDefined(param):

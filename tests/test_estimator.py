@@ -164,6 +164,29 @@ def test_estimator_and_model_params_have_chained_setters_as_spark_stages_do(spar
     np.testing.assert_allclose(predicted, expected, rtol=1e-5)
 
 
+def test_every_param_has_a_getter_as_spark_stages_do(spark):
+    """Spark's stages have ``get<Param>`` for each Param (``getNumEpoch()`` raised
+    AttributeError); unset and without a default, Spark's KeyError, as its own."""
+    import keras
+
+    from distkeras.estimators import KerasEstimator, KerasModel
+
+    estimator = KerasEstimator(_single_trainer(), batch_size=8, validation=0.25,
+                               shuffle=True, class_weight={1: 2}, num_epoch=3,
+                               training_batch_size=16, worker_optimizer="sgd",
+                               learning_rate=0.5)
+    assert [estimator.getBatchSize(), estimator.getValidation(), estimator.getShuffle(),
+            estimator.getClassWeight(), estimator.getNumEpoch(),
+            estimator.getTrainingBatchSize(), estimator.getWorkerOptimizer(),
+            estimator.getLearningRate()] == [8, 0.25, True, {1: 2.0}, 3, 16, "sgd", 0.5]
+    assert estimator.copy({estimator.numEpoch: 5}).getNumEpoch() == 5
+    with pytest.raises(KeyError):
+        KerasEstimator(_single_trainer()).getNumEpoch()
+    fitted = KerasModel(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+                        features_col="x", batch_size=4)
+    assert (fitted.getFeaturesCol(), fitted.getBatchSize()) == ("x", 4)
+
+
 def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train, tmp_path):
     from pyspark.ml import Pipeline
     from pyspark.sql import functions as F
