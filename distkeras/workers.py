@@ -416,6 +416,9 @@ class Worker:
         # moving statistics (see `update_rules`).
         trainable = {id(variable) for variable in model.trainable_weights}
         self.trainable = [id(variable) in trainable for variable in model.weights]
+        # What the parameter server accepts in a commit: one array per entry, so shaped.
+        self.weight_spec = [(tuple(variable.shape), np.dtype(variable.dtype))
+                            for variable in model.weights]
 
     def build_model(self):
         """The uncompiled Keras model this worker trains."""
@@ -647,6 +650,63 @@ def learning_rate_field(data, key):
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
         raise networking.ProtocolError(f"The server's {key} is not a finite number.")
     return float(rate)
+
+
+def checked_update(update, weight_spec, where):
+    """Checks a commit's update against the model's weights before it is sent.
+
+    The parameter server closes the connection of a worker whose update does not match the
+    model, and the worker then sees only a closed connection: checked here, the error says
+    what was wrong. Floating-point layers of another precision (float64 from numpy
+    arithmetic) are cast to the weight's dtype, as Keras's ``set_weights`` casts them.
+
+    Args:
+        update: The update: a list (or object array) of per-layer arrays.
+        weight_spec: Per weight, ``(shape, dtype)``; None skips the check.
+        where: Who sent it, for the error (``"MyWorker.commit()"``).
+
+    Returns:
+        The update as an object array of arrays of the weights' dtypes.
+
+    Raises:
+        ValueError: If the update is not one array per weight, shaped like it.
+    """
+    if weight_spec is None:
+        return update
+    if isinstance(update, np.ndarray) and update.dtype != object or \
+            not isinstance(update, (list, tuple, np.ndarray)):
+        raise ValueError(
+            f"{where} takes one array per weight of the model ({len(weight_spec)}, as "
+            f"self.model.get_weights() returns them). Received: {_describe(update)}.")
+    if len(update) != len(weight_spec):
+        raise ValueError(
+            f"{where} takes one array per weight of the model: it has {len(weight_spec)}, "
+            f"the update holds {len(update)}.")
+    layers = []
+    for index, (layer, (shape, dtype)) in enumerate(zip(update, weight_spec)):
+        layer = np.asarray(layer)
+        if layer.shape != shape:
+            raise ValueError(
+                f"{where}: the update's array {index} is {_describe(layer)}; the model's "
+                f"weight {index} is {dtype}{list(shape)}. Compute the update from "
+                "self.model.get_weights() and self.center_variable, which are shaped "
+                "like the model.")
+        if layer.dtype != dtype:
+            if not (np.issubdtype(layer.dtype, np.floating)
+                    and np.issubdtype(dtype, np.floating)):
+                raise ValueError(
+                    f"{where}: the update's array {index} is {_describe(layer)}; the "
+                    f"model's weight {index} is {dtype}{list(shape)}.")
+            layer = layer.astype(dtype)
+        layers.append(layer)
+    return weights_array(layers)
+
+
+def _describe(value):
+    """``float64[784, 16]`` for an array, the type's name otherwise."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__
 
 
 def send_history_columns(sock, columns, metric_sums=None):
@@ -892,6 +952,8 @@ class NetworkWorker(Worker):
 
     def send_commit(self, delta, **extra):
         """Sends the commit message alone (no history)."""
+        delta = checked_update(delta, getattr(self, "weight_spec", None),
+                               f"{type(self).__name__}.commit()")
         message = {"delta": delta, "worker_id": self.worker_id,
                    "last_update": self.last_update}
         message.update(extra)

@@ -149,3 +149,69 @@ def test_object_array_weights_on_numpy_2():
     center = w + 0.5 * delta
     np.testing.assert_array_equal(center[0], np.full((2, 3), 1.5))
     np.testing.assert_array_equal(center[1], np.full(3, 2.5))
+
+
+class Float64Worker(NetworkWorker):
+    """Computes its delta in float64 (numpy arithmetic with a Python float array)."""
+
+    def optimize(self):
+        self.pull()
+        while True:
+            x, y = self.get_next_minibatch()
+            self.model.train_on_batch(x, y)
+            self.commit([np.asarray(w, np.float64) - c for w, c in
+                         zip(self.model.get_weights(), self.center_variable)])
+            self.pull()
+            self.model.set_weights(self.center_variable)
+            self.iteration += 1
+
+
+class TransposedWorker(Float64Worker):
+    def optimize(self):
+        x, y = self.get_next_minibatch()
+        self.model.train_on_batch(x, y)
+        self.commit([w.T for w in self.model.get_weights()])
+        self.pull()
+
+
+def test_a_float64_delta_is_cast_like_set_weights(fashion_train):
+    class Float64(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            return Float64Worker(self.master_model)
+
+    trainer = Float64(keras_model=build_mlp(16), worker_optimizer="adam",
+                      loss="categorical_crossentropy", num_workers=2)
+    trainer.train(fashion_train.limit(128))
+    assert trainer.parameter_server.num_updates == 4
+
+
+def test_a_misshaped_delta_names_the_worker_and_the_shapes(fashion_train):
+    from distkeras.trainers import TrainingError
+
+    class Transposed(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            return TransposedWorker(self.master_model)
+
+    trainer = Transposed(keras_model=build_mlp(16), worker_optimizer="adam",
+                         loss="categorical_crossentropy", num_workers=2)
+    # It said only "PeerClosedError: Connection closed" (the server's reason was in a log).
+    with pytest.raises(TrainingError, match=r"TransposedWorker.commit\(\): the update's "
+                       r"array 0 is float32\[16, 784\]; the model's weight 0 is "
+                       r"float32\[784, 16\]"):
+        trainer.train(fashion_train.limit(128))
+
+
+def test_checked_update_wants_one_array_per_weight():
+    from distkeras.workers import checked_update
+
+    spec = [((2, 3), np.dtype("float32")), ((3,), np.dtype("float32"))]
+    layers = [np.ones((2, 3)), np.ones(3, "float32")]
+    update = checked_update(layers, spec, "W.commit()")
+    assert update.dtype == object and [a.dtype for a in update] == ["float32"] * 2
+    with pytest.raises(ValueError, match=r"W.commit\(\) takes one array per weight of the "
+                       r"model \(2, .*Received: float32\[3\]"):
+        checked_update(np.ones(3, "float32"), spec, "W.commit()")
+    with pytest.raises(ValueError, match="it has 2, the update holds 1"):
+        checked_update(layers[:1], spec, "W.commit()")
+    with pytest.raises(ValueError, match=r"array 1 is int64\[3\]"):
+        checked_update([layers[0], np.ones(3, "int64")], spec, "W.commit()")
