@@ -13,6 +13,7 @@ Example::
 
 import logging
 
+import numpy as np
 from pyspark.ml.evaluation import Evaluator
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasWeightCol
@@ -26,6 +27,11 @@ from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_gi
 logger = logging.getLogger(__name__)
 
 EPSILON = 1e-7  # keras.config.epsilon(): predictions are clipped to [EPSILON, 1 - EPSILON]
+# The clip bounds as Keras applies them, to float32 predictions: 1 - 1e-7 rounds to
+# 1 - 2**-23 there, so a saturated sigmoid (1.0) with label 0 costs -log(2**-23) = 15.94 in
+# Keras's binary cross-entropy, not the -log(1e-7) = 16.12 of the bound in doubles.
+_CLIP_LOW = float(np.float32(EPSILON))
+_CLIP_HIGH = float(np.float32(1.0 - EPSILON))
 
 LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
           "binary_crossentropy", "mse", "mean_squared_error", "mae", "mean_absolute_error",
@@ -193,7 +199,7 @@ def _sum(array):
 
 
 def _clip(value):
-    return F.least(F.greatest(value, F.lit(EPSILON)), F.lit(1.0 - EPSILON))
+    return F.least(F.greatest(value, F.lit(_CLIP_LOW)), F.lit(_CLIP_HIGH))
 
 
 class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
@@ -296,9 +302,9 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                     DefaultParamsReadable, DefaultParamsWritable):
     """The mean loss of the predictions over the rows, as Keras computes it.
 
-    Predictions are probabilities (not logits), clipped to ``[1e-7, 1 - 1e-7]`` as Keras
-    does; for ``categorical_crossentropy`` they are first scaled to sum to 1 per row, as
-    Keras does too.
+    Predictions are probabilities (not logits), clipped to ``[1e-7, 1 - 1e-7]`` in float32
+    as Keras does; for ``categorical_crossentropy`` they are first scaled to sum to 1 per
+    row, as Keras does too.
 
     - ``categorical_crossentropy``: one-hot (or soft) label arrays, prediction arrays.
     - ``sparse_categorical_crossentropy``: integer labels, prediction arrays; or, for an

@@ -355,7 +355,9 @@ def test_accuracy_evaluator_scores_multi_label_outputs_as_keras_binary_accuracy(
 def test_loss_evaluator_matches_hand_computed_values(scored, spark):
     from distkeras.evaluators import LossEvaluator
 
-    clip = lambda p: min(max(p, 1e-7), 1 - 1e-7)  # noqa: E731
+    # Keras clips float32 predictions: to the float32 values of 1e-7 and 1 - 1e-7.
+    low, high = float(np.float32(1e-7)), float(np.float32(1 - 1e-7))
+    clip = lambda p: min(max(p, low), high)  # noqa: E731
     cce = -(math.log(0.7) + math.log(0.3) + math.log(clip(1.0)) + math.log(0.5)) / 4
     assert LossEvaluator().evaluate(scored) == pytest.approx(cce, rel=1e-9)
     sparse = LossEvaluator("sparse_categorical_crossentropy", label_col="label_index")
@@ -371,7 +373,7 @@ def test_loss_evaluator_matches_hand_computed_values(scored, spark):
     assert LossEvaluator().evaluate(unscaled) == pytest.approx(-math.log(0.75), rel=1e-9)
 
     binary = spark.createDataFrame([(0.9, 1.0), (0.2, 0.0), (0.0, 1.0)], ["p", "y"])
-    bce = -(math.log(0.9) + math.log(0.8) + math.log(1e-7)) / 3
+    bce = -(math.log(0.9) + math.log(0.8) + math.log(low)) / 3
     assert LossEvaluator("binary_crossentropy", "p", "y").evaluate(binary) == \
         pytest.approx(bce, rel=1e-9)
     assert LossEvaluator("mse", "p", "y").evaluate(binary) == \
@@ -525,6 +527,30 @@ def test_loss_evaluator_reads_one_unit_outputs_against_number_labels_as_keras(sp
     with pytest.raises(Exception, match="must hold one value per row"):
         LossEvaluator("binary_crossentropy").evaluate(two_values)
 
+
+
+def test_loss_evaluator_clips_saturated_predictions_as_keras(spark):
+    """A saturated sigmoid (exactly 1.0 or 0.0, an overconfident model's float32 output)
+    was clipped to 1 - 1e-7 in doubles: log(1 - p) gave -16.12 where Keras, clipping in
+    float32 (1 - 2**-23), gives -15.94, so the mean was 0.04 above Keras's here."""
+    import keras
+
+    from distkeras.evaluators import LossEvaluator
+
+    predictions = np.array([[0.0], [1.0], [0.5], [1.0], [0.0]], dtype="float32")
+    labels = np.array([[0.0], [0.0], [1.0], [1.0], [1.0]], dtype="float32")
+    frame = spark.createDataFrame(
+        [(p.tolist(), y.tolist()) for p, y in zip(predictions, labels)],
+        "prediction array<float>, label array<float>").repartition(3)
+    expected = float(keras.ops.mean(keras.losses.binary_crossentropy(labels, predictions)))
+    assert LossEvaluator("binary_crossentropy").evaluate(frame) == \
+        pytest.approx(expected, rel=1e-6)
+    one_hot = spark.createDataFrame([([0.0, 1.0], [1.0, 0.0]), ([1.0, 0.0], [1.0, 0.0])],
+                                    "prediction array<float>, label array<float>")
+    expected = float(keras.ops.mean(keras.losses.categorical_crossentropy(
+        np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[0.0, 1.0], [1.0, 0.0]]))))
+    assert LossEvaluator("categorical_crossentropy").evaluate(one_hot) == \
+        pytest.approx(expected, rel=1e-6)
 
 def test_loss_evaluator_errors(scored):
     from distkeras.evaluators import LossEvaluator
