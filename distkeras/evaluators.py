@@ -41,11 +41,13 @@ _ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae"}
 HUBER_DELTA = 1.0  # keras.losses.huber's default
 
 
-def _class_index(dataset, name, role):
+def _class_index(dataset, name, role, label=False):
     """A column as a class index: numbers as they are, arrays and vectors by their argmax,
     except one-element arrays (a sigmoid output, a binary label): 1 above 0.5, else 0, as
-    Keras's binary accuracy reads them. A fractional number is no class index (a
-    probability taken out of its array would never equal a label): it stops the job."""
+    Keras's binary accuracy reads them. A label's one-element array holding a whole number
+    is that class (Keras never thresholds labels: CIFAR-10's labels have shape ``(n, 1)``,
+    and ``[6]`` is class 6, not 1). A fractional number is no class index (a probability
+    taken out of its array would never equal a label): it stops the job."""
     if _kind(dataset, name, role) == "scalar":
         value = column(name).cast(T.DoubleType())
         return F.when(value.isNull() | (value == F.floor(value)), value).otherwise(_fail(
@@ -54,8 +56,11 @@ def _class_index(dataset, name, role):
             "(ModelPredictor's prediction column, thresholded at 0.5) or threshold it "
             "first; for class probabilities, pass the arrays or vectors (argmax)."))
     values = _double_array(dataset, name, role)
-    return F.when(F.size(values) == 1,
-                  (F.element_at(values, 1) > 0.5).cast(T.DoubleType())) \
+    first = F.element_at(values, 1)
+    one_value = (first > 0.5).cast(T.DoubleType())
+    if label:
+        one_value = F.when(first == F.floor(first), first).otherwise(one_value)
+    return F.when(F.size(values) == 1, one_value) \
         .otherwise(_argmax(values).cast(T.DoubleType()))
 
 
@@ -275,7 +280,7 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                               lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
                               "AccuracyEvaluator")
         prediction = _class_index(dataset, prediction_col, "prediction column")
-        label = _class_index(dataset, label_col, "label column")
+        label = _class_index(dataset, label_col, "label column", label=True)
         if _kind(dataset, label_col, "label column") != "scalar":
             label = _refusing_multi_hot(
                 _double_array(dataset, label_col, "label column"), label, label_col)

@@ -313,6 +313,29 @@ def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
         AccuracyEvaluator("probability", "label").evaluate(numbers)
 
 
+
+def test_accuracy_evaluator_reads_one_element_label_arrays_as_their_class(spark):
+    """Labels of shape (n, 1), as CIFAR-10's, written as one-element arrays: against class
+    indices (LabelIndexTransformer's output) each was thresholded as a sigmoid label, so
+    [2] counted as class 1 and the accuracy was wrong, silently."""
+    import keras
+
+    from distkeras.evaluators import AccuracyEvaluator
+
+    probabilities = np.array([[0.1, 0.2, 0.7], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3],
+                              [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]], dtype="float32")
+    labels = np.array([[2], [0], [1], [1], [2]])
+    frame = spark.createDataFrame(
+        [(p.tolist(), y.tolist(), int(p.argmax())) for p, y in zip(probabilities, labels)],
+        "prediction array<float>, label array<int>, prediction_index int").repartition(3)
+    metric = keras.metrics.SparseCategoricalAccuracy()
+    metric.update_state(labels, probabilities)
+    expected = float(metric.result())  # 0.8
+    assert AccuracyEvaluator("prediction_index", "label").evaluate(frame) == \
+        pytest.approx(expected, abs=1e-6)
+    assert AccuracyEvaluator("prediction", "label").evaluate(frame) == \
+        pytest.approx(expected, abs=1e-6)
+
 def test_accuracy_evaluator_scores_multi_label_outputs_as_keras_binary_accuracy(spark):
     """Sigmoid outputs against multi-hot labels: the argmax compared each row's first
     label only (silently wrong). ``multi_label=True`` gives Keras's binary accuracy;
