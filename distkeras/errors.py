@@ -1,11 +1,19 @@
 """Errors that say what kind of failure happened, so each is handled as it should be."""
 
 
-class InvalidDataError(ValueError):
-    """Rows that no retry can train on: nulls, NaN or infinite values, arrays of the wrong
-    length, class indices out of range, negative sample weights.
+class UnretryableError(Exception):
+    """An error that every retry of the worker's task would meet again.
 
-    A worker that meets them tells the driver instead of failing its Spark task: Spark
-    retries a failed task (4 times on a cluster's defaults), and each retry would read
-    the same rows to the same error, after training again up to them.
+    A worker that meets one tells the driver instead of failing its Spark task: Spark
+    retries a failed task (4 times on a cluster's defaults), and each retry would train
+    again up to the same error.
     """
+
+
+class InvalidDataError(UnretryableError, ValueError):
+    """Rows that no retry can train on: nulls, NaN or infinite values, arrays of the wrong
+    length, class indices out of range, negative sample weights."""
+
+
+class InvalidUpdateError(UnretryableError, ValueError):
+    """A worker's commit that does not fit the model (a custom worker's bug)."""

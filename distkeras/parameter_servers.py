@@ -107,6 +107,7 @@ class SocketParameterServer(ParameterServer):
         self.errors = []
         self.worker_failures = []  # (worker id, error) that workers reported before failing
         self.on_worker_failure = None  # called with (worker id, error) as one arrives
+        self.on_error = None  # called with the error of a handler (a bug) as it happens
         self.allow_nonfinite = False
         # Fields whose lists of arrays are not shaped like the weights (their own spec).
         self.field_specs = None
@@ -239,6 +240,8 @@ class SocketParameterServer(ParameterServer):
             logger.exception("Parameter server handler failed for %s", addr)
             with self._history_lock:
                 self.errors.append(f"{type(error).__name__}: {error}")
+            if self.on_error is not None:
+                self.on_error(self.errors[-1])
         finally:
             conn.close()
             with self._history_lock:

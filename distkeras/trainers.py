@@ -256,8 +256,8 @@ def _register_user_module(obj):
         cloudpickle.register_pickle_by_value(module)
 
 
-# The field of a task's reply that carries an `InvalidDataError` instead of its results.
-INVALID_DATA = "invalid_data"
+# The field of a task's reply that carries an `UnretryableError` instead of its results.
+UNRETRYABLE = "unretryable_error"
 
 
 def _arrow_training_job(worker, label_shapes, replay):
@@ -273,16 +273,16 @@ def _arrow_training_job(worker, label_shapes, replay):
             message = worker.run(partition, replay.batches(record_batches, partition),
                                  label_shapes)
         except Exception as error:
-            invalid = workers.invalid_data_error(error)
-            if invalid is None:
+            unretryable = workers.unretryable_error(error)
+            if unretryable is None:
                 raise workers.WorkerFailure(
                     f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
                     f"{workers.one_line(error)}") from error
-            # Rows no retry can train on: the task ends as one that succeeded, so Spark
-            # does not run it again (up to 4 times, each training up to the same rows),
-            # and its reply carries the error to the driver.
-            message = {"worker_id": partition,
-                       INVALID_DATA: f"partition {partition} failed: {workers.one_line(invalid)}"}
+            # Rows no retry can train on, an update that does not fit the model: the task
+            # ends as one that succeeded, so Spark does not run it again (up to 4 times,
+            # each training up to the same error), and its reply carries the error.
+            message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
+                                                            f"{workers.one_line(unretryable)}"}
         frame = networking.encode_message(message)
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition], "payload": [frame]},
@@ -934,8 +934,8 @@ class Trainer:
             context.setJobDescription(None)
         messages = [networking.decode_message(row["payload"]) for row in rows]
         for message in messages:
-            if INVALID_DATA in message:
-                raise TrainingError(f"Training failed on an executor: {message[INVALID_DATA]}")
+            if UNRETRYABLE in message:
+                raise TrainingError(f"Training failed on an executor: {message[UNRETRYABLE]}")
         warn_if_uneven(messages)
         return messages
 
@@ -1318,9 +1318,11 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker = self.allocate_worker()
             self._configure_worker(worker)
             if isinstance(server, parameter_servers.SocketParameterServer):
-                # A worker that met rows no retry can train on says so: stop the others.
+                # A worker that met an error no retry gets past says so, and a handler of
+                # the server that raised would raise again for every retry: stop them all.
                 server.on_worker_failure = \
                     lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
+                server.on_error = lambda error: spark.sparkContext.cancelJobGroup(job_group)
                 monitor = TrainingMonitor(server, spark.sparkContext, job_group,
                                           self._progress_total, self.verbose,
                                           self.worker_timeout, type(self).__name__,
@@ -1344,6 +1346,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 worker_id, cause = server.worker_failures[0]
                 raise TrainingError(f"Training failed on an executor: partition {worker_id} "
                                     f"failed: {cause}") from error
+            if getattr(server, "errors", None):
+                # The workers' errors (a closed connection) only echo the server's.
+                raise TrainingError(
+                    f"The {type(server).__name__} failed: {server.errors[0]}") from error
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
             if monitor is None or not (monitor.stopped_by_callback or

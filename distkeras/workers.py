@@ -17,7 +17,7 @@ import numpy as np
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.epoch_metrics import EpochMetricSums
-from distkeras.errors import InvalidDataError
+from distkeras.errors import InvalidUpdateError, UnretryableError
 from distkeras.affinity import claimed_cores
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype
 from distkeras.networking import weights_array
@@ -67,12 +67,12 @@ def _enable_compilation_cache():
         logger.info("JAX compilation cache not enabled: %s", error)
 
 
-def invalid_data_error(error):
-    """The `InvalidDataError` that caused ``error`` (itself, or one it was raised from),
+def unretryable_error(error):
+    """The `UnretryableError` that caused ``error`` (itself, or one it was raised from),
     or None."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, InvalidDataError):
+        if isinstance(error, UnretryableError):
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
@@ -562,7 +562,7 @@ class Worker:
                 self.finish()
                 self.completed = True
             except Exception as error:
-                if invalid_data_error(error) is not None:
+                if unretryable_error(error) is not None:
                     self.report_failure(error)
                 raise
             finally:
@@ -571,7 +571,7 @@ class Worker:
 
     def report_failure(self, error):
         """Tells the driver, where this worker talks to it, of the error that stops it
-        (rows no retry can train on: the driver stops the other workers at once)."""
+        (one no retry can get past: the driver stops the other workers at once)."""
 
     def _weighted_unpack_hint(self, error):
         """What to write instead, when a custom loop's ``x, y = self.get_next_minibatch()``
@@ -669,24 +669,24 @@ def checked_update(update, weight_spec, where):
         The update as an object array of arrays of the weights' dtypes.
 
     Raises:
-        ValueError: If the update is not one array per weight, shaped like it.
+        InvalidUpdateError: If the update is not one array per weight, shaped like it.
     """
     if weight_spec is None:
         return update
     if isinstance(update, np.ndarray) and update.dtype != object or \
             not isinstance(update, (list, tuple, np.ndarray)):
-        raise ValueError(
+        raise InvalidUpdateError(
             f"{where} takes one array per weight of the model ({len(weight_spec)}, as "
             f"self.model.get_weights() returns them). Received: {_describe(update)}.")
     if len(update) != len(weight_spec):
-        raise ValueError(
+        raise InvalidUpdateError(
             f"{where} takes one array per weight of the model: it has {len(weight_spec)}, "
             f"the update holds {len(update)}.")
     layers = []
     for index, (layer, (shape, dtype)) in enumerate(zip(update, weight_spec)):
         layer = np.asarray(layer)
         if layer.shape != shape:
-            raise ValueError(
+            raise InvalidUpdateError(
                 f"{where}: the update's array {index} is {_describe(layer)}; the model's "
                 f"weight {index} is {dtype}{list(shape)}. Compute the update from "
                 "self.model.get_weights() and self.center_variable, which are shaped "
@@ -694,7 +694,7 @@ def checked_update(update, weight_spec, where):
         if layer.dtype != dtype:
             if not (np.issubdtype(layer.dtype, np.floating)
                     and np.issubdtype(dtype, np.floating)):
-                raise ValueError(
+                raise InvalidUpdateError(
                     f"{where}: the update's array {index} is {_describe(layer)}; the "
                     f"model's weight {index} is {dtype}{list(shape)}.")
             layer = layer.astype(dtype)

@@ -195,7 +195,9 @@ def test_a_misshaped_delta_names_the_worker_and_the_shapes(fashion_train):
     trainer = Transposed(keras_model=build_mlp(16), worker_optimizer="adam",
                          loss="categorical_crossentropy", num_workers=2)
     # It said only "PeerClosedError: Connection closed" (the server's reason was in a log).
-    with pytest.raises(TrainingError, match=r"TransposedWorker.commit\(\): the update's "
+    # Not retried either: every retry would commit the same.
+    with pytest.raises(TrainingError, match=r"partition \d failed: InvalidUpdateError: "
+                       r"TransposedWorker.commit\(\): the update's "
                        r"array 0 is float32\[16, 784\]; the model's weight 0 is "
                        r"float32\[784, 16\]"):
         trainer.train(fashion_train.limit(128))
@@ -215,3 +217,36 @@ def test_checked_update_wants_one_array_per_weight():
         checked_update(layers[:1], spec, "W.commit()")
     with pytest.raises(ValueError, match=r"array 1 is int64\[3\]"):
         checked_update([layers[0], np.ones(3, "int64")], spec, "W.commit()")
+
+
+class TypoParameterServer(SocketParameterServer):
+    def handle_commit(self, conn, addr):
+        data = recv_data(conn)
+        with self.mutex:
+            self.center_variable = self.center_variable + data["deltaa"]  # a typo
+
+
+def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_train):
+    """The workers saw only their closed connection ("PeerClosedError"), and Spark
+    retried each of them, the handler raising again each time."""
+    from distkeras.trainers import TrainingError
+
+    class Typo(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            return MyWorker(self.master_model)
+
+        def allocate_parameter_server(self):
+            return TypoParameterServer(self.master_model, self.master_port)
+
+    trainer = Typo(keras_model=build_mlp(16), worker_optimizer="adam",
+                   loss="categorical_crossentropy", num_workers=2, communication_window=2)
+    trainer._new_job_group = lambda: "distkeras-test-typo-server"
+    with pytest.raises(TrainingError,
+                       match=r"The TypoParameterServer failed: KeyError: 'deltaa'"):
+        trainer.train(fashion_train.limit(256), verbose=0)
+    tracker = fashion_train.sparkSession.sparkContext.statusTracker()
+    attempts = [tracker.getStageInfo(stage) for job in
+                tracker.getJobIdsForGroup("distkeras-test-typo-server")
+                for stage in tracker.getJobInfo(job).stageIds]
+    # Each worker's first attempt at most (cancelled): none retried.
+    assert sum(stage.numFailedTasks for stage in attempts if stage is not None) <= 2
