@@ -22,7 +22,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from distkeras.dataframes import column
-from distkeras.transformers import _argmax, _double_array, _fail, _kind, _set_given, _setter
+from distkeras.transformers import (_argmax, _double_array, _fail, _getter, _kind, _set_given,
+                                    _setter)
 
 logger = logging.getLogger(__name__)
 
@@ -338,6 +339,7 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
     loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
                  typeConverter=TypeConverters.toString)
     setLoss = _setter("loss")
+    getLoss = _getter("loss")
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
     setWeightCol = _setter("weightCol")

@@ -251,6 +251,7 @@ class OneHotTransformer(_ColumnTransformer):
     outputDim = Param(Params._dummy(), "outputDim", "number of classes (length of the output "
                       "array)", typeConverter=_to_int)
     setOutputDim = _setter("outputDim")
+    getOutputDim = _getter("outputDim")
 
     def __init__(self, output_dim=None, input_col=None, output_col=None):
         super().__init__()
@@ -301,10 +302,15 @@ class MinMaxTransformer(_ColumnTransformer):
     isVector = Param(Params._dummy(), "isVector", "whether the column holds arrays/vectors "
                      "(else single numbers)", typeConverter=TypeConverters.toBoolean)
     setOMin = _setter("oMin")
+    getOMin = _getter("oMin")
     setOMax = _setter("oMax")
+    getOMax = _getter("oMax")
     setNMin = _setter("nMin")
+    getNMin = _getter("nMin")
     setNMax = _setter("nMax")
+    getNMax = _getter("nMax")
     setIsVector = _setter("isVector")
+    getIsVector = _getter("isVector")
 
     def __init__(self, o_min=None, o_max=None, n_min=None, n_max=None, input_col=None,
                  output_col=None, is_vector=True):
@@ -357,7 +363,9 @@ class StandardTransformer(_ColumnTransformer):
     std = Param(Params._dummy(), "std", "standard deviation to divide by: one value or one "
                 "per element", typeConverter=_to_numbers)
     setMean = _setter("mean")
+    getMean = _getter("mean")
     setStd = _setter("std")
+    getStd = _getter("std")
 
     def __init__(self, input_col=None, output_col=None, mean=None, std=None):
         super().__init__()
@@ -509,6 +517,7 @@ class ReshapeTransformer(_ColumnTransformer):
     shape = Param(Params._dummy(), "shape", "shape of one row's values (row-major)",
                   typeConverter=_to_ints)
     setShape = _setter("shape")
+    getShape = _getter("shape")
 
     def __init__(self, input_col=None, output_col=None, shape=None):
         super().__init__()
@@ -590,8 +599,11 @@ class LabelIndexTransformer(_ColumnTransformer):
     activationThreshold = Param(Params._dummy(), "activationThreshold", "smallest winning "
                                 "value", typeConverter=_to_number)
     setOutputDim = _setter("outputDim")
+    getOutputDim = _getter("outputDim")
     setDefaultIndex = _setter("defaultIndex")
+    getDefaultIndex = _getter("defaultIndex")
     setActivationThreshold = _setter("activationThreshold")
+    getActivationThreshold = _getter("activationThreshold")
 
     def __init__(self, output_dim=None, input_col="prediction", output_col="prediction_index",
                  default_index=0, activation_threshold=0.55):
@@ -633,6 +645,7 @@ class BinaryLabelTransformer(_ColumnTransformer):
     label = Param(Params._dummy(), "label", "the value of the positive class",
                   typeConverter=_to_label)
     setLabel = _setter("label")
+    getLabel = _getter("label")
 
     def __init__(self, input_col=None, output_col=None, label=None):
         super().__init__()

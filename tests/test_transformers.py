@@ -336,3 +336,43 @@ def test_standard_estimator_skips_nulls_and_names_what_it_cannot_fit(spark):
     ]:
         with pytest.raises(ValueError, match=message):
             estimator.fit(spark.createDataFrame(rows, schema))
+
+
+# A value (not the default) for each Param of distkeras's stages; a new Param needs one here.
+_PARAM_VALUES = {
+    "inputCol": "in", "outputCol": "out", "predictionCol": "pred", "labelCol": "lab",
+    "weightCol": "w", "featuresCol": "f", "outputDim": 7, "oMin": -1.0, "oMax": 2.0,
+    "nMin": 0.5, "nMax": 3.0, "isVector": True, "mean": [1.0, 2.0], "std": [3.0],
+    "shape": [2, 3], "defaultIndex": 4, "activationThreshold": 0.25, "label": "cat",
+    "multiLabel": True, "loss": "mse", "batchSize": 8, "validation": 0.25, "shuffle": True,
+    "classWeight": {1: 2.0}, "numEpoch": 3, "trainingBatchSize": 16,
+    "workerOptimizer": "sgd", "learningRate": 0.5,
+}
+
+
+def _stage_classes():
+    """Every public pyspark.ml stage that distkeras defines."""
+    import inspect
+
+    from pyspark.ml.param import Params
+
+    from distkeras import estimators, evaluators, transformers
+
+    return [cls for module in (transformers, evaluators, estimators)
+            for name, cls in vars(module).items()
+            if inspect.isclass(cls) and issubclass(cls, Params) and not name.startswith("_")
+            and cls.__module__ == module.__name__]
+
+
+@pytest.mark.parametrize("stage_class", _stage_classes(), ids=lambda cls: cls.__name__)
+def test_every_param_of_every_stage_has_a_getter_as_spark_stages_do(stage_class):
+    """Spark's stages have ``get<Param>`` for each Param (``OneHotTransformer.getOutputDim()``
+    raised AttributeError); each returns the value set, as Spark's do."""
+    stage = stage_class()
+    assert stage.params
+    for param in stage.params:
+        assert param.name in _PARAM_VALUES, f"no test value for {param.name}"
+        getter = "get" + param.name[0].upper() + param.name[1:]
+        assert hasattr(stage, getter), f"{stage_class.__name__} has no {getter}()"
+        stage.set(param, _PARAM_VALUES[param.name])
+        assert getattr(stage, getter)() == _PARAM_VALUES[param.name], getter
