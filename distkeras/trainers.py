@@ -1380,6 +1380,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
             save_checkpoint(self.checkpoint_dir, server, type(self).__name__)
         self._warn_if_nothing_committed(server.num_updates - updates_before, server, worker)
+        if monitor is None or not monitor.stopped_by_callback:
+            self._warn_if_trained_short(worker)
         return server.get_model()
 
     def _checkpoint_stopped_training(self, server, updates_before):
@@ -1406,6 +1408,30 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         logger.warning("The training stopped early; its center after %d updates is saved in "
                        "%s: train(..., checkpoint_dir=..., resume=True) goes on from it.",
                        updates, self.checkpoint_dir)
+
+    def _warn_if_trained_short(self, worker):
+        """Warns when the workers reported fewer samples than the rows times ``num_epoch``:
+        a custom ``optimize()`` that returned before its data ran out leaves ``train()``
+        returning normally (epoch-end callbacks fired too) a model trained on part of it.
+        A warning, not an error: a fixed step budget can be deliberate.
+
+        Args:
+            worker: The worker the trainer allocated (its class is the one to name).
+        """
+        expected = self._progress_total  # rows x num_epoch; None: not counted, not checked
+        if not expected:
+            return
+        trained = sum(int(record.get("batch_size", 0)) for record in self.history)
+        if trained >= expected:
+            return
+        logger.warning(
+            "%s: the workers trained on %d samples, not the %d of %d epochs over the rows "
+            "(%.1f%%): %s.optimize() returned before get_next_minibatch() ran out of data, "
+            "so the returned model was trained on part of it. Loop until "
+            "get_next_minibatch() raises StopIteration (docs/optimizers.md, \"Write your "
+            "own optimizer\") unless a fixed number of steps is what you meant.",
+            type(self).__name__, trained, expected, self.num_epoch,
+            100.0 * trained / expected, type(worker).__name__)
 
     def _warn_if_nothing_committed(self, num_updates, server, worker):
         """Warns when no commit reached the center (the model returned is the one given),

@@ -59,7 +59,8 @@ def test_seed_tutorial_runs_as_printed(fashion_train, caplog):
     dataframe = fashion_train.limit(1200)
     with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
         model = trainer.train(dataframe)
-    assert not [r for r in caplog.records if "applied no commit" in r.getMessage()]
+    assert not [r for r in caplog.records if "applied no commit" in r.getMessage()
+                or "returned before" in r.getMessage()]
 
     server = trainer.parameter_server
     assert isinstance(server, MyParameterServer)
@@ -86,6 +87,35 @@ def test_a_run_that_commits_nothing_says_so(fashion_train, caplog):
     warnings = [r.getMessage() for r in caplog.records if "applied no commit" in r.getMessage()]
     assert len(warnings) == 1
     assert "communication_window=8" in warnings[0] and "MyWorker" in warnings[0]
+
+
+class OneBatchWorker(NetworkWorker):
+    """Trains one minibatch, commits it and returns: the rest of its partition is left."""
+
+    def optimize(self):
+        self.pull()
+        self.model.set_weights(self.center_variable)
+        x, y = self.get_next_minibatch()
+        self.model.train_on_batch(x, y)
+        self.commit([w - c for w, c in zip(self.model.get_weights(), self.center_variable)])
+
+
+def test_a_worker_that_returns_early_says_how_little_it_trained(fashion_train, caplog):
+    class OneBatch(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            return OneBatchWorker(self.master_model)
+
+    trainer = OneBatch(keras_model=build_mlp(16), worker_optimizer="adam",
+                       loss="categorical_crossentropy", num_workers=2, batch_size=32,
+                       num_epoch=2)
+    # train() returned normally (epoch-end callbacks fired) without a word.
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        trainer.train(fashion_train.limit(200), verbose=2)
+    assert sum(r["batch_size"] for r in trainer.get_history()) == 64
+    warnings = [r.getMessage() for r in caplog.records if "returned before" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "trained on 64 samples, not the 400 of 2 epochs" in warnings[0]
+    assert "OneBatchWorker.optimize()" in warnings[0]
 
 
 class NaNWorker(NetworkWorker):

@@ -404,7 +404,10 @@ def _stop_after_first_epoch():
     return StopAfterFirstEpoch()
 
 
-def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fashion_test):
+def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fashion_test,
+                                                     caplog):
+    import logging
+
     from distkeras.trainers import ADAG
 
     images, labels = fashion_test[0][:300], fashion_test[1][:300]
@@ -413,11 +416,14 @@ def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fash
     # second: many epochs, so that stopping after the first one noticed shows.
     trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
                    communication_window=1, num_epoch=50)
-    model = trainer.train(fashion_train, verbose=0, callbacks=[callback],
-                          validation_data=_frame(spark, images, labels))
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        model = trainer.train(fashion_train, verbose=0, callbacks=[callback],
+                              validation_data=_frame(spark, images, labels))
 
     trained = sum(record["batch_size"] for record in trainer.get_history())
     assert trained < 0.5 * 50 * 6000  # stopped long before the 50 epochs
+    # The callback stopped it: no warning that the workers trained on part of the data.
+    assert not [r for r in caplog.records if "returned before" in r.getMessage()]
     assert callback.ended and callback.epochs[0] >= 0
     assert "val_loss" in callback.logs[0] and "loss" in callback.logs[0]
     records = trainer.get_validation_history()
