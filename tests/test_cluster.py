@@ -59,7 +59,8 @@ def cluster(tmp_path_factory):
                  "--webui-port", str(_free_port()), "--work-dir", str(work)],
                 env=env, stdout=open(folder / f"worker{index}.log", "wb"),
                 stderr=subprocess.STDOUT, start_new_session=True))
-        time.sleep(3)
+        # No wait for the workers here: they register while the driver starts, and the
+        # driver waits for both executors (minRegisteredResourcesRatio) before it trains.
         yield url, folder
     finally:
         for process in processes:
@@ -73,8 +74,10 @@ def cluster(tmp_path_factory):
 DRIVER = textwrap.dedent("""
     import json, sys
     from distkeras.session import local_spark_session
-    spark = local_spark_session({master!r}, **{{"spark.executor.cores": "1",
-                                                "spark.cores.max": "2"}})
+    spark = local_spark_session({master!r}, **{{
+        "spark.executor.cores": "1", "spark.cores.max": "2",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}})
     sys.path.insert(0, {tests!r})
     from conftest import build_mlp, accuracy
     from distkeras.datasets import load_fashion_mnist_numpy
