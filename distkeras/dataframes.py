@@ -419,7 +419,9 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
         dataframe: The training columns.
         num_partitions: Number of worker tasks.
         shuffle: Whether to randomize the order of rows (and which worker gets which).
-        seed: Seed for the shuffle.
+        seed: Seed for the shuffle. None: drawn from numpy's global generator, so
+            ``keras.utils.set_random_seed(n)`` before training gives the same order at
+            every run, as it does for ``fit(shuffle=True)``.
 
     Returns:
         A DataFrame with ``num_partitions`` partitions.
@@ -432,6 +434,8 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
         if num_partitions == 1:
             return dataframe.coalesce(1)
         return dataframe.repartition(num_partitions)
+    if seed is None:
+        seed = int(np.random.randint(0, 2 ** 31 - 1))
     return (dataframe.withColumn("__distkeras_order", F.rand(seed))
             .repartition(num_partitions)
             .sortWithinPartitions("__distkeras_order")

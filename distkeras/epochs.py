@@ -36,12 +36,18 @@ class Replay:
         shuffle: Whether each later pass takes the record batches in a fresh random
             order and the rows within each in a fresh random order (the worker keeps its
             own rows: the first pass's layout decides which rows each worker has).
-        seed: Seed of those orders (with the partition's index); None: a fresh one.
+        seed: Seed of those orders (with the partition's index); None: drawn (where the
+            Replay is made, on the driver) from numpy's global generator, so
+            ``keras.utils.set_random_seed(n)`` gives the same orders at every run.
     """
 
     num_epoch: int = 1
     shuffle: bool = False
     seed: int | None = None
+
+    def __post_init__(self):
+        if self.shuffle and self.seed is None:
+            object.__setattr__(self, "seed", int(np.random.randint(0, 2 ** 31 - 1)))
 
     def batches(self, record_batches, partition=0):
         """Yields ``record_batches`` and then, ``num_epoch - 1`` times, the same batches

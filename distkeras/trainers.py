@@ -469,7 +469,9 @@ class Trainer:
 
         Args:
             dataframe: Rows with the feature and label columns.
-            shuffle: Whether to shuffle the rows before each epoch.
+            shuffle: Whether to shuffle the rows before each epoch. The orders are drawn
+                from numpy's global generator: ``keras.utils.set_random_seed(n)``
+                repeats them, as for ``fit``.
             verbose: Progress of the training (samples done, running loss and, where the
                 workers exchange weights, commits per second), as in Keras: 1 a progress bar,
                 2 a line every 30 seconds and at the end (for logs), 0 nothing; ``"auto"``

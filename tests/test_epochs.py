@@ -152,3 +152,37 @@ def test_replay_files_of_a_killed_worker_are_removed_by_the_next_replay(tmp_path
     assert os.listdir(tmp_path) == [kept]
     live.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_set_random_seed_makes_shuffled_training_repeat_as_for_fit(spark):
+    """`keras.utils.set_random_seed(n)` makes `fit(shuffle=True)` repeat its orders: the
+    layout's shuffle and the later epochs' orders were drawn afresh at every run."""
+    import keras
+
+    from distkeras.dataframes import lay_out
+    from distkeras.trainers import SingleTrainer
+
+    frame = spark.createDataFrame([([index / 96, 1.0], float(index % 3)) for index in
+                                   range(96)], "features array<float>, target float")
+
+    def layout_rows(seed):
+        keras.utils.set_random_seed(seed)
+        return [row["features"][0] for row in lay_out(frame, 2, shuffle=True).collect()]
+
+    assert layout_rows(3) == layout_rows(3) != layout_rows(4)
+    keras.utils.set_random_seed(3)
+    seeds = Replay(3, shuffle=True).seed, Replay(3, shuffle=True).seed
+    keras.utils.set_random_seed(3)
+    assert (Replay(3, shuffle=True).seed, Replay(3, shuffle=True).seed) == seeds
+    assert Replay(3).seed is None  # nothing to draw without a shuffle
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target",
+                            batch_size=8, num_epoch=2)
+
+    def losses(seed):
+        keras.utils.set_random_seed(seed)
+        trainer.train(frame, shuffle=True, verbose=0)
+        return [record["loss"] for record in trainer.get_history()]
+
+    assert losses(3) == losses(3) != losses(4)
