@@ -1084,6 +1084,15 @@ class WindowedWorker(NetworkWorker):
             self._pending_exchange = None
             pending.result()
 
+    def report_failure(self, error):
+        # An exchange in flight on the background thread shares the socket: let it end
+        # first, or the two frames would interleave.
+        try:
+            self.wait_for_exchange()
+        except (OSError, networking.ProtocolError) as cause:
+            logger.warning("Worker %s: the last exchange failed: %s", self.worker_id, cause)
+        super().report_failure(error)
+
     def before_goodbye(self):
         try:
             self.wait_for_exchange()

@@ -490,9 +490,11 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
     assert issubclass(InvalidDataError, ValueError)  # what code catching ValueError expects
 
 
-def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap):
     """ADAG: the worker whose partition holds a null tells the driver, which stops the
-    other worker (which would otherwise train its 300 epochs) and names the rows."""
+    other worker (which would otherwise train its 300 epochs) and names the rows; with
+    overlapped communication too, whose exchange in flight shares the socket."""
     import keras
     import pytest
 
@@ -500,18 +502,25 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark):
 
     good = spark.createDataFrame([([0.5, 0.25], index % 2) for index in range(64)],
                                  "features array<float>, label int").coalesce(1)
-    holed = spark.createDataFrame([([0.5, 0.25], 0), (None, 1)],
+    # The null in the partition's second Arrow batch (of 64 rows, set below), read after
+    # 4 windows of good rows: exchanges have happened (or, overlapped, are in flight).
+    holed = spark.createDataFrame([([0.5, 0.25], 0)] * 64 + [(None, 1)],
                                   "features array<float>, label int").coalesce(1)
     frame = good.union(holed)  # two partitions: one per worker
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
     num_epoch = 300
     trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
-                   num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2)
-    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-adag"
-    with pytest.raises(TrainingError, match=r"partition \d failed: InvalidDataError: Column "
-                                            r"'features' has 1 null values"):
-        trainer.train(frame, verbose=0)
+                   num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2,
+                   overlap_communication=overlap)
+    trainer._new_job_group = lambda: f"distkeras-test-invalid-rows-adag-{overlap}"
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
+    try:
+        with pytest.raises(TrainingError, match=r"partition \d failed: InvalidDataError: "
+                                                r"Column 'features' has 1 null values"):
+            trainer.train(frame, verbose=0)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     # The good worker's 64 rows, 8 steps an epoch: it was stopped long before its end.
     assert len(trainer.get_history()) < num_epoch * 8 // 2
-    failed, _ = _task_attempts(spark, "distkeras-test-invalid-rows-adag")
+    failed, _ = _task_attempts(spark, f"distkeras-test-invalid-rows-adag-{overlap}")
     assert failed <= 1  # the good worker's, cancelled: never the invalid rows' retries
