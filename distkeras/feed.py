@@ -369,19 +369,38 @@ class MinibatchFeed:
         return x + y + [per_row(row_weights(record_batch.num_rows, weights, y[0],
                                             self.class_table), self.output_shapes)]
 
+    def _located(self, record_batch, first_row):
+        """`_convert` of a record batch that starts at the partition's row ``first_row``.
+
+        Its errors count rows within the batch: a later batch of a large partition says
+        "row 5 of a batch of 1000" of a row that is the partition's 3005th, so they are
+        told where the batch lies.
+        """
+        try:
+            return self._convert(record_batch)
+        except InvalidDataError as error:
+            if first_row == 0:  # the batch starts the partition: its rows are the partition's
+                raise
+            last_row = first_row + record_batch.num_rows - 1
+            raise InvalidDataError(f"{error} (That batch holds rows {first_row} to "
+                                   f"{last_row} of this partition.)") from error
+
     def _minibatches(self):
         size = self.batch_size
         pending = None  # arrays holding fewer than `size` rows, carried to the next batch
+        first_row = 0  # the partition's row (in this epoch) that the next batch starts at
         for record_batch in self.record_batches:
             if record_batch is None:  # an epoch ends (`epochs.EPOCH_END`): so does its batch
                 if pending is not None and len(pending[0]):
                     yield self._split(pending)
                 pending = None
                 self.epoch_ends.append(self.samples)
+                first_row = 0
                 continue
             if record_batch.num_rows == 0:
                 continue
-            arrays = self._convert(record_batch)
+            arrays = self._located(record_batch, first_row)
+            first_row += record_batch.num_rows
             start = 0
             if pending is not None:
                 start = min(size - len(pending[0]), len(arrays[0]))

@@ -524,3 +524,30 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
     assert len(trainer.get_history()) < num_epoch * 8 // 2
     failed, _ = _task_attempts(spark, f"distkeras-test-invalid-rows-adag-{overlap}")
     assert failed <= 1  # the good worker's, cancelled: never the invalid rows' retries
+
+
+def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
+    """The errors count rows within an Arrow batch: in a later batch of a large partition,
+    "row 50 of a batch of 100" alone does not say which row of the partition it is."""
+    import re
+
+    import keras
+    import pytest
+
+    from distkeras.trainers import ARROW_BATCH_KEY, SingleTrainer, TrainingError
+
+    rows = [([0.5] * 3, float("nan") if index == 750 else 1.0) for index in range(1000)]
+    frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target")
+    spark.conf.set(ARROW_BATCH_KEY, "100")
+    try:
+        with pytest.raises(TrainingError, match="Column 'target' holds 1 NaN") as caught:
+            trainer.train(frame, verbose=0)
+    finally:
+        spark.conf.unset(ARROW_BATCH_KEY)
+    found = re.search(r"in row (\d+) of a batch of 100 in this partition.*That batch holds "
+                      r"rows (\d+) to (\d+) of this partition", str(caught.value))
+    assert found, str(caught.value)
+    row, first, last = map(int, found.groups())
+    assert (first + row, last - first) == (750, 99)
