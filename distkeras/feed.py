@@ -248,7 +248,7 @@ def check_class_indices(labels, num_classes, where):
         where: What holds them, for the error ("Column 'label'").
 
     Raises:
-        InvalidDataError: Naming where and the first label that does not fit.
+        InvalidDataError: Naming where, the first label that does not fit and its row.
     """
     if labels.size == 0:
         return
@@ -260,11 +260,14 @@ def check_class_indices(labels, num_classes, where):
                                                                          np.floor(labels)):
         bad = labels[labels != np.floor(labels)][0]
     if bad is not None:
+        # The first row that holds it (a row of a tagger's labels holds one per step).
+        row = int(np.flatnonzero((labels == bad).reshape(len(labels), -1).any(axis=1))[0])
         raise InvalidDataError(
             f"{where} holds the class index {bad.item()!r}, but the model's output "
             f"has {num_classes} classes: labels must be whole numbers from 0 to "
             f"{num_classes - 1} (for string or 1-based labels, index them first, for "
-            "example with pyspark.ml.feature.StringIndexer).")
+            f"example with pyspark.ml.feature.StringIndexer). The first is in row {row} "
+            f"of {len(labels)}.")
 
 
 def _pick(arrays, single):
@@ -367,7 +370,8 @@ class MinibatchFeed:
             column_to_numpy(record_batch.column(arrow_name(self.weight_col)), (),
                             self.weight_col)
         return x + y + [per_row(row_weights(record_batch.num_rows, weights, y[0],
-                                            self.class_table), self.output_shapes)]
+                                            self.class_table, self.weight_col),
+                                self.output_shapes)]
 
     def _located(self, record_batch, first_row):
         """`_convert` of a record batch that starts at the partition's row ``first_row``.

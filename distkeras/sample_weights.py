@@ -114,7 +114,7 @@ def per_row(weights, output_shapes):
     return np.asarray(weights).reshape((len(weights),) + (1,) * axes)
 
 
-def row_weights(rows, weights=None, labels=None, class_table=None):
+def row_weights(rows, weights=None, labels=None, class_table=None, name=None):
     """The weight of each row: the sample weight times its class's weight.
 
     Args:
@@ -122,6 +122,7 @@ def row_weights(rows, weights=None, labels=None, class_table=None):
         weights: The rows' sample weights, or None.
         labels: The rows' labels (needed with ``class_table``).
         class_table: What `validate` returned, or None.
+        name: The column that holds ``weights``, for the error.
 
     Returns:
         A float32 array of ``rows`` weights.
@@ -132,8 +133,13 @@ def row_weights(rows, weights=None, labels=None, class_table=None):
     result = np.ones(rows, dtype=np.float32) if weights is None \
         else np.asarray(weights, dtype=np.float32).reshape(rows)
     if weights is not None and not (np.isfinite(result).all() and (result >= 0).all()):
-        raise InvalidDataError("Sample weights must be finite numbers >= 0; this partition holds "
-                         f"{int((~np.isfinite(result) | (result < 0)).sum())} that are not.")
+        bad = ~np.isfinite(result) | (result < 0)
+        row = int(np.flatnonzero(bad)[0])
+        column = "Sample weights" if name is None else f"Sample weights (column {name!r})"
+        raise InvalidDataError(
+            f"{column} must be finite numbers >= 0; this batch of {rows} rows holds "
+            f"{int(bad.sum())} that are not (the first, {result[row].item()!r}, in row "
+            f"{row}). Drop or fix those rows first.")
     if class_table is not None:
         indices = class_indices(labels)
         known = (indices >= 0) & (indices < len(class_table))

@@ -119,11 +119,16 @@ def test_class_indices_are_checked_against_the_number_of_classes():
     check_class_indices(np.array([0, 2, 1, 2], np.int32), 3, "Column 'label'")
     check_class_indices(np.array([0.0, 2.0], np.float32), 3, "Column 'label'")
     check_class_indices(np.array([], np.int32), 3, "Column 'label'")
-    for labels, bad in (([0, 3, 1], "3"), ([-1, 0], "-1"), ([1.0, 1.5], "1.5")):
+    for labels, bad, row in (([0, 3, 1], "3", 1), ([-1, 0], "-1", 0),
+                             ([1.0, 1.0, 1.5], "1.5", 2)):
         dtype = np.float32 if isinstance(labels[0], float) else np.int32
         with pytest.raises(ValueError, match=f"Column 'y' holds the class index {bad}, but "
-                                             "the model's output has 3 classes: .* 0 to 2"):
+                                             "the model's output has 3 classes: .* 0 to 2.*"
+                                             f"The first is in row {row} of {len(labels)}"):
             check_class_indices(np.array(labels, dtype), 3, "Column 'y'")
+    # A tagger's labels: one class index per step, the row is the sequence's.
+    with pytest.raises(ValueError, match="class index 5, .*The first is in row 1 of 2"):
+        check_class_indices(np.array([[0, 1], [2, 5]], np.int32), 3, "Column 'tags'")
 
 
 def test_class_indices_out_of_range_stop_training_with_the_column_named(spark):

@@ -32,6 +32,24 @@ def test_negative_or_missing_sample_weights_are_refused():
         row_weights(3, np.array([1.0, -1.0, np.nan]))
 
 
+def test_a_negative_sample_weight_is_named_by_its_column_and_row():
+    """As the feed's other errors do: the weight column and where its first bad row is,
+    also in a later record batch of the partition."""
+    def record_batch(weights):
+        return pa.RecordBatch.from_pydict({"x": pa.array(np.zeros(len(weights), np.float32)),
+                                           "y": pa.array([0] * len(weights)),
+                                           "weight": pa.array(weights)})
+
+    feed = MinibatchFeed(iter([record_batch([1.0] * 4), record_batch([1.0, 2.0, -0.5])]),
+                         ["x"], ["y"], 2, [()], [()], weight_col="weight")
+    with pytest.raises(ValueError, match=r"Sample weights \(column 'weight'\) must be finite "
+                                         r"numbers >= 0; this batch of 3 rows holds 1 that "
+                                         r"are not \(the first, -0.5, in row 2\)\. Drop or "
+                                         r"fix those rows first\. \(That batch holds rows 4 "
+                                         r"to 6 of this partition\.\)"):
+        list(feed)
+
+
 def test_feed_yields_weights_with_their_rows_across_record_batches():
     def record_batch(start, count):
         rows = np.arange(start, start + count)
