@@ -873,8 +873,11 @@ class NetworkWorker(Worker):
             if getattr(self, "completed", True):
                 networking.send_action(self.socket, networking.ACTION_QUIT)
         except OSError as error:
-            logger.warning("Worker %s could not say goodbye to the server: %s",
-                           self.worker_id, error)
+            # A worker that failed is most often one the driver stopped (another worker's
+            # invalid rows, a callback's error): the server is gone, and a warning of a
+            # broken pipe would sit beside the error that matters.
+            log = logger.warning if getattr(self, "completed", True) else logger.info
+            log("Worker %s could not say goodbye to the server: %s", self.worker_id, error)
         networking.close_socket(self.socket)
         self.socket = None
 

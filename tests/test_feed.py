@@ -556,3 +556,29 @@ def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
     assert found, str(caught.value)
     row, first, last = map(int, found.groups())
     assert (first + row, last - first) == (750, 99)
+
+
+def test_a_worker_the_driver_stopped_does_not_warn_that_it_could_not_say_goodbye(caplog):
+    """The other workers of a training stopped on invalid rows find the server gone: their
+    "Broken pipe" warnings sat beside the error that matters. A worker that completed
+    its partition still warns (its last steps' records are lost)."""
+    import logging
+    import socket
+
+    from ps_support import make_model
+
+    from distkeras.workers import NetworkWorker
+
+    worker = NetworkWorker(make_model())
+    worker.worker_id = 1
+    for completed, level in ((False, logging.INFO), (True, logging.WARNING)):
+        ours, theirs = socket.socketpair()
+        theirs.close()  # the server stopped with the job
+        worker.socket, worker.completed = ours, completed
+        worker.flush_history = lambda: ours.sendall(b"history")  # some steps were left
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "distkeras.workers"):
+            worker.teardown()
+        assert [record.levelno for record in caplog.records
+                if "could not say goodbye" in record.getMessage()] == [level]
+        assert worker.socket is None
