@@ -253,13 +253,11 @@ def columns_by_name(value, model, what, parameter):
 
 def model_names(model, what):
     """The names of a model's inputs or outputs (``what``), in the order of its tensors."""
-    from distkeras.feed import input_names
+    from distkeras.feed import input_names, output_names
 
     if what == "inputs":
         return input_names(model) or [tensor.name for tensor in model.inputs]
-    # A Sequential model has no `output_names` (and one output).
-    return list(getattr(model, "output_names", None) or
-                [tensor.name for tensor in model.outputs])
+    return output_names(model)
 
 
 def check_column_order(columns, names, what, parameter):
@@ -315,9 +313,7 @@ def validate(dataframe, model, features_col, label_col):
         )
     check_column_order(features_cols, [tensor.name for tensor in model.inputs], "inputs",
                        "features_col")
-    # A Sequential model has no `output_names` (and one output).
-    check_column_order(label_cols, list(getattr(model, "output_names", None) or ()),
-                       "outputs", "label_col")
+    check_column_order(label_cols, model_names(model, "outputs"), "outputs", "label_col")
     for name in features_cols:
         _to_training_column(dataframe, name, feature=True)
     for name in label_cols:

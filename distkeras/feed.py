@@ -287,6 +287,27 @@ def input_names(model):
     return keras.tree.flatten({name: name for name in structure})
 
 
+def output_names(model):
+    """The names Keras gives a model's outputs, in the order of ``model.outputs``.
+
+    For a model built on a dict of outputs (``keras.Model(x, {"class": ..., "box": ...})``)
+    these are the dict's keys: `predict` returns its dict by them, and `fit` (``y``),
+    ``compile`` (``loss``, ``metrics``) and the logs (``class_accuracy``) name the outputs
+    by them, whatever the output layers are called. ``model.output_names`` names the
+    layers, which may differ (or be another output's key). Other models' outputs are
+    named as ``model.output_names`` (a Sequential model's, as its tensor).
+    """
+    import keras
+
+    # Functional models keep the structure they were built on; others have none.
+    structure = getattr(model, "_outputs_struct", None)
+    if isinstance(structure, dict) and len(structure) == len(model.outputs):
+        # The model's own flattening order (sorted keys; an OrderedDict's order).
+        return [str(path[0]) for path, _ in keras.tree.flatten_with_path(structure)]
+    return list(getattr(model, "output_names", None) or
+                [tensor.name for tensor in model.outputs])
+
+
 def model_inputs(arrays, names, single):
     """``arrays`` (one per model input, in order) as the model takes them: a dict by
     input name where ``names`` is given (Keras refuses a list for a dict of inputs whose

@@ -24,6 +24,7 @@ import numpy as np
 from distkeras.dataframes import (check_column_order, check_input_count, check_known_inputs,
                                   check_spark_dataframe, column, columns_by_name,
                                   sparse_vector_columns, vector_values)
+from distkeras.feed import output_names
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,8 @@ class ModelPredictor:
         elif count == 1:
             names = [names]
         else:
-            names = [f"{names}_{output}" for output in self.model.output_names]
+            # Named as `predict` keys them (a dict model's keys, not its layers' names).
+            names = [f"{names}_{output}" for output in output_names(self.model)]
         if not all(isinstance(name, str) and name for name in names):
             raise ValueError("`output_col` must be a column name (or, for a multi-output "
                              f"model, a list of names). Received: {self.output_col!r}")

@@ -22,7 +22,7 @@ import numpy as np
 from distkeras import dataframes
 from distkeras import sample_weights
 from distkeras.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
-                            model_inputs)
+                            model_inputs, output_names)
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def from_arrays(data, model):
     x, y = data[:2]
     xs = _by_name(x, [tensor.name for tensor in model.inputs], "x") \
         if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
-    ys = _by_name(y, list(model.output_names), "y") \
+    ys = _by_name(y, output_names(model), "y") \
         if isinstance(y, dict) else list(y) if isinstance(y, (list, tuple)) else [y]
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
     output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]

@@ -696,6 +696,74 @@ def test_columns_given_as_dicts_keyed_by_the_models_names_pair_by_name(spark):
                       label_col={"y_a": "target_a", "z": "target_z"}).train(frame, verbose=0)
 
 
+def _keyed_outputs_data(spark):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 4)).astype("float32")
+    y = {"c": (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0),
+         "r": x.sum(axis=1, keepdims=True).astype("float32")}
+    frame = spark.createDataFrame(
+        [(x[i].tolist(), int(y["c"][i]), float(y["r"][i, 0])) for i in range(len(x))],
+        "features array<float>, lab long, target double").coalesce(1)
+    return x, y, frame
+
+
+def _keyed_outputs_model(class_layer, value_layer):
+    """A model whose outputs are keyed ``c`` (3 classes) and ``r`` (a value), on output
+    layers named otherwise."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, {
+        "c": keras.layers.Dense(3, activation="softmax", name=class_layer)(hidden),
+        "r": keras.layers.Dense(1, name=value_layer)(hidden)})
+
+
+KEYED_LOSS = {"c": "sparse_categorical_crossentropy", "r": "mse"}
+KEYED_METRICS = {"c": ["accuracy"], "r": ["mae"]}
+
+
+def test_outputs_keyed_otherwise_than_their_layers_are_named_by_their_keys(spark):
+    """Keras names a dict model's outputs by the dict's keys (`predict`, ``fit``'s ``y``,
+    ``loss``/``metrics`` dicts, ``c_accuracy``); ``model.output_names`` names the layers.
+    label_col and validation_data keyed ``c``/``r`` were refused (not the "outputs'
+    names" ``cls_layer``/``reg_layer``), and the prediction columns were named after the
+    layers: where a layer bore the other output's key, ``prediction_c`` held
+    ``predict()["r"]``, without a word."""
+    import numpy as np
+
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import SingleTrainer
+
+    x, y, frame = _keyed_outputs_data(spark)
+    reference = _keyed_outputs_model("cls_layer", "reg_layer")
+    reference.compile("adam", KEYED_LOSS, metrics=KEYED_METRICS)
+    logs = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0).history
+    trainer = SingleTrainer(_keyed_outputs_model("cls_layer", "reg_layer"), "adam",
+                            KEYED_LOSS, metrics=KEYED_METRICS,
+                            label_col={"r": "target", "c": "lab"})
+    trained = trainer.train(frame, verbose=0, validation_data=(x, y))
+    assert trainer.label_col == ["lab", "target"]
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert set(logs) <= set(trainer.get_history()[-1])  # c_accuracy, r_mae, ...
+    validation = trainer.get_validation_history()[-1]
+    expected = trained.evaluate(x, y, verbose=0, return_dict=True)
+    for name, value in expected.items():
+        assert validation[f"val_{name}"] == pytest.approx(value, rel=1e-5)
+
+    for model in (trained, _keyed_outputs_model("r", "c")):  # layers named as other keys
+        predicted = ModelPredictor(model).predict(frame)
+        assert predicted.columns[-2:] == ["prediction_c", "prediction_r"]
+        rows = predicted.collect()
+        for key, values in model.predict(x, verbose=0).items():
+            np.testing.assert_allclose([row[f"prediction_{key}"] for row in rows], values,
+                                       rtol=1e-5, atol=1e-6)
+
+
 # dist-keras's constructors, positionally, as its README and examples call them.
 DIST_KERAS_POSITIONAL = {
     "SingleTrainer": (["features", "label_encoded", 3, 64],
