@@ -287,25 +287,46 @@ def input_names(model):
     return keras.tree.flatten({name: name for name in structure})
 
 
-def output_names(model):
-    """The names Keras gives a model's outputs, in the order of ``model.outputs``.
-
-    For a model built on a dict of outputs (``keras.Model(x, {"class": ..., "box": ...})``)
-    these are the dict's keys: `predict` returns its dict by them, and `fit` (``y``),
-    ``compile`` (``loss``, ``metrics``) and the logs (``class_accuracy``) name the outputs
-    by them, whatever the output layers are called. ``model.output_names`` names the
-    layers, which may differ (or be another output's key). Other models' outputs are
-    named as ``model.output_names`` (a Sequential model's, as its tensor).
-    """
+def output_keys(model):
+    """The keys of a model built on a dict of several outputs (``keras.Model(x, {"class":
+    ..., "box": ...})``), in the order of ``model.outputs`` (Keras's: the keys sorted);
+    None for any other model."""
     import keras
 
     # Functional models keep the structure they were built on; others have none.
     structure = getattr(model, "_outputs_struct", None)
-    if isinstance(structure, dict) and len(structure) == len(model.outputs):
-        # The model's own flattening order (sorted keys; an OrderedDict's order).
-        return [str(path[0]) for path, _ in keras.tree.flatten_with_path(structure)]
-    return list(getattr(model, "output_names", None) or
-                [tensor.name for tensor in model.outputs])
+    if not isinstance(structure, dict) or len(structure) != len(model.outputs):
+        return None  # not a dict, or a nested one
+    # The model's own flattening order (an OrderedDict's keys in their order).
+    return [str(path[0]) for path, _ in keras.tree.flatten_with_path(structure)]
+
+
+def output_names(model):
+    """The names Keras gives a model's outputs, in the order of ``model.outputs``.
+
+    For a model built on a dict of outputs these are the dict's keys (`output_keys`):
+    `predict` returns its dict by them, and `fit` (``y``), ``compile`` (``loss``,
+    ``metrics``) and the logs (``class_accuracy``) name the outputs by them, whatever the
+    output layers are called. ``model.output_names`` names the layers, which may differ
+    (or be another output's key). Other models' outputs are named as
+    ``model.output_names`` (a Sequential model's, as its tensor).
+    """
+    return output_keys(model) or list(getattr(model, "output_names", None) or
+                                      [tensor.name for tensor in model.outputs])
+
+
+def model_outputs(arrays, keys, single):
+    """Labels (one array per model output, in order) as the model is fit on them: a dict
+    by key where ``keys`` is given (`output_keys`), else one array or the list.
+
+    Keras pairs a list of labels with a dict model's outputs by ``model.output_names``
+    when those are the dict's keys in another order (layers named as another output's
+    key): its metrics then compared each output with another's labels. A dict is paired
+    by key.
+    """
+    if keys is not None and not single:
+        return dict(zip(keys, arrays))
+    return _pick(arrays, single)
 
 
 def model_inputs(arrays, names, single):
@@ -341,14 +362,17 @@ class MinibatchFeed:
             loss of several values (`sample_weights.per_row`).
         input_names: For a model built on a dict of inputs (`input_names`), their names:
             ``x`` is then a dict by name.
+        output_keys: For a model built on a dict of outputs (`output_keys`), its keys:
+            ``y`` is then a dict by key.
     """
 
     def __init__(self, record_batches, features_cols, label_cols, batch_size,
                  feature_shapes, label_shapes, single_input=True, single_output=True,
                  weight_col=None, class_table=None, num_classes=None, feature_dtypes=None,
-                 output_shapes=None, input_names=None):
+                 output_shapes=None, input_names=None, output_keys=None):
         self.record_batches = record_batches
         self.input_names = input_names
+        self.output_keys = output_keys
         self.features_cols = list(features_cols)
         self.label_cols = list(label_cols)
         self.batch_size = batch_size
@@ -452,5 +476,6 @@ class MinibatchFeed:
         inputs, outputs = len(self.features_cols), len(self.label_cols)
         self.samples += len(arrays[0])
         batch = (model_inputs(arrays[:inputs], self.input_names, self.single_input),
-                 _pick(arrays[inputs:inputs + outputs], self.single_output))
+                 model_outputs(arrays[inputs:inputs + outputs], self.output_keys,
+                               self.single_output))
         return (*batch, arrays[-1]) if self.weighted else batch

@@ -22,7 +22,7 @@ import numpy as np
 from distkeras import dataframes
 from distkeras import sample_weights
 from distkeras.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
-                            model_inputs, output_names)
+                            model_inputs, model_outputs, output_keys, output_names)
 
 logger = logging.getLogger(__name__)
 
@@ -493,7 +493,8 @@ class Validator:
                  sample_weight=None):
         self.model = model
         self.x = x
-        self.y = y
+        # By key for a dict model, as in training (`feed.model_outputs`).
+        self.y = model_outputs(y, output_keys(model), False) if isinstance(y, list) else y
         # Shaped to weigh every step of an output of several axes, as in training.
         self.sample_weight = None if sample_weight is None else sample_weights.per_row(
             sample_weight, [tuple(tensor.shape[1:]) for tensor in model.outputs])

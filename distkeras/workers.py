@@ -19,7 +19,7 @@ from distkeras import update_rules
 from distkeras.epoch_metrics import EpochMetricSums
 from distkeras.errors import InvalidUpdateError, UnretryableError
 from distkeras.affinity import claimed_cores
-from distkeras.feed import MinibatchFeed, input_names, integer_dtype
+from distkeras.feed import MinibatchFeed, input_names, integer_dtype, output_keys
 from distkeras.networking import weights_array
 
 logger = logging.getLogger(__name__)
@@ -522,7 +522,7 @@ class Worker:
             class_table=getattr(self, "class_table", None), num_classes=num_classes,
             feature_dtypes=[integer_dtype(tensor) for tensor in self.model.inputs],
             output_shapes=self._sample_shapes(self.model.outputs),
-            input_names=input_names(self.model),
+            input_names=input_names(self.model), output_keys=output_keys(self.model),
         )
 
     def get_next_minibatch(self):

@@ -764,6 +764,35 @@ def test_outputs_keyed_otherwise_than_their_layers_are_named_by_their_keys(spark
                                        rtol=1e-5, atol=1e-6)
 
 
+def test_outputs_on_layers_named_as_each_others_keys_are_measured_against_their_labels(
+        spark):
+    """Labels went to the model as a list; Keras pairs a list by ``model.output_names``
+    when those are the dict's keys in another order (output ``c`` on a layer named ``r``):
+    the losses and weights were right, but ``c_accuracy`` and ``r_mae`` (training and
+    validation) compared each output with the other's labels, without a word."""
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    x, y, frame = _keyed_outputs_data(spark)
+    reference = _keyed_outputs_model("r", "c")
+    reference.compile("adam", KEYED_LOSS, metrics=KEYED_METRICS)
+    logs = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0).history
+    trainer = SingleTrainer(_keyed_outputs_model("r", "c"), "adam", KEYED_LOSS,
+                            metrics=KEYED_METRICS, label_col={"c": "lab", "r": "target"})
+    trained = trainer.train(frame, verbose=0, validation_data=(x, y))
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    steps = trainer.get_history()  # three minibatches of 32: their mean is the epoch's
+    for name in ("c_accuracy", "r_mae"):
+        assert np.mean([step[name] for step in steps]) == pytest.approx(logs[name][0],
+                                                                        rel=1e-4)
+    validation = trainer.get_validation_history()[-1]
+    expected = trained.evaluate(x, y, verbose=0, return_dict=True)
+    for name in ("c_accuracy", "r_mae"):
+        assert validation[f"val_{name}"] == pytest.approx(expected[name], rel=1e-5)
+
+
 # dist-keras's constructors, positionally, as its README and examples call them.
 DIST_KERAS_POSITIONAL = {
     "SingleTrainer": (["features", "label_encoded", 3, 64],
