@@ -498,7 +498,7 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap):
     """ADAG: the worker whose partition holds a null tells the driver, which stops the
-    other worker (which would otherwise train its 300 epochs) and names the rows; with
+    other worker (which would otherwise train its 3,000 epochs) and names the rows; with
     overlapped communication too, whose exchange in flight shares the socket."""
     import keras
     import pytest
@@ -513,7 +513,7 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
                                   "features array<float>, label int").coalesce(1)
     frame = good.union(holed)  # two partitions: one per worker
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
-    num_epoch = 300
+    num_epoch = 3000  # 24,000 steps: far more than it takes before the others' error
     trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
                    num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2,
                    overlap_communication=overlap)
