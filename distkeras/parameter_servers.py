@@ -11,6 +11,7 @@ it itself (``C_pull + update``, the same float32 additions), which saves sending
 weights back. That is every exchange of a lone worker.
 """
 
+import errno
 import logging
 import secrets
 import socket
@@ -24,6 +25,12 @@ from distkeras import update_rules
 from distkeras.networking import recv_data, send_data, weights_array
 
 logger = logging.getLogger(__name__)
+
+# accept() fails with these while the process (or the machine) is out of descriptors or
+# buffers: the pending connection stays queued, and accepting can go on once some close.
+_EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() fails with these for one connection that the peer gave up on before it was taken.
+_ABORTED_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 
 class RefusedUpdate(Exception):
@@ -199,21 +206,63 @@ class SocketParameterServer(ParameterServer):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
 
+    ACCEPT_RETRY_SECONDS = 0.2  # the wait before accepting again once out of resources
+
     def _accept_loop(self):
+        exhausted = False  # warned of the current shortage already
         while self._running:
             try:
                 sock, addr = self._server_socket.accept()
-            except OSError:
-                break  # the listening socket was closed by stop()
+            except OSError as error:
+                if not self._running:
+                    break  # the listening socket was closed by stop()
+                if error.errno in _ABORTED_ERRNOS:
+                    continue
+                if error.errno not in _EXHAUSTED_ERRNOS:
+                    logger.error("The parameter server on port %s stopped accepting "
+                                 "workers: %s", self.port, error)
+                    break
+                # Out of descriptors (many connections, a low `ulimit -n`): ending the loop
+                # would leave the port open but never answered, and every worker that
+                # connects later would wait forever. Accept again once some have closed.
+                if not exhausted:
+                    self._warn_exhausted(error)
+                exhausted = True
+                time.sleep(self.ACCEPT_RETRY_SECONDS)
+                continue
+            exhausted = False
+            self._start_connection(sock, addr)
+
+    def _warn_exhausted(self, error):
+        with self._history_lock:
+            count = len(self._connections)
+        logger.warning(
+            "The parameter server on port %s cannot accept connections: %s (%s open). "
+            "It accepts again once some close; if these are your workers, raise the "
+            "driver's open files limit (ulimit -n).", self.port, error, count)
+
+    def _start_connection(self, sock, addr):
+        """Serves an accepted socket on its own thread; closes it if that cannot start."""
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec,
-                                         self.field_specs)
-            thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
-                                      name=f"distkeras-ps-conn-{addr[1]}")
-            with self._history_lock:  # started under the lock: a listed thread can be joined
-                self._connections.add(conn)
-                self._threads.add(thread)
+        except OSError as error:  # reset by the peer already
+            logger.debug("Dropped connection from %s before serving it: %s", addr, error)
+            networking.close_socket(sock)
+            return
+        conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec,
+                                     self.field_specs)
+        thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                                  name=f"distkeras-ps-conn-{addr[1]}")
+        with self._history_lock:  # started under the lock: a listed thread can be joined
+            try:
                 thread.start()
+            except RuntimeError as error:  # "can't start new thread": out of threads
+                logger.warning("The parameter server refused a connection from %s: %s "
+                               "(%s open).", addr, error, len(self._connections))
+                conn.close()
+                return
+            self._connections.add(conn)
+            self._threads.add(thread)
 
     # -- one connection ------------------------------------------------------------------
 

@@ -558,6 +558,38 @@ def test_handshake_timeout_does_not_apply_after_auth(servers):
     client.quit()
 
 
+
+def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, caplog):
+    """A process out of file descriptors (many connections, a low `ulimit -n`) fails
+    accept() with EMFILE: the server warns and accepts again once some close, where it
+    stopped accepting for good and every later worker waited forever on an open port."""
+    import os
+    import resource
+
+    server = servers(handshake_timeout=30.0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    flood = []
+    # Client and server ends live in this process: a few dozen descriptors fill it.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    try:
+        with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+            while True:
+                try:
+                    flood.append(socket.create_connection(("127.0.0.1", server.port), 5))
+                except OSError:
+                    break
+            deadline = time.monotonic() + 5  # the server meets the limit as it accepts
+            while "cannot accept connections" not in caplog.text and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for sock in flood:
+            sock.close()
+    assert_honest_client_works(server)
+    assert "Too many open files" in caplog.text and "ulimit -n" in caplog.text
+
+
 # -- life cycle ------------------------------------------------------------------------------
 
 
