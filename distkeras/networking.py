@@ -88,14 +88,27 @@ class Connection:
         self.max_frame_bytes = max_frame_bytes
         self.weight_spec = weight_spec
         self.field_specs = field_specs
+        self.deadline = None  # time.monotonic() by which every read must be done
 
     def sendall(self, data):
         self.sock.sendall(data)
 
     def recv_into(self, buffer, nbytes):
+        if self.deadline is not None:
+            # A socket timeout bounds each read alone: a peer sending a byte now and then
+            # would never meet it. What is left of the deadline bounds them all.
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out")
+            self.sock.settimeout(remaining)
         return self.sock.recv_into(buffer, nbytes)
 
     def settimeout(self, seconds):
+        self.sock.settimeout(seconds)
+
+    def set_deadline(self, seconds):
+        """Bounds the time all reads from now on may take together (None: no bound)."""
+        self.deadline = None if seconds is None else time.monotonic() + seconds
         self.sock.settimeout(seconds)
 
     def close(self):

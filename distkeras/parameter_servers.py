@@ -75,7 +75,7 @@ class SocketParameterServer(ParameterServer):
         model: The master `keras.Model`.
         master_port: Port to listen on; 0 lets the OS pick a free one.
         host: Address to bind; the trainer sets the driver's address.
-        handshake_timeout: Seconds a new connection has to present the token.
+        handshake_timeout: Seconds a new connection has, in all, to present the token.
     """
 
     commits_applied_as_sent = False
@@ -274,12 +274,13 @@ class SocketParameterServer(ParameterServer):
         conn.own_commits = 0  # ... and received (a refused one is not applied)
         conn.counted = False
         try:
-            conn.settimeout(self.handshake_timeout)
+            # The whole handshake, not each read: the token arrives in time or never.
+            conn.set_deadline(self.handshake_timeout)
             hello = recv_data(conn)
             conn.worker_id = networking.check_token(hello, self.token)
             conn.attempt = networking.hello_attempt(hello)
             self._join(conn)
-            conn.settimeout(None)
+            conn.set_deadline(None)
             self._dispatch(conn, addr)
         except (networking.ProtocolError, ConnectionError, OSError) as error:
             if self._running:

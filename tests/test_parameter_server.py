@@ -549,6 +549,28 @@ def test_silent_client_is_dropped_after_handshake_timeout(servers):
     assert_honest_client_works(server)
 
 
+def test_a_client_trickling_its_handshake_is_dropped_after_the_timeout(servers):
+    """The handshake timeout bounds the whole handshake, not each read: a client sending
+    one byte of its first frame now and then held its connection (and thread) forever."""
+    server = servers(handshake_timeout=1.0)
+    client = Client(server, 0, authenticate=False)
+    header = b'{"f":{"token":{"t":"json","v":"%s"}},"a":[]}' % (b"0" * 64)
+    frame = frame_prefix(len(header), 0) + header
+    start = time.monotonic()
+    try:
+        for byte in frame:  # 0.3 s apart: each read alone is well within the timeout
+            client.sock.sendall(bytes([byte]))
+            time.sleep(0.3)
+        pytest.fail("the server read a trickled handshake for %.1f s"
+                    % (time.monotonic() - start))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert time.monotonic() - start < 3.0
+    expect_closed_by_server(client.sock)
+    assert server.errors == []
+    assert_honest_client_works(server)
+
+
 def test_handshake_timeout_does_not_apply_after_auth(servers):
     server = servers(handshake_timeout=0.5)
     client = Client(server, 0)
