@@ -27,6 +27,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<2sBBIQ")
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_FRAME_BYTES = 1 << 31
+# The first frame of a connection, before its token is checked: a token and two numbers.
+HANDSHAKE_MAX_FRAME_BYTES = 1 << 16
 _ALLOWED_DTYPES = {
     "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1",
 }

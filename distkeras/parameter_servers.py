@@ -276,9 +276,13 @@ class SocketParameterServer(ParameterServer):
         try:
             # The whole handshake, not each read: the token arrives in time or never.
             conn.set_deadline(self.handshake_timeout)
+            # Before the token, a frame the size of the weights would be read into memory
+            # for anyone who can reach the port: the hello is small.
+            conn.max_frame_bytes = networking.HANDSHAKE_MAX_FRAME_BYTES
             hello = recv_data(conn)
             conn.worker_id = networking.check_token(hello, self.token)
             conn.attempt = networking.hello_attempt(hello)
+            conn.max_frame_bytes = self.max_frame_bytes
             self._join(conn)
             conn.set_deadline(None)
             self._dispatch(conn, addr)

@@ -571,6 +571,20 @@ def test_a_client_trickling_its_handshake_is_dropped_after_the_timeout(servers):
     assert_honest_client_works(server)
 
 
+def test_a_large_frame_before_the_token_is_refused_from_its_prefix(servers):
+    """Before its token is checked, a connection may send only a small frame: one as large
+    as the weights allow was read (and its body allocated) for anyone reaching the port."""
+    server = servers(handshake_timeout=10.0)
+    body = 256 << 10  # within the frame limit of this model's commits (1 MiB and more)
+    assert body < server.max_frame_bytes
+    client = Client(server, 0, authenticate=False)
+    header = b'{"f":{"token":{"t":"array","i":0}},"a":[["|u1",[%d]]]}' % body
+    client.sock.sendall(frame_prefix(len(header), body) + header)
+    assert expect_closed_by_server(client.sock) < 2.0  # not after the handshake timeout
+    assert server.errors == []
+    assert_honest_client_works(server)
+
+
 def test_handshake_timeout_does_not_apply_after_auth(servers):
     server = servers(handshake_timeout=0.5)
     client = Client(server, 0)
