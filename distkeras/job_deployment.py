@@ -440,7 +440,30 @@ def _model_bytes(text):
     if not zipfile.is_zipfile(io.BytesIO(data)):
         raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
                          f"{len(data)} bytes that are not a zip file.")
+    _check_unpacked_size(data)
     return data
+
+
+# Keras stores an archive's files uncompressed: what they unpack to is about what travelled.
+# More than this many times the archive (past a floor) is a decompression bomb, which Keras
+# would read into this server's memory as it loads the model (its own guard starts at 4 GiB).
+MAX_ARCHIVE_EXPANSION = 10
+ARCHIVE_EXPANSION_FLOOR = 64 << 20
+
+
+def _check_unpacked_size(data):
+    """Refuses an archive whose files declare far more bytes than it holds."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, ValueError) as error:
+        raise BadRequest(f"'model' must be a base64 .keras archive: {error}") from error
+    limit = max(ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION * len(data))
+    if unpacked > limit:
+        raise BadRequest(
+            f"The model archive was refused: its {len(data)} bytes declare {unpacked} bytes "
+            f"of files, more than this server unpacks ({limit}). Send the archive as "
+            "keras.saving.save_model writes it.")
 
 
 # Keras's words for a class or function it cannot find: "Could not locate class 'X'".

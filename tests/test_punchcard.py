@@ -631,6 +631,35 @@ def test_a_job_larger_than_the_server_accepts_says_so(secrets, tmp_path):
         running.stop()
 
 
+def test_a_model_archive_that_unpacks_to_far_more_than_it_holds_is_refused(secrets, tmp_path):
+    """A .keras archive whose config.json deflates 200 MiB (still valid JSON: trailing
+    spaces) into 200 KiB: Keras would read all of it into the server's memory as it loads
+    the model, and queued the job; it is refused from the archive's directory."""
+    import io
+    import zipfile
+
+    payload = Job(secrets[1][13], "bomb", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+    original = zipfile.ZipFile(io.BytesIO(base64.b64decode(payload["model"])))
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive:
+        for info in original.infolist():
+            content = original.read(info.filename)
+            if info.filename == "config.json":
+                content += b" " * (200 << 20)
+            archive.writestr(info.filename, content)
+    assert len(bomb.getvalue()) < 4 << 20
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_request_bytes=8 << 20,
+                            max_running=0)  # nothing starts, should a job be queued
+    try:
+        status, answer = _raw(running.url, "/api/submit", secrets[1][13],
+                              {**payload, "model": base64.b64encode(bomb.getvalue()).decode()})
+        assert status == 400, answer
+        assert "declare" in answer["error"] and "keras.saving.save_model" in answer["error"]
+        assert running.punchcard.store.by_state("queued", "running") == []
+    finally:
+        running.stop()
+
+
 def test_an_unknown_custom_layer_is_named_in_a_few_words():
     import keras
 
