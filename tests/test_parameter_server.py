@@ -594,7 +594,6 @@ def test_handshake_timeout_does_not_apply_after_auth(servers):
     client.quit()
 
 
-
 def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, caplog):
     """A process out of file descriptors (many connections, a low `ulimit -n`) fails
     accept() with EMFILE: the server warns and accepts again once some close, where it
