@@ -52,3 +52,38 @@ def test_estimator_pipeline_runs_as_printed(spark, fashion_train, tmp_path):
     reloaded = namespace["PipelineModel"].load(saved).transform(test)
     np.testing.assert_allclose([row.prediction for row in reloaded.collect()],
                                [row.prediction for row in predicted.collect()], atol=1e-6)
+
+
+def _area_under_roc(scores, labels):
+    """The area under the ROC curve: the chance that a positive row outscores a negative
+    one (ties count half), as Spark's BinaryClassificationEvaluator computes it."""
+    positives, negatives = scores[labels == 1], scores[labels == 0]
+    wins = (positives[:, None] > negatives[None, :]).sum()
+    ties = (positives[:, None] == negatives[None, :]).sum()
+    return (wins + ties / 2) / (len(positives) * len(negatives))
+
+
+@pytest.mark.spark
+def test_spark_binary_evaluator_runs_as_printed(spark):
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    # The README's step: Spark's evaluator refused `F.col("prediction")[0]` (a float).
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(200, 4)).astype("float32")
+    labels = (features[:, 0] + rng.normal(scale=0.5, size=200) > 0).astype(int)
+    frame = spark.createDataFrame([(row.tolist(), int(label))
+                                   for row, label in zip(features, labels)],
+                                  "features array<float>, label int")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    scored = ModelPredictor(model).predict(frame)
+    namespace = run_as_main(readme_block("Data pipeline", index=1), scored=scored)
+
+    expected = _area_under_roc(model.predict(features, verbose=0)[:, 0], labels)
+    assert namespace["area"] == pytest.approx(expected, abs=1e-6)
+    in_pipeline = namespace["to_score"].transform(scored)
+    assert namespace["BinaryClassificationEvaluator"](
+        rawPredictionCol="score", labelCol="label").evaluate(in_pipeline) == \
+        pytest.approx(expected, abs=1e-6)
