@@ -584,12 +584,19 @@ class LabelIndexTransformer(_ColumnTransformer):
     when no value is positive. With ``output_dim=1`` (one sigmoid unit) the class is 1
     when the value is above 0.5, else 0, as Keras's binary accuracy reads it.
 
+    That rule reads probabilities. A model whose last layer has no activation (a loss
+    with ``from_logits=True``) outputs logits, several of which may pass the threshold
+    and all of which may be negative: ``from_logits=True`` takes the position of the
+    largest logit (one unit: class 1 above 0), as Keras's accuracy metrics do.
+
     Args:
         output_dim: Length of the prediction vectors (checked on every row).
         input_col: Column of predictions (arrays of numbers or vectors).
         output_col: Name of the new column.
         default_index: The index when no value is positive.
         activation_threshold: The smallest winning value.
+        from_logits: Whether the predictions are logits (the threshold and the default
+            index are then not used).
     """
 
     outputDim = Param(Params._dummy(), "outputDim", "length of the prediction vectors",
@@ -598,20 +605,25 @@ class LabelIndexTransformer(_ColumnTransformer):
                          typeConverter=_to_int)
     activationThreshold = Param(Params._dummy(), "activationThreshold", "smallest winning "
                                 "value", typeConverter=_to_number)
+    fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits",
+                       typeConverter=TypeConverters.toBoolean)
     setOutputDim = _setter("outputDim")
     getOutputDim = _getter("outputDim")
+    setFromLogits = _setter("fromLogits")
+    getFromLogits = _getter("fromLogits")
     setDefaultIndex = _setter("defaultIndex")
     getDefaultIndex = _getter("defaultIndex")
     setActivationThreshold = _setter("activationThreshold")
     getActivationThreshold = _getter("activationThreshold")
 
     def __init__(self, output_dim=None, input_col="prediction", output_col="prediction_index",
-                 default_index=0, activation_threshold=0.55):
+                 default_index=0, activation_threshold=0.55, from_logits=False):
         super().__init__()
         self._setDefault(inputCol="prediction", outputCol="prediction_index", defaultIndex=0,
-                         activationThreshold=0.55)
+                         activationThreshold=0.55, fromLogits=False)
         _set_given(self, outputDim=output_dim, inputCol=input_col, outputCol=output_col,
-                   defaultIndex=default_index, activationThreshold=activation_threshold)
+                   defaultIndex=default_index, activationThreshold=activation_threshold,
+                   fromLogits=from_logits)
 
     def _expression(self, dataset, input_col):
         size = _require(self, self.outputDim)
@@ -621,8 +633,13 @@ class LabelIndexTransformer(_ColumnTransformer):
         index = F.when(first_above > 0, first_above - 1) \
             .when(F.array_max(values) > 0, _argmax(values)) \
             .otherwise(F.lit(self.getOrDefault(self.defaultIndex)))
-        if size == 1:  # one sigmoid unit: a position would always be 0
-            index = F.when(F.element_at(values, 1) > 0.5, 1).otherwise(0)
+        from_logits = self.getOrDefault(self.fromLogits)
+        if from_logits:
+            index = _argmax(values)
+        if size == 1:  # one unit: a position would always be 0
+            # A sigmoid's 0.5 is a logit's 0.
+            index = F.when(F.element_at(values, 1) > (0.0 if from_logits else 0.5), 1) \
+                .otherwise(0)
         return _null_or(values).when(
             F.size(values) == size, index.cast(T.DoubleType())).otherwise(_fail(
             f"LabelIndexTransformer: column {input_col!r} holds a prediction whose length is "

@@ -154,6 +154,24 @@ def test_label_index(tiny):
                    "prediction_index") == [1.0, 0.0, 1.0]
 
 
+def test_label_index_reads_logits_as_keras_accuracy_does(tiny):
+    """Logits (no activation, a loss with from_logits=True): several pass 0.55 and all
+    may be negative, so the probabilities' rule gave the first one past 0.55, or 0 for
+    every row whose logits were all negative; Keras's accuracy takes the largest."""
+    from distkeras.transformers import LabelIndexTransformer
+
+    logits = np.array([[0.6, 1.2, -0.3], [-2.0, -0.5, -1.0], [-1.0, -3.0, 4.0]])
+    frame = tiny.sparkSession.createDataFrame(
+        [(row, values.tolist()) for row, values in enumerate(logits)], ["id", "p"])
+    stage = LabelIndexTransformer(3, input_col="p", from_logits=True)
+    assert stage.getFromLogits() is True
+    assert _column(stage.transform(frame), "prediction_index") == \
+        logits.argmax(axis=1).astype(float).tolist()  # [1, 1, 2]; the rule gave [0, 0, 2]
+    one_unit = tiny.sparkSession.createDataFrame([(0, [0.3]), (1, [-0.2])], ["id", "p"])
+    assert _column(LabelIndexTransformer(1, input_col="p", from_logits=True)
+                   .transform(one_unit), "prediction_index") == [1.0, 0.0]
+
+
 def test_binary_label(tiny):
     from distkeras.transformers import BinaryLabelTransformer
 
@@ -343,7 +361,8 @@ _PARAM_VALUES = {
     "inputCol": "in", "outputCol": "out", "predictionCol": "pred", "labelCol": "lab",
     "weightCol": "w", "featuresCol": "f", "outputDim": 7, "oMin": -1.0, "oMax": 2.0,
     "nMin": 0.5, "nMax": 3.0, "isVector": True, "mean": [1.0, 2.0], "std": [3.0],
-    "shape": [2, 3], "defaultIndex": 4, "activationThreshold": 0.25, "label": "cat",
+    "shape": [2, 3], "defaultIndex": 4, "activationThreshold": 0.25, "fromLogits": True,
+    "label": "cat",
     "multiLabel": True, "loss": "mse", "batchSize": 8, "validation": 0.25, "shuffle": True,
     "classWeight": {1: 2.0}, "numEpoch": 3, "trainingBatchSize": 16,
     "workerOptimizer": "sgd", "learningRate": 0.5,
