@@ -5,6 +5,14 @@ import os
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+# Every JVM of the run (this session's, and those of the CLI, Punchcard, backend, notebook and
+# cluster tests, which inherit the environment) compiles with C1 alone: the tests' jobs are
+# small and their JVMs short-lived, and on 2 cores C2's compiler threads took the CPU that
+# start-up needed (a JVM's start and first jobs took about half the wall time with C1 alone
+# on this machine). What the JVM computes does not change.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)  # drivers (spark-submit)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)  # standalone master, workers
 
 TRAIN_LIMIT = 6000
 

@@ -77,7 +77,8 @@ DRIVER = textwrap.dedent("""
     spark = local_spark_session({master!r}, **{{
         "spark.executor.cores": "1", "spark.cores.max": "2",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}})
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        "spark.executor.extraJavaOptions": {jvm_options!r}}})
     sys.path.insert(0, {tests!r})
     from conftest import build_mlp, accuracy
     from distkeras.datasets import load_fashion_mnist_numpy
@@ -101,7 +102,8 @@ def test_adag_on_a_standalone_cluster(cluster, fashion_train, tmp_path):
     url, folder = cluster
     data = str(tmp_path / "data.parquet")
     fashion_train.limit(3000).write.parquet(data)
-    script = DRIVER.format(master=url, tests=os.path.dirname(__file__), data=data)
+    script = DRIVER.format(master=url, tests=os.path.dirname(__file__), data=data,
+                           jvm_options=os.environ.get("SPARK_SUBMIT_OPTS", ""))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=400, env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
