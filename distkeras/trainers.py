@@ -283,13 +283,52 @@ def _arrow_training_job(worker, label_shapes, replay):
             # each training up to the same error), and its reply carries the error.
             message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
                                                             f"{workers.one_line(unretryable)}"}
-        frame = networking.encode_message(message)
+        chunks = _reply_chunks(networking.encode_message(message))
         yield pa.RecordBatch.from_pydict(
-            {"worker_id": [partition], "payload": [frame]},
-            schema=pa.schema([("worker_id", pa.int64()), ("payload", pa.binary())]),
+            {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),
+             "chunks": [len(chunks)] * len(chunks), "payload": chunks},
+            schema=pa.schema([("worker_id", pa.int64()), ("chunk", pa.int32()),
+                              ("chunks", pa.int32()), ("payload", pa.binary())]),
         )
 
     return run_partition
+
+
+# A task's reply travels in rows of at most this many bytes. The driver's JVM pickles each
+# row whole for Python's ``collect()``, through a buffer that grows by copies: one row of
+# 80 MB (the weights of 20 million float32 parameters) exhausts Spark's default 1 GB
+# driver heap, where 8 MB rows of the same reply do not.
+REPLY_CHUNK_BYTES = 8 << 20
+
+
+def _reply_chunks(frame, size=REPLY_CHUNK_BYTES):
+    """``frame`` (bytes) in consecutive pieces of at most ``size`` bytes (at least one)."""
+    view = memoryview(frame)
+    return [bytes(view[start:start + size]) for start in range(0, max(len(frame), 1), size)]
+
+
+def _joined_replies(rows, num_tasks):
+    """The tasks' replies (frames, by worker id) from the rows of their chunks.
+
+    Raises:
+        TrainingError: When a reply or a piece of one is missing. PySpark's ``collect()``
+            returns the rows read so far, without an error, when the driver's thread that
+            serves them fails (out of memory): trained on, those would be no replicas or
+            some (AveragingTrainer's average of none: the initial weights).
+    """
+    pieces = {}
+    for row in rows:
+        pieces.setdefault(row["worker_id"], {})[row["chunk"]] = (row["chunks"], row["payload"])
+    complete = {worker_id: chunks for worker_id, chunks in pieces.items()
+                if all(len(chunks) == total for total, _ in chunks.values())}
+    if len(complete) != num_tasks:
+        raise TrainingError(
+            f"The driver received the results of {len(complete)} of its {num_tasks} "
+            "workers whole: the Spark driver probably ran out of memory passing them to "
+            "Python (its log says). Give it more (spark.driver.memory; spark-submit's "
+            "--driver-memory) or train a smaller model.")
+    return [b"".join(chunks[index][1] for index in range(len(chunks)))
+            for _, chunks in sorted(complete.items())]
 
 
 class Trainer:
@@ -916,7 +955,8 @@ class Trainer:
         worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
         job = frame.mapInArrow(_arrow_training_job(worker, label_shapes,
                                                    replay or Replay()),
-                               "worker_id long, payload binary", barrier=barrier)
+                               "worker_id long, chunk int, chunks int, payload binary",
+                               barrier=barrier)
         if barrier:
             # Spark restarts a failed barrier stage only when a shuffle follows it (it
             # aborts a failed barrier result stage): the workers' small replies take one.
@@ -934,7 +974,8 @@ class Trainer:
         finally:
             context.setLocalProperty("spark.jobGroup.id", None)
             context.setJobDescription(None)
-        messages = [networking.decode_message(row["payload"]) for row in rows]
+        messages = [networking.decode_message(reply)
+                    for reply in _joined_replies(rows, num_tasks)]
         for message in messages:
             if UNRETRYABLE in message:
                 raise TrainingError(f"Training failed on an executor: {message[UNRETRYABLE]}")
