@@ -637,7 +637,12 @@ class Trainer:
             self._check_validation_labels(y)
         # Trainer's own: EnsembleTrainer's compiles a list.
         model = Trainer._compile(self, deserialize_model(serialize_model(self.master_model)))
-        return validation.Validator(model, x, y, callbacks=callbacks, num_epoch=self.num_epoch,
+        # In minibatches of the training's size, as `fit` validates (its
+        # validation_batch_size defaults to batch_size): a loss summed per minibatch
+        # (reduction="sum"), or averaged over the elements it does not ignore (ignore_class),
+        # is a mean over minibatches whose value depends on their size.
+        return validation.Validator(model, x, y, batch_size=self.batch_size,
+                                    callbacks=callbacks, num_epoch=self.num_epoch,
                                     sample_weight=weights)
 
     def _validation_arrays(self, arrays):

@@ -830,6 +830,39 @@ def test_numpy_arrays_validate_as_in_keras_fit(spark, fashion_train, fashion_tes
     assert records[-1]["val_loss"] == pytest.approx(expected["loss"], rel=1e-5)
 
 
+def test_validation_runs_in_minibatches_of_the_batch_size_as_fit_validates(spark):
+    """A loss summed per minibatch (or averaged over the labels it does not ignore) is a
+    mean over minibatches that depends on their size: `fit`'s val_loss is evaluate's at
+    its batch_size (val_loss was 10 times fit's here, the rows evaluated in one call)."""
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(320, 8)).astype("float32")
+    y = x[:, :3].argmax(axis=1).astype("int64")
+
+    def model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+
+    def loss():
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    reference = model()
+    reference.compile(keras.optimizers.SGD(0.1), loss())
+    history = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                            validation_data=(x, y)).history
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    trainer = SingleTrainer(model(), keras.optimizers.SGD(0.1), loss(), metrics=[],
+                            batch_size=32)
+    trainer.train(frame, verbose=0, validation_data=(x, y))
+    (record,) = trainer.get_validation_history()
+    assert record["loss"] == pytest.approx(history["loss"][0], rel=1e-5)
+    assert record["val_loss"] == pytest.approx(history["val_loss"][0], rel=1e-5)
+
+
 def test_validation_sample_weights_weigh_the_validation_loss_as_in_keras(spark, fashion_train,
                                                                       fashion_test):
     from pyspark.sql import functions as F
