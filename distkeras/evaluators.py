@@ -208,6 +208,28 @@ def _clip(value):
     return F.least(F.greatest(value, F.lit(_CLIP_LOW)), F.lit(_CLIP_HIGH))
 
 
+def _log_probabilities(predictions, from_logits):
+    """Per element, the log of a row's class probabilities, as Keras's cross-entropies
+    take them: probabilities scaled to sum to 1 and clipped; logits through a log-softmax
+    (shifted by their largest, so no ``exp`` overflows), not clipped."""
+    if not from_logits:
+        total = _sum(predictions)
+        return F.transform(predictions, lambda p: F.log(_clip(p / total)))
+    top = F.array_max(predictions)
+    log_total = F.log(_sum(F.transform(predictions, lambda z: F.exp(z - top)))) + top
+    return F.transform(predictions, lambda z: z - log_total)
+
+
+def _binary_cross_entropy(y, p, from_logits):
+    """The binary cross-entropy of one element: of a probability clipped as Keras clips
+    it, or of a logit, ``-y*log(sigmoid(z)) - (1-y)*log(sigmoid(-z))``, written without
+    overflow."""
+    if from_logits:
+        return F.greatest(p, F.lit(0.0)) - p * y + F.log1p(F.exp(-F.abs(p)))
+    p = _clip(p)
+    return -(y * F.log(p) + (1.0 - y) * F.log(1.0 - p))
+
+
 class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                         DefaultParamsReadable, DefaultParamsWritable):
     """The fraction of rows whose predicted class equals the label.
@@ -308,9 +330,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                     DefaultParamsReadable, DefaultParamsWritable):
     """The mean loss of the predictions over the rows, as Keras computes it.
 
-    Predictions are probabilities (not logits), clipped to ``[1e-7, 1 - 1e-7]`` in float32
-    as Keras does; for ``categorical_crossentropy`` they are first scaled to sum to 1 per
-    row, as Keras does too.
+    Predictions are probabilities, clipped to ``[1e-7, 1 - 1e-7]`` in float32 as Keras
+    does; for ``categorical_crossentropy`` they are first scaled to sum to 1 per row, as
+    Keras does too. The predictions of a model whose last layer has no activation (trained
+    with ``from_logits=True``) are logits: pass ``from_logits=True`` too, as to its Keras
+    loss (read as probabilities, they would give another loss without a word).
 
     - ``categorical_crossentropy``: one-hot (or soft) label arrays, prediction arrays.
     - ``sparse_categorical_crossentropy``: integer labels, prediction arrays; or, for an
@@ -334,29 +358,39 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
             ``evaluate``): ``sum(w * loss) / rows``, the loss ``evaluate`` reports with
             them (Keras divides by the number of rows, not by the sum of the weights)
             (default: none).
+        from_logits: Whether the predictions are logits, as the Keras loss's
+            ``from_logits`` (the cross-entropies only; default False).
     """
 
     loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
                  typeConverter=TypeConverters.toString)
+    fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits "
+                       "(the cross-entropies' from_logits)",
+                       typeConverter=TypeConverters.toBoolean)
     setLoss = _setter("loss")
     getLoss = _getter("loss")
+    setFromLogits = _setter("fromLogits")
+    getFromLogits = _getter("fromLogits")
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
     setWeightCol = _setter("weightCol")
 
     def __init__(self, loss="categorical_crossentropy", prediction_col="prediction",
-                 label_col="label", weight_col=None):
+                 label_col="label", weight_col=None, from_logits=None):
         super().__init__()
         self._setDefault(loss="categorical_crossentropy", predictionCol="prediction",
-                         labelCol="label")
+                         labelCol="label", fromLogits=False)
         _set_given(self, loss=loss, predictionCol=prediction_col, labelCol=label_col,
-                   weightCol=weight_col)
+                   weightCol=weight_col, fromLogits=from_logits)
 
     def _evaluate(self, dataset):
         loss = self.getOrDefault(self.loss)
         if loss not in LOSSES:
             raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}")
         loss = _ALIASES.get(loss, loss)
+        if self.getFromLogits() and not loss.endswith("crossentropy"):
+            raise ValueError(f"`from_logits=True` applies to the cross-entropies, not to "
+                             f"{loss}, whose predictions are the values themselves.")
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         prediction_kind = _kind(dataset, prediction_col, "prediction column")
         nested = _is_nested(dataset, label_col) and loss != "sparse_categorical_crossentropy"
@@ -364,7 +398,8 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         if nested:
             per_row = self._nested(dataset, loss, prediction_col, label_col)
         elif loss == "sparse_categorical_crossentropy":
-            per_row = self._sparse_categorical(dataset, prediction_col, label_col, label_kind)
+            per_row = self._sparse_categorical(dataset, prediction_col, label_col, label_kind,
+                                               self.getFromLogits())
         else:
             scalars = prediction_kind == "scalar"
             mismatched = scalars != (label_kind == "scalar")
@@ -389,12 +424,10 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                                   label_col)
         return _mean_of(dataset, per_row, f"the {loss} loss", weight, per_weight=False)
 
-    @staticmethod
-    def _term(loss, y, p):
+    def _term(self, loss, y, p):
         """The loss of one element (before the mean over a row's elements)."""
         if loss == "binary_crossentropy":
-            p = _clip(p)
-            return -(y * F.log(p) + (1.0 - y) * F.log(1.0 - p))
+            return _binary_cross_entropy(y, p, self.getFromLogits())
         error = p - y
         if loss == "mae":
             return F.abs(error)
@@ -418,9 +451,8 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         predictions = _double_array(dataset, prediction_col, "prediction column")
         labels = _double_array(dataset, label_col, "label column")
         if loss == "categorical_crossentropy":
-            total = _sum(predictions)
-            terms = F.zip_with(labels, predictions,
-                               lambda y, p: y * F.log(_clip(p / total)))
+            terms = F.zip_with(labels, _log_probabilities(predictions, self.getFromLogits()),
+                               lambda y, log_p: y * log_p)
             per_row = -_sum(terms)
         else:
             terms = F.zip_with(labels, predictions, lambda y, p: self._term(loss, y, p))
@@ -443,9 +475,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                                  f"column {prediction_col!r} hold different numbers of "
                                  "values in some row."))
 
+        from_logits = self.getFromLogits()
+
         def term(y, p):
-            total = _sum(p)
-            cross = -_sum(F.zip_with(y, p, lambda a, b: a * F.log(_clip(b / total))))
+            cross = -_sum(F.zip_with(y, _log_probabilities(p, from_logits),
+                                     lambda a, log_b: a * log_b))
             return F.when(F.size(y) == F.size(p), cross).otherwise(_fail(
                 f"LossEvaluator: label column {label_col!r} holds steps of another number of "
                 f"classes than prediction column {prediction_col!r}."))
@@ -453,15 +487,16 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         return _step_mean(labels, predictions, term, "LossEvaluator")
 
     @staticmethod
-    def _sparse_categorical(dataset, prediction_col, label_col, label_kind):
+    def _sparse_categorical(dataset, prediction_col, label_col, label_kind, from_logits):
         predictions = _double_array(dataset, prediction_col, "prediction column")
         if label_kind != "scalar":
             LossEvaluator._check_not_one_hot(dataset, predictions, label_col)
-            return LossEvaluator._sparse_per_step(dataset, predictions, label_col)
+            return LossEvaluator._sparse_per_step(dataset, predictions, label_col,
+                                                  from_logits)
         label = column(label_col).cast(T.DoubleType())
         index = label.cast(T.LongType())
-        picked = F.element_at(predictions, (index + 1).cast(T.IntegerType()))
-        per_row = -F.log(_clip(picked / _sum(predictions)))
+        per_row = -F.element_at(_log_probabilities(predictions, from_logits),
+                                (index + 1).cast(T.IntegerType()))
         # A fractional label is no class: refused, not truncated to one.
         valid = (index >= 0) & (index < F.size(predictions)) & (label == F.floor(label))
         return F.when(valid, per_row).otherwise(_fail(
@@ -469,15 +504,16 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
             f"fractional or outside the prediction arrays of column {prediction_col!r}."))
 
     @staticmethod
-    def _sparse_per_step(dataset, predictions, label_col):
+    def _sparse_per_step(dataset, predictions, label_col, from_logits):
         """A tagger's loss: one class index per step against its ``(steps, classes)``
         predictions, the mean over steps (as Keras's, without a mask)."""
         labels = _double_array(dataset, label_col, "label column")
 
         def term(y, p):
-            picked = F.element_at(p, (y.cast(T.LongType()) + 1).cast(T.IntegerType()))
+            picked = F.element_at(_log_probabilities(p, from_logits),
+                                  (y.cast(T.LongType()) + 1).cast(T.IntegerType()))
             valid = (y >= 0) & (y < F.size(p)) & (y == F.floor(y))
-            return F.when(valid, -F.log(_clip(picked / _sum(p)))).otherwise(_fail(
+            return F.when(valid, -picked).otherwise(_fail(
                 f"LossEvaluator: label column {label_col!r} holds a class index that is "
                 "fractional or outside a step's predictions."))
 

@@ -575,6 +575,63 @@ def test_loss_evaluator_clips_saturated_predictions_as_keras(spark):
     assert LossEvaluator("categorical_crossentropy").evaluate(one_hot) == \
         pytest.approx(expected, rel=1e-6)
 
+def test_loss_evaluator_reads_logits_as_keras_losses_with_from_logits(spark):
+    """A model ending in Dense(k) without activation predicts logits: read as
+    probabilities (clipped, scaled to sum to 1), its cross-entropy came out several times
+    Keras's, without a word. ``from_logits=True`` reads them as its Keras loss does."""
+    import keras
+
+    from distkeras.evaluators import LossEvaluator
+
+    rng = np.random.default_rng(11)
+    logits = (rng.normal(scale=4.0, size=(8, 3)) - 2.0).astype("float32")  # many negative
+    logits[0] = [90.0, -80.0, 0.0]  # a saturated row: no overflow, no clip
+    classes = rng.integers(0, 3, 8)
+    classes[0] = 1
+    one_hot = np.eye(3, dtype="float32")[classes]
+    frame = spark.createDataFrame(
+        [(z.tolist(), int(k), y.tolist(), z[:1].tolist(), float(y[0]))
+         for z, k, y in zip(logits, classes, one_hot)],
+        "prediction array<float>, class long, label array<float>, unit array<float>, "
+        "binary double")
+
+    def keras_loss(loss, y, z):
+        return float(keras.ops.mean(loss(from_logits=True)(y, z)))
+
+    expected = {
+        "categorical_crossentropy": keras_loss(keras.losses.CategoricalCrossentropy,
+                                               one_hot, logits),
+        "binary_crossentropy": keras_loss(keras.losses.BinaryCrossentropy, one_hot, logits)}
+    for name, value in expected.items():
+        assert LossEvaluator(name, from_logits=True).evaluate(frame) == \
+            pytest.approx(value, rel=1e-5), name
+        assert LossEvaluator(name).evaluate(frame) != pytest.approx(value, rel=0.1)
+    sparse = keras_loss(keras.losses.SparseCategoricalCrossentropy, classes, logits)
+    assert LossEvaluator("sparse_categorical_crossentropy", label_col="class",
+                         from_logits=True).evaluate(frame) == pytest.approx(sparse, rel=1e-5)
+    # One logit per row (Dense(1)) against 0/1 numbers, as fit reads them.
+    unit = keras_loss(keras.losses.BinaryCrossentropy, one_hot[:, :1], logits[:, :1])
+    assert LossEvaluator("binary_crossentropy", "unit", "binary").setFromLogits(True) \
+        .evaluate(frame) == pytest.approx(unit, rel=1e-5)
+
+    # A tagger's logits, (steps, classes) flattened, per step.
+    steps = logits.reshape(4, 2, 3)
+    tags = classes.reshape(4, 2)
+    tagged = spark.createDataFrame(
+        [(z.reshape(-1).tolist(), k.tolist(), np.eye(3)[k].tolist())
+         for z, k in zip(steps, tags)],
+        "prediction array<float>, label array<int>, one_hot array<array<float>>")
+    sparse = keras_loss(keras.losses.SparseCategoricalCrossentropy, tags, steps)
+    assert LossEvaluator("sparse_categorical_crossentropy", from_logits=True) \
+        .evaluate(tagged) == pytest.approx(sparse, rel=1e-5)
+    categorical = keras_loss(keras.losses.CategoricalCrossentropy, np.eye(3)[tags], steps)
+    assert LossEvaluator("categorical_crossentropy", label_col="one_hot", from_logits=True) \
+        .evaluate(tagged) == pytest.approx(categorical, rel=1e-5)
+
+    with pytest.raises(ValueError, match="not to mse"):
+        LossEvaluator("mean_squared_error", from_logits=True).evaluate(frame)
+
+
 def test_loss_evaluator_errors(scored):
     from distkeras.evaluators import LossEvaluator
 
