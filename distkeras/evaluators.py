@@ -42,13 +42,14 @@ _ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae"}
 HUBER_DELTA = 1.0  # keras.losses.huber's default
 
 
-def _class_index(dataset, name, role, label=False):
+def _class_index(dataset, name, role, label=False, threshold=0.5):
     """A column as a class index: numbers as they are, arrays and vectors by their argmax,
-    except one-element arrays (a sigmoid output, a binary label): 1 above 0.5, else 0, as
-    Keras's binary accuracy reads them. A label's one-element array holding a whole number
-    is that class (Keras never thresholds labels: CIFAR-10's labels have shape ``(n, 1)``,
-    and ``[6]`` is class 6, not 1). A fractional number is no class index (a probability
-    taken out of its array would never equal a label): it stops the job."""
+    except one-element arrays (a sigmoid output, a binary label): 1 above ``threshold``
+    (0.5; a logit's is 0), else 0, as Keras's binary accuracy reads them. A label's
+    one-element array holding a whole number is that class (Keras never thresholds labels:
+    CIFAR-10's labels have shape ``(n, 1)``, and ``[6]`` is class 6, not 1). A fractional
+    number is no class index (a probability taken out of its array would never equal a
+    label): it stops the job."""
     if _kind(dataset, name, role) == "scalar":
         value = column(name).cast(T.DoubleType())
         return F.when(value.isNull() | (value == F.floor(value)), value).otherwise(_fail(
@@ -58,7 +59,7 @@ def _class_index(dataset, name, role, label=False):
             "first; for class probabilities, pass the arrays or vectors (argmax)."))
     values = _double_array(dataset, name, role)
     first = F.element_at(values, 1)
-    one_value = (first > 0.5).cast(T.DoubleType())
+    one_value = (first > threshold).cast(T.DoubleType())
     if label:
         one_value = F.when(first == F.floor(first), first).otherwise(one_value)
     return F.when(F.size(values) == 1, one_value) \
@@ -170,14 +171,14 @@ def _refusing_nulls(dataset, per_row, evaluator, *names):
     return checked
 
 
-def _binary_accuracy(dataset, prediction_col, label_col):
+def _binary_accuracy(dataset, prediction_col, label_col, threshold=0.5):
     """Per row, the fraction of label elements equal to the predictions thresholded at
-    0.5 (Keras's ``binary_accuracy``), and a job error for a row whose two arrays differ
-    in length."""
+    ``threshold`` (Keras's ``binary_accuracy``), and a job error for a row whose two arrays
+    differ in length."""
     predictions = _double_array(dataset, prediction_col, "prediction column")
     labels = _double_array(dataset, label_col, "label column")
     matches = F.transform(F.arrays_zip(predictions.alias("p"), labels.alias("y")),
-                          lambda pair: ((pair["p"] > 0.5).cast(T.DoubleType())
+                          lambda pair: ((pair["p"] > threshold).cast(T.DoubleType())
                                         == pair["y"]).cast(T.DoubleType()))
     same_length = (F.size(predictions) == F.size(labels)) & (F.size(labels) > 0)
     per_row = F.when(same_length, _sum(matches) / F.size(labels)).otherwise(_fail(
@@ -251,6 +252,12 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
     accuracy does. Without it, a multi-hot label (several 1s, or none) stops the job with
     that advice, since its argmax would name only its first class.
 
+    Units without activation (a loss with ``from_logits=True``) predict logits, whose
+    probability 0.5 is 0: ``from_logits=True`` thresholds one-value arrays and multi-label
+    predictions at 0, as ``BinaryAccuracy(threshold=0.0)`` does (Keras's ``"accuracy"``
+    thresholds at 0.5 whatever it gets). The argmax of logits is that of their
+    probabilities.
+
     Args:
         prediction_col: Predicted classes (default ``"prediction_index"``).
         label_col: True classes (default ``"label_index"``).
@@ -258,6 +265,7 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         weight_col: A column of per-row weights (as ``sample_weight`` in Keras's
             ``evaluate``): the weighted mean, ``sum(w * right) / sum(w)``, as Keras's
             ``weighted_metrics`` and Spark's evaluators give (default: none).
+        from_logits: Whether the predictions are logits (thresholded at 0; default False).
     """
 
     multiLabel = Param(Params._dummy(), "multiLabel",
@@ -266,16 +274,21 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                        typeConverter=TypeConverters.toBoolean)
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
+    fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits "
+                       "(thresholded at 0 rather than 0.5)",
+                       typeConverter=TypeConverters.toBoolean)
     setMultiLabel = _setter("multiLabel")
     setWeightCol = _setter("weightCol")
+    setFromLogits = _setter("fromLogits")
+    getFromLogits = _getter("fromLogits")
 
     def __init__(self, prediction_col="prediction_index", label_col="label_index",
-                 multi_label=None, weight_col=None):
+                 multi_label=None, weight_col=None, from_logits=None):
         super().__init__()
         self._setDefault(predictionCol="prediction_index", labelCol="label_index",
-                         multiLabel=False)
+                         multiLabel=False, fromLogits=False)
         _set_given(self, predictionCol=prediction_col, labelCol=label_col,
-                   multiLabel=multi_label, weightCol=weight_col)
+                   multiLabel=multi_label, weightCol=weight_col, fromLogits=from_logits)
 
     def getMultiLabel(self):
         """Whether arrays are scored element by element (Keras's binary accuracy)."""
@@ -292,8 +305,10 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
     def _correct(self, dataset, prediction_col, label_col):
         """Per row, 1 for a right prediction and 0 for a wrong one (for arrays scored per
         step or per element, the fraction right)."""
+        # Where a logit or a probability says 0.5.
+        threshold = 0.0 if self.getFromLogits() else 0.5
         if self.getMultiLabel():
-            return _binary_accuracy(dataset, prediction_col, label_col)
+            return _binary_accuracy(dataset, prediction_col, label_col, threshold)
         if _is_nested(dataset, label_col):
             # One-hot labels per step: each step's class is its argmax.
             predictions = _double_array(dataset, prediction_col, "prediction column")
@@ -302,7 +317,8 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
             return _step_mean(labels, predictions,
                               lambda y, p: (_argmax(p) == y).cast(T.DoubleType()),
                               "AccuracyEvaluator")
-        prediction = _class_index(dataset, prediction_col, "prediction column")
+        prediction = _class_index(dataset, prediction_col, "prediction column",
+                                  threshold=threshold)
         label = _class_index(dataset, label_col, "label column", label=True)
         if _kind(dataset, label_col, "label column") != "scalar":
             label = _refusing_multi_hot(

@@ -314,6 +314,37 @@ def test_accuracy_evaluator_thresholds_one_unit_sigmoid_outputs(spark):
 
 
 
+def test_accuracy_evaluator_thresholds_logits_at_zero_with_from_logits(spark):
+    """A Dense(1) model trained with BinaryCrossentropy(from_logits=True) predicts logits:
+    thresholded at 0.5, a logit of 0.3 (probability 0.57) counted as class 0, silently.
+    ``from_logits=True`` scores them as BinaryAccuracy(threshold=0.0), one unit or several
+    (multi_label); the argmax of several logits is left as it is."""
+    import keras
+
+    from distkeras.evaluators import AccuracyEvaluator
+
+    logits = np.array([[0.3, -2.0], [-0.2, 0.4], [2.5, 0.1], [-1.5, -0.1]], "float32")
+    labels = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], "float32")
+    frame = spark.createDataFrame(
+        [(z[:1].tolist(), float(y[0]), z.tolist(), y.tolist())
+         for z, y in zip(logits, labels)],
+        "unit array<float>, label double, logits array<float>, labels array<float>")
+
+    def binary_accuracy(y, z):
+        metric = keras.metrics.BinaryAccuracy(threshold=0.0)
+        metric.update_state(y, z)
+        return float(metric.result())
+
+    one = binary_accuracy(labels[:, :1], logits[:, :1])
+    assert AccuracyEvaluator("unit", "label", from_logits=True).evaluate(frame) == one == 1.0
+    assert AccuracyEvaluator("unit", "label").evaluate(frame) == 0.75  # 0.3 read as 0
+    several = binary_accuracy(labels, logits)
+    assert AccuracyEvaluator("logits", "labels", multi_label=True).setFromLogits(True) \
+        .evaluate(frame) == pytest.approx(several)
+    argmax = float(np.mean(keras.metrics.categorical_accuracy(labels, logits)))
+    assert AccuracyEvaluator("logits", "labels", from_logits=True).evaluate(frame) == argmax
+
+
 def test_accuracy_evaluator_reads_one_element_label_arrays_as_their_class(spark):
     """Labels of shape (n, 1), as CIFAR-10's, written as one-element arrays: against class
     indices (LabelIndexTransformer's output) each was thresholded as a sigmoid label, so
