@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import distkeras  # noqa: E402,F401  (JAX as the Keras backend for report.machine())
 
-from training import FIT  # noqa: E402
+from training import FIT, _rate, _ratio  # noqa: E402
 
 
 def run_training(cores, runs, window, repeat, limit):
@@ -56,9 +56,9 @@ def main():
     rows = []
     for cores, results in ((1, on_one), (2, on_two)):
         for name, (whole, steps, accuracy) in results.items():
-            rows.append([cores, name, f"{whole:.0f}", f"{steps:.0f}", f"{accuracy:.4f}"])
+            rows.append([cores, name, _rate(whole), _rate(steps), f"{accuracy:.4f}"])
     scaling = on_two[two_workers][0] / on_one[one_worker][0]
-    scaling_steps = on_two[two_workers][1] / on_one[one_worker][1]
+    scaling_steps = _ratio(on_two[two_workers][1], on_one[one_worker][1])  # "-": a single window
     body = (f"{samples} samples, 1 epoch, batch 32, Adam; best of {args.repeat} runs; "
             "`local[2]`; each block is one process tree restricted to that many cores "
             "(`--cores`), executors warmed up before timing.\n\n"
@@ -66,10 +66,10 @@ def main():
                             "samples/s (steps only)", "test accuracy"], rows)
             + "\n\n"
             + f"- ADAG 2 workers on 2 cores / ADAG 1 worker on 1 core: **{scaling:.2f}x** "
-              f"(steps only {scaling_steps:.2f}x).\n"
+              f"(steps only {scaling_steps}x).\n"
             + f"- ADAG 1 worker / `fit`, both on 1 core: "
               f"**{on_one[one_worker][0] / on_one[FIT][0]:.2f}** "
-              f"(steps only {on_one[one_worker][1] / on_one[FIT][0]:.2f}).\n"
+              f"(steps only {_ratio(on_one[one_worker][1], on_one[FIT][0])}).\n"
             + f"- ADAG 1 worker / `fit`, both on 2 cores: "
               f"{on_two[one_worker][0] / on_two[FIT][0]:.2f}.\n"
             + f"- `fit` on 2 cores / `fit` on 1 core: {on_two[FIT][0] / on_one[FIT][0]:.2f}x; "

@@ -29,14 +29,27 @@ PACKED = ", packed features"
 
 
 def steps_rate(trainer, samples):
-    """Samples per second between the first and the last recorded step of each worker."""
+    """Samples per second between the first and the last recorded step of each worker.
+
+    None where no worker recorded two moments: a window of steps is recorded at its end
+    with one timestamp, so a worker that trained one window (a small ``--limit``) has no
+    span to divide by.
+    """
     history = trainer.get_history()
     workers = {record["worker_id"] for record in history}
     spans = []
     for worker in workers:
         records = trainer.get_executor_history(worker)
         spans.append(records[-1]["timestamp"] - records[0]["timestamp"])
-    return samples / max(spans)
+    return samples / max(spans) if max(spans) > 0 else None
+
+
+def _rate(value):
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _ratio(numerator, denominator):
+    return "-" if numerator is None or denominator is None else f"{numerator / denominator:.2f}"
 
 
 def measure(runs, window, repeat, limit):
@@ -83,7 +96,7 @@ def measure(runs, window, repeat, limit):
             model.fit(x, y, batch_size=32, epochs=1, verbose=0)
             rate = samples / (time.perf_counter() - start)
             result = (rate, rate, test_accuracy(model, test_images, test_labels))
-            best[FIT] = max(best.get(FIT, result), result)
+            best[FIT] = max(best.get(FIT, result), result, key=lambda run: run[0])
         for key in runs:
             if key == "fit":
                 continue
@@ -92,7 +105,7 @@ def measure(runs, window, repeat, limit):
             trained = trainer.train(packed if key.endswith("-packed") else train, verbose=0)
             result = (samples / trainer.get_training_time(), steps_rate(trainer, samples),
                       test_accuracy(trained, test_images, test_labels))
-            best[name] = max(best.get(name, result), result)
+            best[name] = max(best.get(name, result), result, key=lambda run: run[0])
     spark.stop()
     return samples, best
 
@@ -117,18 +130,21 @@ def main():
         return
     import report
 
-    fit_rate = best[FIT][0]
-    rows = [[name, f"{whole:.0f}", f"{steps:.0f}", f"{whole / fit_rate:.2f}", f"{accuracy:.4f}"]
+    # Any subset of the runs may be asked for: a ratio needs both of its runs.
+    fit_rate = best[FIT][0] if FIT in best else None
+    rows = [[name, _rate(whole), _rate(steps), _ratio(whole, fit_rate), f"{accuracy:.4f}"]
             for name, (whole, steps, accuracy) in best.items()]
-    one = best[f"ADAG, 1 worker, window {args.window}"][0]
-    two = best[f"ADAG, 2 workers, window {args.window}"][0]
+    one = best.get(f"ADAG, 1 worker, window {args.window}", (None,))[0]
+    two = best.get(f"ADAG, 2 workers, window {args.window}", (None,))[0]
+    workers_line = (f"\n\nADAG 2 workers / 1 worker (whole train()): {two / one:.2f}x."
+                    if one and two else "")
     body = (f"{samples} samples, 1 epoch, batch 32, Adam; best of {args.repeat} runs; "
             "`local[2]`, executors warmed up before timing. Rows marked \"packed features\" "
             "train on the same rows with the features stored as binary float32 "
             "(`load_fashion_mnist(packed=True)`), the others on `array<float>`.\n\n"
             + report.table(["run", "samples/s (whole train())", "samples/s (steps only)",
                             "ratio to fit", "test accuracy"], rows)
-            + f"\n\nADAG 2 workers / 1 worker (whole train()): {two / one:.2f}x.")
+            + workers_line)
     report.write_section(f"Training throughput against keras.Model.fit (window {args.window})",
                          body)
 

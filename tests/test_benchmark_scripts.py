@@ -1,0 +1,45 @@
+"""The benchmark scripts' own logic, without running a benchmark (they are run by hand)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+
+
+def load_script(name):
+    """The module of ``benchmarks/<name>.py``, imported as the scripts import each other."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            f"benchmark_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(BENCHMARKS)
+
+
+class RecordedTrainer:
+    """A trainer's history, as `steps_rate` reads it: per worker, its step records."""
+
+    def __init__(self, timestamps):
+        self.records = {worker: [{"worker_id": worker, "timestamp": stamp} for stamp in stamps]
+                        for worker, stamps in timestamps.items()}
+
+    def get_history(self):
+        return [record for records in self.records.values() for record in records]
+
+    def get_executor_history(self, worker):
+        return self.records[worker]
+
+
+def test_training_steps_rate_is_none_for_workers_that_trained_one_window():
+    training = load_script("training")
+    # A window's steps share its end's timestamp: a worker of one window has no span.
+    assert training.steps_rate(RecordedTrainer({0: [5.0] * 10, 1: [5.5] * 10}), 640) is None
+    assert training.steps_rate(RecordedTrainer({0: [1.0, 3.0], 1: [1.0, 2.0]}), 640) == 320
+    assert training._rate(None) == "-" and training._ratio(None, 2.0) == "-"
+    assert training._ratio(3.0, 2.0) == "1.50"
