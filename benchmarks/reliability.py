@@ -8,6 +8,7 @@ count (run `benchmarks/fuzz_frames.py` first; its section in docs/benchmarks.md 
 """
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -21,12 +22,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "reliability.md")
+BATCH, WINDOW, WORKERS = 32, 6, 2
+# Each worker's steps at which the faults are injected: --limit must take every worker
+# past the last one, or that fault's row would report an undisturbed run.
+POISON_STEP, STUCK_STEP, LOST_STEP = 60, 60, 120
+MIN_LIMIT = WORKERS * BATCH * (LOST_STEP + WINDOW)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=20000)
     args = parser.parse_args()
+    if args.limit < MIN_LIMIT:
+        parser.error(f"--limit must be at least {MIN_LIMIT}: each of the {WORKERS} workers "
+                     f"must train past step {LOST_STEP}, where a fault is injected")
     import report
 
     spark, data, (images, labels) = report.fashion_mnist_setup("local[2,4]", args.limit)
@@ -39,20 +48,25 @@ def main():
             from pyspark import TaskContext
 
             if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 \
-                    and self.iteration >= 120:
+                    and self.iteration >= LOST_STEP:
                 os._exit(17)
             super().communicate()
 
     class PoisonWorker(ADAGWorker):
+        poisoned = False
+
         def commit(self, delta, **extra):
-            if self.worker_id == 1 and self.iteration == 60:
+            # A worker commits at its windows' ends (iterations 7, 13, ... for a window
+            # of 6), so its first commit past the step, not the step itself.
+            if self.worker_id == 1 and self.iteration > POISON_STEP and not self.poisoned:
+                self.poisoned = True
                 delta = delta * float("nan")
             super().commit(delta, **extra)
 
     class StuckWorker(ADAGWorker):
         def communicate(self):
             super().communicate()
-            if self.worker_id == 0 and self.iteration >= 60:
+            if self.worker_id == 0 and self.iteration >= STUCK_STEP:
                 time.sleep(3600)
 
     def trainer_with(worker_class=None, **extra):
@@ -61,17 +75,21 @@ def main():
                 return (worker_class or ADAGWorker)(self.master_model)
 
         return Faulty(keras_model=build_mlp(), worker_optimizer="adam",
-                      loss="categorical_crossentropy", num_workers=2, communication_window=6,
-                      **extra)
+                      loss="categorical_crossentropy", num_workers=WORKERS,
+                      communication_window=WINDOW, batch_size=BATCH, **extra)
 
     def run(worker_class=None, **extra):
         trainer = trainer_with(worker_class, **extra)
         started = time.time()
         try:
             model = trainer.train(data, verbose=0)
-            return time.time() - started, test_accuracy(model, images, labels), "trains on"
+            outcome = time.time() - started, test_accuracy(model, images, labels), "trains on"
         except TrainingError as error:
-            return time.time() - started, None, str(error)
+            outcome = time.time() - started, None, str(error)
+        if worker_class is PoisonWorker and not trainer.parameter_server.refused:
+            raise RuntimeError("The NaN commit was not injected: its row would describe an "
+                               "undisturbed run.")
+        return outcome
 
     base_time, base_accuracy, _ = run()
     rows = [["none (undisturbed)", "-", "a trained model", f"{base_time:.1f} s", "-",
@@ -84,11 +102,11 @@ def main():
                      f"{seconds - base_time:+.1f} s",
                      "-" if accuracy is None else f"{accuracy:.4f} ({(accuracy - base_accuracy) * 100:+.2f} points)"])
 
-    add("lost worker process", "worker 1 calls os._exit at step 120 on its first attempt; "
-        "Spark retries the task (local[2,4])", run(LostWorker))
-    add("NaN commit", "worker 1 commits a NaN delta at step 60; the server refuses it",
-        run(PoisonWorker))
-    add("hung worker", "worker 0 sleeps an hour after step 60; worker_timeout=10",
+    add("lost worker process", f"worker 1 calls os._exit at step {LOST_STEP} on its first "
+        "attempt; Spark retries the task (local[2,4])", run(LostWorker))
+    add("NaN commit", f"worker 1 commits a NaN delta at its first commit after step "
+        f"{POISON_STEP}; the server refuses it", run(PoisonWorker))
+    add("hung worker", f"worker 0 sleeps an hour after step {STUCK_STEP}; worker_timeout=10",
         run(StuckWorker, worker_timeout=10))
 
     # The driver killed mid-training, then train(resume=True) from its last checkpoint.
@@ -114,14 +132,21 @@ def main():
     started = time.time()
     driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Killed once a checkpoint holds half of the run's commits (each worker commits at
+    # every window's end), so that the resumed run has the other half to train.
+    steps = math.ceil(args.limit / WORKERS / BATCH)
+    halfway = WORKERS * math.ceil(steps / WINDOW) // 2
     updates = 0
     while time.time() - started < 300 and driver.poll() is None:
         checkpoint = load_checkpoint(checkpoints, spec) if os.path.exists(
             os.path.join(checkpoints, "checkpoint.dkc")) else None
         updates = checkpoint["num_updates"] if checkpoint else 0
-        if updates >= 100:
+        if updates >= halfway:
             break
         time.sleep(0.3)
+    if driver.poll() is not None:
+        raise RuntimeError(f"The driver to kill ended (exit code {driver.returncode}) before "
+                           f"a checkpoint of {halfway} updates: its row would be no kill.")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     killed_after = time.time() - started

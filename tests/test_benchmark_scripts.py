@@ -43,3 +43,10 @@ def test_training_steps_rate_is_none_for_workers_that_trained_one_window():
     assert training.steps_rate(RecordedTrainer({0: [1.0, 3.0], 1: [1.0, 2.0]}), 640) == 320
     assert training._rate(None) == "-" and training._ratio(None, 2.0) == "-"
     assert training._ratio(3.0, 2.0) == "1.50"
+
+
+def test_reliability_refuses_a_limit_that_its_faults_would_not_reach():
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "reliability.py"),
+                          "--limit", "2000"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "--limit must be at least 8064" in run.stderr
