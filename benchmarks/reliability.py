@@ -28,6 +28,26 @@ BATCH, WINDOW, WORKERS = 32, 6, 2
 POISON_STEP, STUCK_STEP, LOST_STEP = 60, 60, 120
 MIN_LIMIT = WORKERS * BATCH * (LOST_STEP + WINDOW)
 
+# What the table cannot show, written with it so that a rerun keeps it.
+REFUSALS = (
+    'A refused commit (NaN or infinite values) is logged as it happens, and at the end of '
+    '`train()` one warning counts the refusals per worker: the returned model lacks those '
+    "workers' training since their first refusal. A step that diverges (a learning rate too"
+    ' high, values too large for float32) refuses every later commit of its worker, where '
+    "Keras's `fit` would return NaN weights: the warning says to look there. NaN or "
+    'infinite values in the data (a label, a feature) never get that far: every trainer '
+    'stops as they are fed, naming the column, the row and how to drop or fill them in '
+    'Spark (`fit` would train on them). Such rows (and nulls, arrays of the wrong length, '
+    'class indices out of range, negative sample weights) raise '
+    "`distkeras.errors.InvalidDataError`, which Spark does not retry: the worker's task "
+    'ends with the error as its reply (and a worker of a parameter server tells the driver,'
+    ' which stops the other workers at once), where a failed task would run again up to '
+    '`spark.task.maxFailures` times (4 on a cluster), each time training up to the same '
+    "rows. The same holds for a custom worker's commit that does not fit the model "
+    "(`InvalidUpdateError`, naming the array and the shapes) and for a parameter server's "
+    'handler that raised (a bug in a custom `handle_commit`): the training stops at once '
+    'with that error.')
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -177,6 +197,7 @@ def main():
         f"`python {' '.join(sys.argv)}` ({time.strftime('%Y-%m-%d')}, {report.machine()})\n\n"
         + report.table(["fault", "how it was injected", "what the user sees", "time",
                         "time lost", "test accuracy"], rows)
+        + "\n\n" + REFUSALS
         + "\n\nHostile input to the parameter server (tests/test_parameter_server.py, "
           "tests/test_networking.py, tests/test_reliability.py): garbage, truncated frames, "
           "lengths up to 2^63, wrong or missing tokens, wrong shapes and dtypes, silent "

@@ -45,6 +45,12 @@ def test_training_steps_rate_is_none_for_workers_that_trained_one_window():
     assert training._ratio(3.0, 2.0) == "1.50"
 
 
+def test_reliability_rerun_keeps_what_docs_reliability_says_beyond_its_table():
+    reliability = load_script("reliability")
+    with open(os.path.join(REPO, "docs", "reliability.md"), encoding="utf-8") as handle:
+        assert reliability.REFUSALS in handle.read()
+
+
 def test_reliability_refuses_a_limit_that_its_faults_would_not_reach():
     run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "reliability.py"),
                           "--limit", "2000"], capture_output=True, text=True, timeout=60)
