@@ -52,7 +52,7 @@ def main():
                      " / ".join(f"{a:.4f}" for a in accuracies),
                      " / ".join(f"{(a - single) * 100:+.2f}" for a in accuracies),
                      f"{trainer.get_training_time():.1f}"])
-    body = (f"Full Fashion-MNIST ({train.count()} images), {args.epochs} epoch(s), batch 32, "
+    body = (f"Fashion-MNIST ({train.count()} training images), {args.epochs} epoch(s), batch 32, "
             "Adam (unless the row says otherwise), 2 workers, each trainer at its defaults; `local[2]`, executors warmed up. "
             "EnsembleTrainer lists each member.\n\n"
             + report.table(["trainer", "defaults", "test accuracy",

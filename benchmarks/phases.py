@@ -10,7 +10,7 @@ epoch), each ``--repeat`` times in turns. From the per-step history timestamps: 
 before the first step (job start, model rebuilt and compiled on the executors), the span
 of the steps, the gaps between epochs, and the time after the last step.
 
-    python benchmarks/phases.py [--repeat 2]
+    python benchmarks/phases.py [--repeat 2] [--limit N]
 """
 
 import argparse
@@ -37,8 +37,12 @@ def timed_train(trainer, frame, **options):
              for epoch in epochs]
     gaps = sum(start - previous_end for (_, previous_end), (start, _) in zip(spans, spans[1:]))
     samples = sum(record["batch_size"] for record in history)
-    return {"wall": ended - started, "before": first - started, "steps": last - first - gaps,
-            "gaps": gaps, "after": ended - last, "rate": samples / (last - first - gaps)}
+    steps = last - first - gaps
+    # A window of steps is recorded at its end, so one window per epoch (a small --limit)
+    # has no span to divide by: its rate is NaN, printed as such.
+    return {"wall": ended - started, "before": first - started, "steps": steps,
+            "gaps": gaps, "after": ended - last,
+            "rate": samples / steps if steps > 0 else float("nan")}
 
 
 def averaging_epoch_by_epoch():
@@ -69,10 +73,12 @@ def single_epoch_by_epoch():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=None,
+                        help="train on the first N images only (default: all 60,000)")
     args = parser.parse_args()
     import report
 
-    spark, frame, test = report.fashion_mnist_setup("local[2]", packed=True)
+    spark, frame, test = report.fashion_mnist_setup("local[2]", limit=args.limit, packed=True)
     from fashion_mnist import build_mlp
 
     from distkeras.trainers import ADAG, AveragingTrainer, SingleTrainer
@@ -108,7 +114,7 @@ def main():
         rows.append([name, f"{median('wall'):.2f}", f"{median('before'):.2f}",
                      f"{median('steps'):.2f}", f"{median('gaps'):.2f}",
                      f"{median('after'):.2f}", f"{median('rate'):.0f}"])
-    body = (f"60000 samples per epoch, batch 32, Adam, `local[2]`, "
+    body = (f"{frame.count()} samples per epoch, batch 32, Adam, `local[2]`, "
             f"packed features in 2 even cached partitions, executors warmed; median of "
             f"{args.repeat} runs taken in turns. From the history's step timestamps: "
             "'before' is train() start to the first step, 'after' the last step to "

@@ -56,3 +56,28 @@ def test_reliability_refuses_a_limit_that_its_faults_would_not_reach():
                           "--limit", "2000"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "--limit must be at least 8064" in run.stderr
+
+
+class OneWindowTrainer:
+    """A train() of one window per epoch: every step of an epoch has one timestamp."""
+
+    def train(self, frame, **options):
+        self.history = [{"timestamp": 10.0 + epoch, "epoch": epoch, "batch_size": 32}
+                        for epoch in range(3) for _ in range(5)]
+
+    def get_training_time(self):
+        return 0.0
+
+    def get_history(self):
+        return self.history
+
+
+def test_phases_and_epochs_give_no_rate_for_an_epoch_of_one_window():
+    import math
+
+    phases = load_script("phases")
+    trainer = OneWindowTrainer()
+    trainer.train(None)
+    assert math.isnan(phases.timed_train(OneWindowTrainer(), None)["rate"])
+    epochs = load_script("epochs")
+    assert all(math.isnan(rate) for rate in epochs.epoch_rates(trainer.get_history()))
