@@ -9,16 +9,21 @@ import time
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
 
 
-def machine():
-    """One line naming the machine and the versions that matter."""
+def machine(backend=None):
+    """One line naming the machine and the versions that matter.
+
+    Args:
+        backend: The Keras backend(s) to name; default: this process's.
+    """
     import jax
     import keras
     import numpy
     import pyspark
 
     cores = os.cpu_count()
+    backend = backend or keras.backend.backend()
     return (f"{platform.machine()}, {cores} cores, Python {platform.python_version()}, "
-            f"Keras {keras.__version__} ({keras.backend.backend()}), JAX {jax.__version__}, "
+            f"Keras {keras.__version__} ({backend}), JAX {jax.__version__}, "
             f"PySpark {pyspark.__version__}, numpy {numpy.__version__}")
 
 
@@ -29,10 +34,16 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def write_section(title, body):
-    """Replaces (or appends) the section ``## title`` of docs/benchmarks.md."""
+def write_section(title, body, backend=None):
+    """Replaces (or appends) the section ``## title`` of docs/benchmarks.md.
+
+    Args:
+        title: The section's heading.
+        body: Its text, after the command line and the machine's line.
+        backend: The Keras backend(s) measured, where not this process's.
+    """
     command = "python " + " ".join(sys.argv)
-    section = (f"## {title}\n\n`{command}`\n\n{time.strftime('%Y-%m-%d')}, {machine()}\n\n"
+    section = (f"## {title}\n\n`{command}`\n\n{time.strftime('%Y-%m-%d')}, {machine(backend)}\n\n"
                f"{body.strip()}\n")
     text = open(DOC, encoding="utf-8").read() if os.path.exists(DOC) else \
         "# Benchmarks\n\nRun by hand; each section says the command that wrote it.\n"

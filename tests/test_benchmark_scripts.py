@@ -58,6 +58,14 @@ def test_reliability_refuses_a_limit_that_its_faults_would_not_reach():
     assert "--limit must be at least 8064" in run.stderr
 
 
+def test_report_machine_line_names_the_backends_a_script_measured_in_its_children():
+    report = load_script("report")
+    # benchmarks/backends.py trains nothing itself: its line named its own process's
+    # backend (~/.keras/keras.json's), not the backends of its table.
+    assert "Keras " in report.machine() and "(jax, torch, tensorflow)" in report.machine(
+        backend="jax, torch, tensorflow")
+
+
 class OneWindowTrainer:
     """A train() of one window per epoch: every step of an epoch has one timestamp."""
 
