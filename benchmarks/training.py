@@ -28,19 +28,21 @@ RUNS = ("fit", "single", "adag1", "adag2", "adag2-overlap", "single-packed", "ad
 PACKED = ", packed features"
 
 
-def steps_rate(trainer, samples):
-    """Samples per second between the first and the last recorded step of each worker.
+def steps_rate(trainer):
+    """Samples per second of the steps between the first and the last record of each worker.
 
-    None where no worker recorded two moments: a window of steps is recorded at its end
-    with one timestamp, so a worker that trained one window (a small ``--limit``) has no
-    span to divide by.
+    A window of steps is recorded at its end with one timestamp, so the first window's
+    steps ran before the span starts: only the samples recorded after it count (counting
+    them all overstated the rate by that window's samples, several times over for a small
+    ``--limit``). None where no worker recorded two moments (one window each): no span.
     """
-    history = trainer.get_history()
-    workers = {record["worker_id"] for record in history}
-    spans = []
-    for worker in workers:
+    samples, spans = 0, []
+    for worker in {record["worker_id"] for record in trainer.get_history()}:
         records = trainer.get_executor_history(worker)
-        spans.append(records[-1]["timestamp"] - records[0]["timestamp"])
+        first = records[0]["timestamp"]
+        samples += sum(record["batch_size"] for record in records
+                       if record["timestamp"] > first)
+        spans.append(records[-1]["timestamp"] - first)
     return samples / max(spans) if max(spans) > 0 else None
 
 
@@ -103,7 +105,7 @@ def measure(runs, window, repeat, limit):
             name, make = makers[key]
             trainer = make()
             trained = trainer.train(packed if key.endswith("-packed") else train, verbose=0)
-            result = (samples / trainer.get_training_time(), steps_rate(trainer, samples),
+            result = (samples / trainer.get_training_time(), steps_rate(trainer),
                       test_accuracy(trained, test_images, test_labels))
             best[name] = max(best.get(name, result), result, key=lambda run: run[0])
     spark.stop()

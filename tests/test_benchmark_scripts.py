@@ -26,7 +26,8 @@ class RecordedTrainer:
     """A trainer's history, as `steps_rate` reads it: per worker, its step records."""
 
     def __init__(self, timestamps):
-        self.records = {worker: [{"worker_id": worker, "timestamp": stamp} for stamp in stamps]
+        self.records = {worker: [{"worker_id": worker, "timestamp": stamp, "batch_size": 32}
+                                 for stamp in stamps]
                         for worker, stamps in timestamps.items()}
 
     def get_history(self):
@@ -39,8 +40,11 @@ class RecordedTrainer:
 def test_training_steps_rate_is_none_for_workers_that_trained_one_window():
     training = load_script("training")
     # A window's steps share its end's timestamp: a worker of one window has no span.
-    assert training.steps_rate(RecordedTrainer({0: [5.0] * 10, 1: [5.5] * 10}), 640) is None
-    assert training.steps_rate(RecordedTrainer({0: [1.0, 3.0], 1: [1.0, 2.0]}), 640) == 320
+    assert training.steps_rate(RecordedTrainer({0: [5.0] * 10, 1: [5.5] * 10})) is None
+    # Two windows of 16 steps: the span from the first's end to the second's holds the
+    # second window's 512 samples only (all 1024 made SingleTrainer twice as fast).
+    assert training.steps_rate(RecordedTrainer({0: [1.0] * 16 + [3.0] * 16})) == 256
+    assert training.steps_rate(RecordedTrainer({0: [1.0, 3.0], 1: [1.0, 2.0]})) == 32
     assert training._rate(None) == "-" and training._ratio(None, 2.0) == "-"
     assert training._ratio(3.0, 2.0) == "1.50"
 
