@@ -94,10 +94,11 @@ def main():
         total = sum(result["rate"] for result in results)
         rows.append([name, f"{total:.0f}",
                      " / ".join(f"{result['cpu_per_wall']:.2f}" for result in results)])
+    unpinned = rows[0][2]  # this run's, not a figure from an earlier one
     body = (f"{args.samples} samples per process, batch 32, Adam, 12 steps per compiled call "
             "(the worker's window path), no Spark. `--xla_cpu_multi_thread_eigen=false` "
-            "does not keep JAX's CPU backend on one core: an unpinned process uses about "
-            "1.75 of 2 cores.\n\n"
+            "does not keep JAX's CPU backend on one core: an unpinned process alone used "
+            f"{unpinned} of {len(cores)} cores in this run.\n\n"
             + report.table(["processes", "samples/s (all processes)", "CPU s per wall s, "
                             "each process"], rows))
     report.write_section("Cores: unpinned and pinned training processes", body)
