@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -77,8 +78,16 @@ def main():
         request = urllib.request.Request(url + "/api/state", headers={SECRET_HEADER: secret})
         while not stop.is_set():
             started = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=30) as response:
-                response.read()
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    response.read()
+            except urllib.error.HTTPError as error:
+                # wait_completion() destroys the finished job as it fetches the model
+                # (nothing else does here), so a client polling between that and ``stop``
+                # finds no job: its end, not an error.
+                if error.code == 404:
+                    return
+                raise
             if job.state == "running":
                 latencies.append(time.perf_counter() - started)
             stop.wait(1.0)
