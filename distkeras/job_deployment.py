@@ -18,6 +18,7 @@ archive loaded with ``safe_mode=True``.
 
 import argparse
 import base64
+import functools
 import io
 import json
 import logging
@@ -1002,10 +1003,10 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20):
                                   max_request_body_size=max_request_bytes)
 
 
-def serve(argv=None):
+def serve(argv=None, prog="punchcard"):
     """``punchcard``: runs the job server (waitress, a production WSGI server)."""
     parser = argparse.ArgumentParser(
-        prog="punchcard", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Punchcard: accept distkeras training jobs over HTTP.")
     parser.add_argument("--secrets", default="secrets.json", help="the secrets file")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -1047,12 +1048,12 @@ def serve(argv=None):
     return 0
 
 
-def secret_command(argv=None):
+def secret_command(argv=None, prog="generate_secret"):
     """``generate_secret``: prints a new secret as JSON; can add it to a secrets file."""
     from distkeras.secrets_file import append_entry, generate_secret, make_entry
 
     parser = argparse.ArgumentParser(
-        prog="generate_secret", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Generate a Punchcard secret (64 characters from a secure source).")
     parser.add_argument("--identity", required=True, help="who the secret belongs to")
     parser.add_argument("--append", metavar="SECRETS_FILE", default=None,
@@ -1071,4 +1072,6 @@ def secret_command(argv=None):
     return 0
 
 
-CLI_COMMANDS = {"punchcard": serve, "secret": secret_command}
+# Named in their usage lines as the `distkeras` command runs them.
+CLI_COMMANDS = {"punchcard": functools.partial(serve, prog="distkeras punchcard"),
+                "secret": functools.partial(secret_command, prog="distkeras secret")}

@@ -130,6 +130,17 @@ def test_help_lists_trainer_options_with_defaults(capsys):
         assert option in out
 
 
+@pytest.mark.parametrize("command", ["secret", "punchcard"])
+def test_job_server_commands_name_themselves_as_run(command, capsys):
+    """`distkeras secret --help` printed "usage: generate_secret", the script's name."""
+    from distkeras import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: distkeras {command} [-h]")
+
+
 @pytest.mark.parametrize("command", ["train", "predict"])
 def test_help_states_each_default_once(command, capsys):
     from distkeras import cli
