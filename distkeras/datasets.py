@@ -35,26 +35,49 @@ def read_idx(path):
     return array.reshape(shape).astype(dtypes[dtype_code][1:])
 
 
+def _idx_file(folder, name):
+    """The path of IDX file ``name`` in ``folder``, gzipped or not; None if neither is there.
+
+    Debian's package ships ``.gz`` files; the same files unpacked (``gunzip``, or a copy taken
+    from elsewhere) are the same data and are read as well.
+    """
+    for candidate in (name, name[:-len(".gz")]):
+        path = os.path.join(folder, candidate)
+        if os.path.exists(path):
+            return path
+    return None
+
+
 def load_fashion_mnist_numpy(split="train", data_dir=None):
     """Fashion-MNIST as numpy arrays ``(images, labels)``.
 
-    Reads the IDX files of Debian's ``dataset-fashion-mnist`` (or ``data_dir``); where they
-    are missing, falls back to Keras's downloader, as a user with internet would.
+    Reads the IDX files of Debian's ``dataset-fashion-mnist`` (or ``data_dir``), gzipped or
+    not; where the default folder lacks them, falls back to Keras's downloader, as a user
+    with internet would.
 
     Args:
         split: ``"train"`` (60,000 images) or ``"test"`` (10,000).
-        data_dir: Folder holding the four IDX files.
+        data_dir: Folder holding the IDX files. A folder given here must hold them: it is
+            never replaced by a download.
 
     Returns:
         ``images`` uint8 of shape (n, 28, 28) and ``labels`` uint8 of shape (n,).
+
+    Raises:
+        FileNotFoundError: ``data_dir`` lacks the split's IDX files.
     """
     if split not in _FILES:
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
     folder = data_dir or os.environ.get("DISTKERAS_FASHION_MNIST_DIR", FASHION_MNIST_DIR)
-    images_file, labels_file = _FILES[split]
-    images_path = os.path.join(folder, images_file)
-    if os.path.exists(images_path):
-        return read_idx(images_path), read_idx(os.path.join(folder, labels_file))
+    paths = [_idx_file(folder, name) for name in _FILES[split]]
+    if None not in paths:
+        return read_idx(paths[0]), read_idx(paths[1])
+    if data_dir:
+        # A folder the user named is what they mean to read: a download in its place would
+        # train on other files (or fail on a URL error that names neither folder nor file).
+        raise FileNotFoundError(
+            f"`data_dir` lacks Fashion-MNIST's {split} files. Received: data_dir={data_dir!r}; "
+            f"expected {' and '.join(_FILES[split])} (gzipped or not) in it.")
     logger.info("No Fashion-MNIST files in %s; using keras.datasets.fashion_mnist", folder)
     import keras
 

@@ -136,3 +136,24 @@ def test_shuffle_reorders_the_rows_as_dist_keras_did(spark):
     assert shuffled.columns == ["row"]
     assert sorted(rows) == list(range(200)) and rows != list(range(200))
     assert [row.row for row in shuffle(frame, seed=3).collect()] == rows
+
+
+def test_fashion_mnist_reads_unpacked_idx_files_and_names_a_folder_without_them(tmp_path):
+    import gzip
+    import shutil
+
+    from distkeras.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
+
+    # The IDX files as gunzip leaves them: read as they are, not replaced by a download.
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        with gzip.open(f"{FASHION_MNIST_DIR}/{name}.gz") as packed, \
+                open(tmp_path / name, "wb") as unpacked:
+            shutil.copyfileobj(packed, unpacked)
+    images, labels = load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+    expected_images, expected_labels = load_fashion_mnist_numpy("test")
+    np.testing.assert_array_equal(images, expected_images)
+    np.testing.assert_array_equal(labels, expected_labels)
+    # A folder named by the user that lacks a split's files is an error naming them.
+    with pytest.raises(FileNotFoundError, match=r"train-images-idx3-ubyte.gz and "
+                                                r"train-labels-idx1-ubyte.gz"):
+        load_fashion_mnist_numpy("train", data_dir=str(tmp_path))
