@@ -29,6 +29,22 @@ POISON_STEP, STUCK_STEP, LOST_STEP = 60, 60, 120
 MIN_LIMIT = WORKERS * BATCH * (LOST_STEP + WINDOW)
 
 # What the table cannot show, written with it so that a rerun keeps it.
+LIMITS = (
+    "Before its token is checked a connection may send one frame of at most 64 KiB, and the "
+    "whole handshake must arrive within `handshake_timeout` (a client trickling its bytes is "
+    "dropped). A driver out of file descriptors (`ulimit -n`) warns once and accepts again as "
+    "connections close, where the server used to stop accepting for good. Punchcard refuses "
+    "a model archive whose files declare more than 10 times its size (past 64 MiB): a "
+    "decompression bomb would be read into the server's memory as Keras loads it.")
+
+LARGE_MODELS = (
+    "Large models: a worker's reply to the driver (SingleTrainer's, AveragingTrainer's and "
+    "EnsembleTrainer's weights) travels in rows of at most 8 MiB. Spark's `collect()` returns "
+    "the rows read so far, without an error, when the driver's JVM runs out of memory serving "
+    "them: an 80 MB reply in one row (20 million float32 parameters, the default 1 GB driver "
+    "heap) gave back the initial weights. A reply that does not arrive whole is now an error "
+    "that names `spark.driver.memory`.")
+
 REFUSALS = (
     'A refused commit (NaN or infinite values) is logged as it happens, and at the end of '
     '`train()` one warning counts the refusals per worker: the returned model lacks those '
@@ -202,7 +218,8 @@ def main():
           "tests/test_networking.py, tests/test_reliability.py): garbage, truncated frames, "
           "lengths up to 2^63, wrong or missing tokens, wrong shapes and dtypes, silent "
           "clients, a thousand connections at once: each closes that connection only, the "
-          "center is unchanged and honest workers go on.\n\n"
+          "center is unchanged and honest workers go on. " + LIMITS + "\n\n"
+        + LARGE_MODELS + "\n\n"
         + f"Fuzzing: {fuzz}\n")
     with open(DOC, "w", encoding="utf-8") as handle:
         handle.write(text)
