@@ -495,9 +495,19 @@ class Trainer:
 
     def get_executor_history(self, worker_id):
         """The records of one worker (its partition index), of its final attempt where
-        Spark retried its task (see `get_history`)."""
-        return [record for record in self.history
-                if record["worker_id"] == worker_id and not record.get("superseded")]
+        Spark retried its task (see `get_history`).
+
+        An id without records (a typo, or a worker whose partition had no rows) gives an
+        empty list and a warning naming the ids that have records.
+        """
+        records = [record for record in self.history
+                   if record["worker_id"] == worker_id and not record.get("superseded")]
+        if not records and self.history:
+            known = sorted({record["worker_id"] for record in self.history})
+            logger.warning("get_executor_history(%r): no records of that worker; the workers "
+                           "with records are %s (a worker whose partition had no rows has "
+                           "none).", worker_id, known)
+        return records
 
     # -- training -----------------------------------------------------------------------
 

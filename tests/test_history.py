@@ -108,3 +108,18 @@ def test_averaged_history_of_records_without_epochs_goes_by_iteration():
     averaged = average_history(records)
     assert list(averaged["iteration"]) == [1, 2, 3] and "epoch" not in averaged
     np.testing.assert_allclose(averaged["loss"], [1.5, 2.5, 3.0])
+
+
+def test_executor_history_of_an_unknown_worker_says_which_workers_have_records(caplog):
+    """`get_executor_history(7)` (a typo for 1) gave [] without a word."""
+    from distkeras.trainers import Trainer
+
+    trainer = Trainer(None, "adam", "mse")
+    trainer.history = [{"worker_id": worker, "iteration": 1, "timestamp": 0.0, "loss": 1.0}
+                       for worker in (0, 1)]
+    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+        assert len(trainer.get_executor_history(1)) == 1
+        assert caplog.text == ""
+        assert trainer.get_executor_history(7) == []
+    assert "get_executor_history(7): no records of that worker" in caplog.text
+    assert "the workers with records are [0, 1]" in caplog.text
