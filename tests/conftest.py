@@ -16,6 +16,25 @@ os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)  # standalone 
 
 TRAIN_LIMIT = 6000
 
+# The longest test files, longest first. The suite runs in two processes, each taking the
+# next whole file as it finishes one (pytest-xdist, --dist loadfile, in collection order):
+# started last, a long file kept one process busy for minutes after the other had finished.
+LONGEST_FILES_FIRST = [
+    "test_punchcard.py", "test_reliability.py", "test_validation.py", "test_backends.py",
+    "test_cli.py", "test_workflow_notebook.py", "test_predictors.py", "test_trainer_contract.py",
+    "test_feed.py", "test_cluster.py", "test_checkpoints.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    """Runs the longest files first (see LONGEST_FILES_FIRST); the rest keep their order."""
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FILES_FIRST.index(name) if name in LONGEST_FILES_FIRST else len(
+            LONGEST_FILES_FIRST)
+
+    items.sort(key=rank)  # stable: tests within a file keep their order
+
 
 @pytest.fixture(scope="session")
 def spark():
