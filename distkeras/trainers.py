@@ -951,6 +951,9 @@ class Trainer:
             name: value for name, value in self._execution_options().items()
             if name in ("jit_compile", "run_eagerly")}
         worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
+        # The `.keras` bytes leave them out: without them each worker's Dropout would draw
+        # from its executor's own seed (see `workers.seed_states`).
+        worker.seed_states = workers.seed_states(self.master_model)
         worker.class_table = getattr(self, "_class_table", None)
         _register_user_module(worker)
 

@@ -392,6 +392,9 @@ class Worker:
         self.trainable = None  # set with the model: see `prepare_model`
         self.history = HistoryLog()
         self.workers_per_machine = None  # set by the trainer; see `affinity.claimed_cores`
+        # Set by the trainer: the master model's seed generator states (see `seed_states`),
+        # which the `.keras` bytes do not hold.
+        self.seed_states = None
         self._feed = None
 
     # -- on the executor -------------------------------------------------------------
@@ -411,6 +414,8 @@ class Worker:
                                               model=model),
                           # Steps as the model's own fit runs them (eagerly, without XLA).
                           **(getattr(self, "execution_options", None) or {}))
+        seed_worker_generators(model, self.initial_seed_states(model), self.worker_id,
+                               self.iteration - 1)
         self.model = ModelReplica(model, self._record_step, self._record_window)
         # One flag per entry of get_weights(): False for state such as BatchNormalization's
         # moving statistics (see `update_rules`).
@@ -425,6 +430,13 @@ class Worker:
         from distkeras.utils import deserialize_model
 
         return deserialize_model(bytes(self.master_model))
+
+    def initial_seed_states(self, model):
+        """The seed generator states this worker's random layers start from, before its
+        id is folded in (see `seed_worker_generators`): the master model's, which the
+        trainer sets, or else those ``model`` drew when it was built."""
+        states = getattr(self, "seed_states", None)
+        return seed_states(model) if states is None else states
 
     def _record_step(self, logs, batch_size):
         record = {"worker_id": self.worker_id, "iteration": self.iteration,
@@ -601,6 +613,63 @@ class Worker:
     def optimize(self):
         """The training loop; subclasses define it."""
         raise NotImplementedError(f"{type(self).__name__} must implement optimize().")
+
+
+def _seed_variables(model):
+    """The state variables of ``model``'s random seed generators (Dropout's,
+    GaussianNoise's, RandomFlip's, ...): its variables that are neither weights nor
+    metrics, in the order of ``model.variables`` (the same for every copy of the model)."""
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
+
+
+def seed_states(model):
+    """The states of ``model``'s random seed generators, as ``[seed, counter]`` lists.
+
+    A `.keras` archive does not hold them: a model loaded from one draws fresh seeds
+    from its process's ``random`` module, which on an executor neither
+    ``keras.utils.set_random_seed`` on the driver nor a layer's own ``seed`` reaches. The
+    trainer sends them to the workers with the model.
+    """
+    return [[int(value) for value in np.asarray(variable.value).reshape(-1)]
+            for variable in _seed_variables(model)]
+
+
+def worker_seed(seed, worker_id, steps_before):
+    """The seed worker ``worker_id`` draws from in a task that starts after
+    ``steps_before`` steps, for a random layer seeded ``seed`` on the driver.
+
+    Worker 0's first task keeps the seed, so one replica draws the masks the model's own
+    ``fit`` would; every other worker, and a later task of the same worker (a job per
+    epoch), gets a seed of its own: the same seed on every worker would draw the same
+    Dropout masks on all of them, step for step, and a job per epoch the same masks every
+    epoch. A retried task draws its attempt's masks again.
+    """
+    if worker_id == 0 and steps_before == 0:
+        return int(seed)
+    mixed = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(worker_id),
+                                    int(steps_before)]).generate_state(1)[0]
+    return int(mixed) & 0x7FFFFFFF  # fits every backend's seed dtype (int32 too)
+
+
+def seed_worker_generators(model, states, worker_id, steps_before):
+    """Starts ``model``'s seed generators from ``states`` (see `seed_states`), each seed
+    made this worker's own by `worker_seed`.
+
+    Raises:
+        ValueError: When ``states`` does not fit the model's seed generators.
+    """
+    variables = _seed_variables(model)
+    if len(states) != len(variables):
+        raise ValueError(f"The model has {len(variables)} seed generators; "
+                         f"{len(states)} seed states were given.")
+    for variable, state in zip(variables, states):
+        if len(state) != 2:
+            raise ValueError(f"Seed generator {variable.path} holds [seed, counter]; the "
+                             f"state given is {state!r}.")
+        seed, counter = state
+        variable.assign(np.asarray([worker_seed(seed, worker_id, steps_before), counter],
+                                   dtype=variable.dtype))
 
 
 def get_optimizer_state(model):
@@ -1205,6 +1274,11 @@ class EnsembleWorker(SequentialWorker):
         tensorflow_only_once_imported("keras.src.utils.rng_utils")
         keras.utils.set_random_seed((self.seed or 0) + self.worker_id)
         return keras.models.clone_model(model)  # new layers, new initial weights
+
+    def initial_seed_states(self, model):
+        # The member's own, drawn from its seed when its layers were cloned (a layer's
+        # explicit seed stays that seed: `worker_seed` still sets the members apart).
+        return seed_states(model)
 
 
 class AveragingWorker(NetworkWorker):
