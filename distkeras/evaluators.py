@@ -11,6 +11,8 @@ Example::
                          label_col="label").evaluate(predicted)
 """
 
+import collections
+import json
 import logging
 
 import numpy as np
@@ -40,6 +42,91 @@ LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
 # Keras's long names of the regression losses, read as their short ones.
 _ALIASES = {"mean_squared_error": "mse", "mean_absolute_error": "mae"}
 HUBER_DELTA = 1.0  # keras.losses.huber's default
+# Keras's loss classes, by the name of the loss they compute here.
+_CLASSES = {"CategoricalCrossentropy": "categorical_crossentropy",
+            "SparseCategoricalCrossentropy": "sparse_categorical_crossentropy",
+            "BinaryCrossentropy": "binary_crossentropy", "MeanSquaredError": "mse",
+            "MeanAbsoluteError": "mae", "Huber": "huber", "LogCosh": "log_cosh"}
+# Keras's reductions whose value is the same whatever the batch size (evaluate's loss is
+# the mean over batches, weighted by their sizes, of each batch's reduced loss): the sum
+# of the weighted losses over the number of rows, or over the sum of the weights.
+_REDUCTIONS = {"sum_over_batch_size": False, "mean": False, "mean_with_sample_weight": True}
+
+# A loss as computed here: its name (one of LOSSES), whether the predictions are logits,
+# the labels' smoothing, the class index left out (sparse categorical cross-entropy),
+# Huber's delta, and whether a weighted mean divides by the weights' sum.
+_Loss = collections.namedtuple(
+    "_Loss", "name from_logits label_smoothing ignore_class delta per_weight")
+
+
+def _loss_text(value):
+    """The ``loss`` Param's value as text: a name as it is, a Keras loss (an object, a
+    function, or its config) as the JSON of its Keras config, so that the evaluator
+    saves and copies as Spark's do and the loss is rebuilt with all its arguments."""
+    if isinstance(value, str):
+        return value
+    from distkeras.utils import serialize_keras_object
+
+    try:
+        return json.dumps(serialize_keras_object(value))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"`loss` must be a loss name or a Keras loss. Received: "
+                        f"loss={value!r}") from error
+
+
+def _resolve_loss(text, from_logits, from_logits_set):
+    """The `_Loss` that ``text`` (the ``loss`` Param) names, or a ValueError for a loss or
+    an argument whose value this evaluator cannot compute as Keras's ``evaluate`` does.
+
+    Args:
+        text: A name of LOSSES, a Keras loss name or class name, or a Keras loss's
+            config as JSON.
+        from_logits: The ``fromLogits`` Param.
+        from_logits_set: Whether it was set (it then has to agree with the loss's own).
+    """
+    if text in LOSSES:
+        return _Loss(_ALIASES.get(text, text), from_logits, 0.0, None, HUBER_DELTA, False)
+    import keras
+
+    try:
+        loss = keras.losses.get(json.loads(text) if text.startswith("{") else text)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"`loss` must be one of {LOSSES} or a Keras loss of one of the "
+                         f"classes {sorted(_CLASSES)}. Received: loss={text!r}") from error
+    if not isinstance(loss, keras.losses.Loss):  # a function: Keras's own, by its name
+        name = getattr(loss, "__name__", None)
+        if name not in LOSSES:
+            raise ValueError(f"`loss` must be one of {LOSSES} or a Keras loss of one of the "
+                             f"classes {sorted(_CLASSES)}. Received: loss={text!r}")
+        return _Loss(_ALIASES.get(name, name), from_logits, 0.0, None, HUBER_DELTA, False)
+    # Only Keras's own classes: a subclass may compute anything in `call`.
+    name = _CLASSES.get(type(loss).__name__) \
+        if type(loss).__module__.startswith("keras.") else None
+    if name is None:
+        raise ValueError(
+            f"LossEvaluator computes the losses {sorted(_CLASSES)} (Keras's classes, with "
+            f"their arguments) in Spark; it cannot compute {type(loss).__name__}, whose "
+            "value only Keras knows. Score such rows with the model's own `evaluate` on "
+            "collected data.")
+    arguments = getattr(loss, "_fn_kwargs", {})
+    if arguments.get("axis", -1) != -1:
+        raise ValueError(f"LossEvaluator reads the classes on the last axis; {type(loss).__name__}"
+                         f" has axis={arguments['axis']}.")
+    if loss.reduction not in _REDUCTIONS:
+        # Keras's `evaluate` reports the mean over batches of each batch's loss: a sum (or
+        # no reduction) depends on the batch size, which a DataFrame does not have.
+        raise ValueError(
+            f"LossEvaluator computes a loss reduced to a mean (reduction one of "
+            f"{sorted(_REDUCTIONS)}); {type(loss).__name__} has "
+            f"reduction={loss.reduction!r}, whose value in Keras's `evaluate` depends on the "
+            "batch size.")
+    own = bool(arguments.get("from_logits", False))
+    if from_logits_set and "from_logits" in arguments and own != from_logits:
+        raise ValueError(f"`from_logits={from_logits}` contradicts the loss's own "
+                         f"from_logits={own} ({type(loss).__name__}); set one of them.")
+    return _Loss(name, own or from_logits, float(arguments.get("label_smoothing") or 0.0),
+                 arguments.get("ignore_class"), float(arguments.get("delta", HUBER_DELTA)),
+                 _REDUCTIONS[loss.reduction])
 
 
 def _class_index(dataset, name, role, label=False, threshold=0.5):
@@ -100,7 +187,7 @@ def _nested_rows(dataset, name):
     return column(name).cast(T.ArrayType(T.ArrayType(T.DoubleType())))
 
 
-def _mean_of(dataset, per_row, what, weight=None, per_weight=True):
+def _mean_of(dataset, per_row, what, weight=None, per_weight=True, share=None):
     """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows.
 
     Args:
@@ -112,19 +199,20 @@ def _mean_of(dataset, per_row, what, weight=None, per_weight=True):
             where they sum to 0), as Keras's weighted metrics do; else by the number of
             rows, as Keras's losses do with ``sample_weight`` (reduction
             ``"sum_over_batch_size"``), which ``evaluate`` reports.
+        share: A column of the share (0 to 1) of each row's elements that count, or None
+            for all of them: the sum is divided by the rows (or weights) counted so, as
+            Keras's losses divide by the elements their mask leaves (``ignore_class``);
+            0 where none is left, as Keras's ``divide_no_nan``.
     """
-    if weight is None:
-        value = dataset.select(F.avg(per_row).alias("mean"),
-                               F.count(F.lit(1)).alias("rows")).first()
-    else:
-        value = dataset.select(F.sum(per_row * weight).alias("sum"),
-                               F.sum(weight).alias("weights"),
-                               F.count(F.lit(1)).alias("rows")).first()
+    share = F.lit(1.0) if share is None else share
+    weight_sum = share if weight is None else share * weight
+    value = dataset.select(
+        F.sum(per_row if weight is None else per_row * weight).alias("sum"),
+        F.sum(weight_sum if per_weight else share).alias("total"),
+        F.count(F.lit(1)).alias("rows")).first()
     if not value["rows"]:
         raise ValueError(f"Cannot compute {what} of an empty DataFrame.")
-    if weight is None:
-        return float(value["mean"])
-    total = value["weights"] if per_weight else value["rows"]
+    total = value["total"]
     return float(value["sum"]) / total if total else 0.0
 
 
@@ -219,6 +307,17 @@ def _log_probabilities(predictions, from_logits):
     top = F.array_max(predictions)
     log_total = F.log(_sum(F.transform(predictions, lambda z: F.exp(z - top)))) + top
     return F.transform(predictions, lambda z: z - log_total)
+
+
+def _categorical_cross_entropy(labels, predictions, spec):
+    """The categorical cross-entropy of one row (or step): its labels smoothed towards
+    ``1 / classes`` by the loss's ``label_smoothing``, as Keras's are."""
+    smoothing = spec.label_smoothing
+    if smoothing:
+        labels = F.transform(labels, lambda y: y * (1.0 - smoothing)
+                             + smoothing / F.size(labels))
+    return -_sum(F.zip_with(labels, _log_probabilities(predictions, spec.from_logits),
+                            lambda y, log_p: y * log_p))
 
 
 def _binary_cross_entropy(y, p, from_logits):
@@ -366,8 +465,20 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
       (delta 1, Keras's default) and ``log_cosh``: numbers or arrays (arrays: the mean over
       elements).
 
+    ``loss`` may also be the Keras loss the model was compiled with (an object of one of
+    those classes, or its config), whose arguments count as in ``evaluate``:
+    ``from_logits``, ``label_smoothing`` (``CategoricalCrossentropy``,
+    ``BinaryCrossentropy``), ``delta`` (``Huber``), ``ignore_class``
+    (``SparseCategoricalCrossentropy``: the rows, or steps, of that class are left out of
+    the mean, as Keras's mask leaves them out of a batch's; ``evaluate`` gives that value
+    when one batch holds every row, and over several batches weighs each batch's mean by its
+    size) and ``reduction`` (``"sum_over_batch_size"`` or ``"mean"``; or
+    ``"mean_with_sample_weight"``, whose weighted sum is divided by the weights' sum).
+    Other losses (focal losses, classes of your own) and reductions whose value depends on
+    the batch size (``"sum"``, ``None``) are refused, naming what is computed.
+
     Args:
-        loss: One of the names above.
+        loss: One of the names above, or a Keras loss of one of those classes.
         prediction_col: The predictions (default ``"prediction"``).
         label_col: The targets (default ``"label"``).
         weight_col: A column of per-row weights (as ``sample_weight`` in Keras's
@@ -378,8 +489,8 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
             ``from_logits`` (the cross-entropies only; default False).
     """
 
-    loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}",
-                 typeConverter=TypeConverters.toString)
+    loss = Param(Params._dummy(), "loss", f"the loss: one of {', '.join(LOSSES)}, or a Keras "
+                 "loss's config (JSON)", typeConverter=_loss_text)
     fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits "
                        "(the cross-entropies' from_logits)",
                        typeConverter=TypeConverters.toBoolean)
@@ -400,29 +511,29 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                    weightCol=weight_col, fromLogits=from_logits)
 
     def _evaluate(self, dataset):
-        loss = self.getOrDefault(self.loss)
-        if loss not in LOSSES:
-            raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}")
-        loss = _ALIASES.get(loss, loss)
-        if self.getFromLogits() and not loss.endswith("crossentropy"):
+        spec = _resolve_loss(self.getOrDefault(self.loss), self.getFromLogits(),
+                             self.isSet(self.fromLogits))
+        loss = spec.name
+        if spec.from_logits and not loss.endswith("crossentropy"):
             raise ValueError(f"`from_logits=True` applies to the cross-entropies, not to "
                              f"{loss}, whose predictions are the values themselves.")
+        share = None
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         prediction_kind = _kind(dataset, prediction_col, "prediction column")
         nested = _is_nested(dataset, label_col) and loss != "sparse_categorical_crossentropy"
         label_kind = "array" if nested else _kind(dataset, label_col, "label column")
         if nested:
-            per_row = self._nested(dataset, loss, prediction_col, label_col)
+            per_row = self._nested(dataset, spec, prediction_col, label_col)
         elif loss == "sparse_categorical_crossentropy":
-            per_row = self._sparse_categorical(dataset, prediction_col, label_col, label_kind,
-                                               self.getFromLogits())
+            per_row, share = self._sparse_categorical(dataset, prediction_col, label_col,
+                                                      label_kind, spec)
         else:
             scalars = prediction_kind == "scalar"
             mismatched = scalars != (label_kind == "scalar")
             if mismatched and label_kind == "scalar" and loss != "categorical_crossentropy":
                 # A one-unit output's predictions (arrays of one value, as ModelPredictor
                 # writes them) against numbers: Keras reads the labels as (n, 1) too.
-                per_row = self._one_value_term(dataset, loss, prediction_col, label_col)
+                per_row = self._one_value_term(dataset, spec, prediction_col, label_col)
             elif mismatched or (scalars and loss == "categorical_crossentropy"):
                 raise TypeError(
                     f"{loss} needs prediction column {prediction_col!r} and label column "
@@ -430,72 +541,73 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                     + ("" if loss == "categorical_crossentropy" else ", or both numbers")
                     + f"; they hold {prediction_kind} and {label_kind} values.")
             elif scalars:
-                per_row = self._term(loss, column(label_col).cast(T.DoubleType()),
+                per_row = self._term(spec, column(label_col).cast(T.DoubleType()),
                                      column(prediction_col).cast(T.DoubleType()))
             else:
-                per_row = self._elementwise(dataset, loss, prediction_col, label_col)
+                per_row = self._elementwise(dataset, spec, prediction_col, label_col)
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else None
         weight = _weight(dataset, weight_col, "LossEvaluator")
         per_row = _refusing_nulls(dataset, per_row, "LossEvaluator", prediction_col,
                                   label_col)
-        return _mean_of(dataset, per_row, f"the {loss} loss", weight, per_weight=False)
+        return _mean_of(dataset, per_row, f"the {loss} loss", weight,
+                        per_weight=spec.per_weight, share=share)
 
-    def _term(self, loss, y, p):
+    @staticmethod
+    def _term(spec, y, p):
         """The loss of one element (before the mean over a row's elements)."""
+        loss = spec.name
         if loss == "binary_crossentropy":
-            return _binary_cross_entropy(y, p, self.getFromLogits())
+            # Keras smooths binary labels towards 0.5.
+            y = y * (1.0 - spec.label_smoothing) + 0.5 * spec.label_smoothing
+            return _binary_cross_entropy(y, p, spec.from_logits)
         error = p - y
         if loss == "mae":
             return F.abs(error)
         if loss == "huber":
-            return F.when(F.abs(error) <= HUBER_DELTA, 0.5 * error * error) \
-                .otherwise(HUBER_DELTA * (F.abs(error) - 0.5 * HUBER_DELTA))
+            delta = spec.delta
+            return F.when(F.abs(error) <= delta, 0.5 * error * error) \
+                .otherwise(delta * (F.abs(error) - 0.5 * delta))
         if loss == "log_cosh":  # log(cosh(x)) = |x| + log1p(exp(-2|x|)) - log(2): no overflow
             return F.abs(error) + F.log1p(F.exp(-2.0 * F.abs(error))) - F.log(F.lit(2.0))
         return error * error
 
-    def _one_value_term(self, dataset, loss, prediction_col, label_col):
+    def _one_value_term(self, dataset, spec, prediction_col, label_col):
         predictions = _double_array(dataset, prediction_col, "prediction column")
-        per_row = self._term(loss, column(label_col).cast(T.DoubleType()),
+        per_row = self._term(spec, column(label_col).cast(T.DoubleType()),
                              F.element_at(predictions, 1))
         return F.when(F.size(predictions) == 1, per_row).otherwise(_fail(
             f"LossEvaluator: label column {label_col!r} holds numbers, so prediction column "
             f"{prediction_col!r} must hold one value per row (a one-unit output); some row "
             "holds another number of values."))
 
-    def _elementwise(self, dataset, loss, prediction_col, label_col):
+    def _elementwise(self, dataset, spec, prediction_col, label_col):
         predictions = _double_array(dataset, prediction_col, "prediction column")
         labels = _double_array(dataset, label_col, "label column")
-        if loss == "categorical_crossentropy":
-            terms = F.zip_with(labels, _log_probabilities(predictions, self.getFromLogits()),
-                               lambda y, log_p: y * log_p)
-            per_row = -_sum(terms)
+        if spec.name == "categorical_crossentropy":
+            per_row = _categorical_cross_entropy(labels, predictions, spec)
         else:
-            terms = F.zip_with(labels, predictions, lambda y, p: self._term(loss, y, p))
+            terms = F.zip_with(labels, predictions, lambda y, p: self._term(spec, y, p))
             per_row = _sum(terms) / F.size(terms)
         return F.when(F.size(labels) == F.size(predictions), per_row).otherwise(_fail(
             f"LossEvaluator: label column {label_col!r} and prediction column "
             f"{prediction_col!r} hold arrays of different lengths in some row."))
 
-    def _nested(self, dataset, loss, prediction_col, label_col):
+    def _nested(self, dataset, spec, prediction_col, label_col):
         """Labels of shape ``(steps, classes)`` (a tagger's one-hot labels) against the
         flattened predictions: categorical cross-entropy per step, the others per element,
         each the mean over the row as Keras's."""
         predictions = _double_array(dataset, prediction_col, "prediction column")
         labels = _nested_rows(dataset, label_col)
-        if loss != "categorical_crossentropy":
+        if spec.name != "categorical_crossentropy":
             flat = F.flatten(labels)
-            terms = F.zip_with(flat, predictions, lambda y, p: self._term(loss, y, p))
+            terms = F.zip_with(flat, predictions, lambda y, p: self._term(spec, y, p))
             return F.when(F.size(flat) == F.size(predictions), _sum(terms) / F.size(terms)) \
                 .otherwise(_fail(f"LossEvaluator: label column {label_col!r} and prediction "
                                  f"column {prediction_col!r} hold different numbers of "
                                  "values in some row."))
 
-        from_logits = self.getFromLogits()
-
         def term(y, p):
-            cross = -_sum(F.zip_with(y, _log_probabilities(p, from_logits),
-                                     lambda a, log_b: a * log_b))
+            cross = _categorical_cross_entropy(y, p, spec)
             return F.when(F.size(y) == F.size(p), cross).otherwise(_fail(
                 f"LossEvaluator: label column {label_col!r} holds steps of another number of "
                 f"classes than prediction column {prediction_col!r}."))
@@ -503,37 +615,52 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         return _step_mean(labels, predictions, term, "LossEvaluator")
 
     @staticmethod
-    def _sparse_categorical(dataset, prediction_col, label_col, label_kind, from_logits):
+    def _sparse_categorical(dataset, prediction_col, label_col, label_kind, spec):
+        """Per row, the loss and the share of its elements that count (None: all; less
+        with ``ignore_class``, whose rows or steps Keras's mask leaves out)."""
         predictions = _double_array(dataset, prediction_col, "prediction column")
+        ignored = spec.ignore_class
         if label_kind != "scalar":
             LossEvaluator._check_not_one_hot(dataset, predictions, label_col)
-            return LossEvaluator._sparse_per_step(dataset, predictions, label_col,
-                                                  from_logits)
+            return LossEvaluator._sparse_per_step(dataset, predictions, label_col, spec)
         label = column(label_col).cast(T.DoubleType())
         index = label.cast(T.LongType())
-        per_row = -F.element_at(_log_probabilities(predictions, from_logits),
+        per_row = -F.element_at(_log_probabilities(predictions, spec.from_logits),
                                 (index + 1).cast(T.IntegerType()))
         # A fractional label is no class: refused, not truncated to one.
         valid = (index >= 0) & (index < F.size(predictions)) & (label == F.floor(label))
-        return F.when(valid, per_row).otherwise(_fail(
+        per_row = F.when(valid, per_row).otherwise(_fail(
             f"LossEvaluator: label column {label_col!r} holds a class index that is null, "
             f"fractional or outside the prediction arrays of column {prediction_col!r}."))
+        if ignored is None:
+            return per_row, None
+        # The ignored class may lie outside the predictions (-1, 255): checked first.
+        kept = label != float(ignored)
+        return F.when(kept, per_row).otherwise(F.lit(0.0)), kept.cast(T.DoubleType())
 
     @staticmethod
-    def _sparse_per_step(dataset, predictions, label_col, from_logits):
+    def _sparse_per_step(dataset, predictions, label_col, spec):
         """A tagger's loss: one class index per step against its ``(steps, classes)``
-        predictions, the mean over steps (as Keras's, without a mask)."""
+        predictions, the mean over steps (as Keras's, without a mask), and the share of
+        the steps that count (those not of ``ignore_class``; None for all)."""
         labels = _double_array(dataset, label_col, "label column")
+        ignored = spec.ignore_class
 
         def term(y, p):
-            picked = F.element_at(_log_probabilities(p, from_logits),
+            picked = F.element_at(_log_probabilities(p, spec.from_logits),
                                   (y.cast(T.LongType()) + 1).cast(T.IntegerType()))
             valid = (y >= 0) & (y < F.size(p)) & (y == F.floor(y))
-            return F.when(valid, -picked).otherwise(_fail(
+            value = F.when(valid, -picked).otherwise(_fail(
                 f"LossEvaluator: label column {label_col!r} holds a class index that is "
                 "fractional or outside a step's predictions."))
+            return value if ignored is None else \
+                F.when(y != float(ignored), value).otherwise(F.lit(0.0))
 
-        return _step_mean(labels, predictions, term, "LossEvaluator")
+        per_row = _step_mean(labels, predictions, term, "LossEvaluator")
+        if ignored is None:
+            return per_row, None
+        kept = F.size(F.filter(labels, lambda y: y != float(ignored)))
+        return per_row, kept / F.size(labels)
 
     @staticmethod
     def _check_not_one_hot(dataset, predictions, label_col):
