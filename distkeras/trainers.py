@@ -105,10 +105,13 @@ def warn_if_uneven(messages):
     return True
 
 
-def _check_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+def _check_int(name, value, minimum=1, maximum=None):
+    """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
+    ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
 
 
 def _check_number(name, value):
@@ -1269,7 +1272,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
     def validate_arguments(self):
         super().validate_arguments()
         _check_int("communication_window", self.communication_window)
-        _check_int("master_port", self.master_port, minimum=0)
+        # A TCP port: 0 lets the OS pick one. A larger number would fail only when the
+        # server binds, as an OverflowError naming no argument.
+        _check_int("master_port", self.master_port, minimum=0, maximum=65535)
         if self.learning_rate is not None:
             _check_number("learning_rate", self.learning_rate)
         if self.worker_timeout is not None:

@@ -94,6 +94,8 @@ def test_user_model_is_not_modified(fashion_train):
     ({"label_col": "features"}, "Label column .features. holds 784 values"),
     ({"num_workers": 0}, "`num_workers` must be an integer >= 1. Received: num_workers=0"),
     ({"communication_window": 0}, "`communication_window` must be an integer >= 1"),
+    ({"master_port": 70000},
+     "`master_port` must be an integer in \\[0, 65535\\]. Received: master_port=70000"),
     ({"batch_size": 2.5}, "`batch_size` must be an integer >= 1"),
     ({"features_col": 5}, "`features_col` must be a column name, a list"),
     ({"label_col": []}, "`label_col` must be a column name, a list"),
