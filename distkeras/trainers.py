@@ -1844,7 +1844,8 @@ class EnsembleTrainer(DistributedTrainer):
 
     Args:
         num_ensembles: Number of models.
-        seed: Base seed for the members' initial weights.
+        seed: Base seed for the members' initial weights (an integer from 0; member ``i``
+            is seeded with ``seed + i``; default: 0).
         (the rest): See `Trainer`.
     """
 
@@ -1866,6 +1867,12 @@ class EnsembleTrainer(DistributedTrainer):
         return config
 
     def validate_arguments(self):
+        # Checked under its own name: the user never gave `num_workers`.
+        _check_int("num_ensembles", self.num_ensembles)
+        if self.seed is not None:
+            # Member i is seeded with seed + i, which numpy takes in [0, 2**32): a seed out
+            # of it (or a float, a string) would fail only on the executors, in the job.
+            _check_int("seed", self.seed, minimum=0, maximum=2**32 - self.num_ensembles)
         self.num_workers = self.num_ensembles
         super().validate_arguments()
 

@@ -89,6 +89,10 @@ def test_config_round_trip(name):
     ("EAMSGD", {"momentum": 1.5}, "`momentum` must be a number in \\[0, 1\\)"),
     ("Experimental", {"learning_rate": -1}, "`learning_rate` must be a positive number"),
     ("EnsembleTrainer", {"num_ensembles": 0}, "must be an integer >= 1"),
+    ("EnsembleTrainer", {"num_ensembles": True},
+     "`num_ensembles` must be an integer >= 1. Received: num_ensembles=True"),
+    ("EnsembleTrainer", {"seed": -1}, "`seed` must be an integer in \\[0, 4294967294\\]"),
+    ("EnsembleTrainer", {"seed": 1.5}, "`seed` must be an integer .* Received: seed=1.5"),
 ])
 def test_bad_settings_are_named(name, kwargs, message, fashion_train):
     with pytest.raises(ValueError, match=message):
