@@ -31,7 +31,11 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 31
 HANDSHAKE_MAX_FRAME_BYTES = 1 << 16
 _ALLOWED_DTYPES = {
     "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1",
+    "bfloat16",
 }
+# Dtypes that travel by name: bfloat16 (ml_dtypes', the numpy type of Keras's bfloat16
+# weights) has no type code of its own, its `dtype.str` is "<V2", raw bytes of any kind.
+_NAMED_DTYPES = ("bfloat16",)
 
 ACTION_PULL = b"p"
 ACTION_COMMIT = b"c"
@@ -135,9 +139,24 @@ def _as_wire_array(array):
     if not array.flags.c_contiguous:
         # Not np.ascontiguousarray: it turns a 0-d array (a scalar weight) into shape (1,).
         array = array.copy(order="C")
-    if array.dtype.str not in _ALLOWED_DTYPES:
+    if _dtype_code(array.dtype) not in _ALLOWED_DTYPES:
         raise TypeError(f"Unsupported array dtype {array.dtype}; use a numeric or bool dtype.")
     return array
+
+
+def _dtype_code(dtype):
+    """How a frame's header names ``dtype``: its type code, or its name where it has no
+    code of its own (see `_NAMED_DTYPES`)."""
+    return dtype.name if dtype.name in _NAMED_DTYPES else dtype.str
+
+
+def _dtype_of_code(code):
+    """The numpy dtype a header's allowed dtype code names."""
+    if code in _NAMED_DTYPES:
+        import ml_dtypes  # installed with Keras and JAX
+
+        return np.dtype(getattr(ml_dtypes, code))
+    return np.dtype(code)
 
 
 def _is_array_list(value):
@@ -170,7 +189,7 @@ def encode_frame(obj):
 
     def add_array(array):
         array = _as_wire_array(array)
-        specs.append([array.dtype.str, list(array.shape)])
+        specs.append([_dtype_code(array.dtype), list(array.shape)])
         # A flat byte view: memoryview.cast refuses shapes with a zero, e.g. (0, 3).
         buffers.append(memoryview(array.reshape(-1).view(np.uint8)))
         return len(specs) - 1
@@ -276,7 +295,7 @@ def _parse_spec(spec):
     if not all(isinstance(dim, int) and not isinstance(dim, bool) and 0 <= dim < 2**40
                for dim in shape):
         raise ProtocolError(f"Bad array shape: {shape!r}")
-    dtype = np.dtype(dtype_str)
+    dtype = _dtype_of_code(dtype_str)
     count = int(np.prod(shape, dtype=object)) if shape else 1
     return dtype, tuple(shape), count, count * dtype.itemsize
 

@@ -761,14 +761,19 @@ def checked_update(update, weight_spec, where):
                 "self.model.get_weights() and self.center_variable, which are shaped "
                 "like the model.")
         if layer.dtype != dtype:
-            if not (np.issubdtype(layer.dtype, np.floating)
-                    and np.issubdtype(dtype, np.floating)):
+            if not (_floating(layer.dtype) and _floating(dtype)):
                 raise InvalidUpdateError(
                     f"{where}: the update's array {index} is {_describe(layer)}; the "
                     f"model's weight {index} is {dtype}{list(shape)}.")
             layer = layer.astype(dtype)
         layers.append(layer)
     return weights_array(layers)
+
+
+def _floating(dtype):
+    """Whether ``dtype`` holds floating-point numbers, bfloat16 (which numpy knows only
+    as ml_dtypes' type, not a subtype of ``np.floating``) included."""
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"
 
 
 def _describe(value):

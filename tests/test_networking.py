@@ -156,6 +156,20 @@ def test_single_array_roundtrip(pair, dtype, shape):
     np.testing.assert_array_equal(got["a"], array)
 
 
+def test_bfloat16_weights_roundtrip(pair):
+    """A model built with dtype="bfloat16" holds ml_dtypes' bfloat16, whose type code is
+    a raw "<V2": it travels by name, and arrives as bfloat16 (it was refused on the wire)."""
+    import ml_dtypes
+
+    array = np.array([[1.5, -2.0, 3.0e38], [np.inf, np.nan, 1e-3]], ml_dtypes.bfloat16)
+    got = roundtrip(pair, {"a": array, "w": [array, np.ones(2, np.float32)]})
+    assert got["a"].dtype == array.dtype and got["w"][0].dtype == array.dtype
+    for received in (got["a"], got["w"][0]):
+        np.testing.assert_array_equal(received.view(np.uint16), array.view(np.uint16))
+    spec = [((2, 3), np.dtype(ml_dtypes.bfloat16)), ((2,), np.dtype(np.float32))]
+    decode_message(encode_message({"w": [array, np.ones(2, np.float32)]}), weight_spec=spec)
+
+
 def test_float_specials_in_arrays_roundtrip(pair):
     array = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-45], dtype=np.float32)
     assert_same_array(roundtrip(pair, {"a": array})["a"], array)

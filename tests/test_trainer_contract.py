@@ -391,6 +391,41 @@ def test_a_mixed_float16_model_trains_with_loss_scaling_as_fit_does(spark):
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
 
 
+def test_a_bfloat16_model_trains_as_fit_does(spark):
+    """Layers built with dtype="bfloat16" hold bfloat16 weights, which the workers and the
+    parameter server exchange (the wire refused them: "Unsupported array dtype")."""
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import DOWNPOUR
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(192, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+
+    def model():
+        keras.utils.set_random_seed(5)
+        built = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(4, activation="relu", dtype="bfloat16"),
+                                  keras.layers.Dense(2, activation="softmax", dtype="float32")])
+        built.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+        return built
+
+    reference = model()
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    # One worker: DOWNPOUR's center follows its steps exactly, as fit's weights.
+    trained = DOWNPOUR(model(), num_workers=1, communication_window=4, batch_size=32,
+                       metrics=[]).train(frame, verbose=0)
+
+    assert [weight.dtype for weight in trained.weights] == \
+        [weight.dtype for weight in reference.weights]
+    assert trained.layers[0].dtype_policy.name == "bfloat16"
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 @pytest.mark.parametrize("name", ["ADAG", "AveragingTrainer"])
 def test_returned_models_save_and_load_without_warnings(name, fashion_train, tmp_path):
     import warnings
