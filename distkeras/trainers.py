@@ -730,8 +730,12 @@ class Trainer:
         return self._validator.stop_requested
 
     def _validate_returned(self, model):
-        """Evaluates the returned model (each member of a list, as `member` i)."""
+        """Evaluates the returned model (each member of a list, as `member` i), and ends
+        its training (`_finalize_weights`) where `fit` does: after the last epoch's
+        validation and callbacks, before the callbacks' ``on_train_end``."""
         if self._validator is None:
+            if not isinstance(model, list):
+                self._finalize_weights(model)
             return
         if isinstance(model, list):
             for member, each in enumerate(model):
@@ -740,7 +744,12 @@ class Trainer:
             return
         epochs = self._validator.stopped_epoch or self.num_epoch
         samples, logs = self._trained_so_far(epochs=epochs)
-        self._validator.end(model, samples, logs.pop("loss", None), logs)
+        self._validator.end(model, samples, logs.pop("loss", None), logs,
+                            finalize=self._finalize_weights)
+
+    def _finalize_weights(self, model):
+        """Gives the returned ``model`` the weights `fit` ends with, from its optimizer's
+        state (nothing here: the optimizer of the distributed trainers' model is fresh)."""
 
     def get_validation_history(self):
         """One record per evaluation of the validation data in the last `train()`:
@@ -1035,6 +1044,7 @@ class SingleTrainer(Trainer):
 
         model = deserialize_model(serialize_model(self.master_model))
         self._optimizer_state = None
+        self._trained_optimizer = None  # the returned model's, once it holds the state
         self.parameter_server = None  # the one task's `EpochServer`, when it runs
         lent_state = self._lent_optimizer_state()
         if self._validator is None:
@@ -1127,8 +1137,15 @@ class SingleTrainer(Trainer):
             except ValueError as error:  # a custom worker compiled another optimizer
                 logger.warning("The returned model's optimizer starts afresh: %s", error)
             else:
-                workers.finalize_weights(model)
+                self._trained_optimizer = model.optimizer
         return model
+
+    def _finalize_weights(self, model):
+        """An optimizer with ``use_ema=True`` leaves its moving averages as the weights,
+        as `fit` does once its last epoch was validated and called back (so that epoch's
+        record, ``ModelCheckpoint`` and ``EarlyStopping`` see the trained weights)."""
+        if getattr(self, "_trained_optimizer", None) is model.optimizer:
+            workers.finalize_weights(model)
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
         """One Spark task per epoch, each starting from the last one's weights and

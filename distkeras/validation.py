@@ -590,9 +590,11 @@ class Validator:
                     logger.info("A callback stopped the training after epoch %d", epoch)
             return record
 
-    def end(self, model, samples, loss=None, metrics=None):
+    def end(self, model, samples, loss=None, metrics=None, finalize=None):
         """Ends the training: evaluates the trained ``model`` as the last epoch's result,
-        calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave,
+        then ``finalize(model)`` where given (the weights `fit` ends with: an optimizer's
+        moving averages with ``use_ema=True``, which `fit` sets after the last epoch's
+        end), calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave,
         and the learning rate that a ``ReduceLROnPlateau`` or ``LearningRateScheduler``
         callback left (as after ``fit``: one that the last epoch's end lowered applies to
         training further).
@@ -607,6 +609,9 @@ class Validator:
                 self.evaluate(model.get_weights(), self.num_epoch, samples, loss, metrics)
             # What the last record describes.
             evaluated = None if self.x is None else self.model.get_weights()
+            if finalize is not None:
+                finalize(model)
+                self.model.set_weights(model.get_weights())  # what on_train_end sees
             if self.callbacks is not None:
                 # As fit does: the logs of the last epoch that ended (the one a callback
                 # stopped after), not None.

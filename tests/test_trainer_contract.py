@@ -350,6 +350,46 @@ def test_single_trainer_ends_with_the_ema_weights_as_fit_does(spark):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_the_last_epoch_is_validated_before_the_ema_weights_as_fit_does(spark):
+    """fit validates (and calls back) its last epoch on the trained weights, then leaves
+    the moving averages as the weights: the last record was the averages' val_loss."""
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(192, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+    x_val, y_val = x[:64], y[:64]
+
+    def model():
+        keras.utils.set_random_seed(5)
+        built = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(2, activation="softmax")])
+        built.compile(keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9),
+                      "sparse_categorical_crossentropy")
+        return built
+
+    reference = model()
+    fitted = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+                           validation_data=(x_val, y_val))
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    trainer = SingleTrainer(model(), metrics=[], num_epoch=2)
+    trained = trainer.train(frame, verbose=0, validation_data=(x_val, y_val))
+
+    np.testing.assert_allclose([record["val_loss"] for record in
+                                trainer.get_validation_history()],
+                               fitted.history["val_loss"], rtol=1e-5)
+    for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    # The returned model's line evaluates what it holds: the moving averages.
+    returned = trainer._returned_validation(2)[0]
+    np.testing.assert_allclose(
+        returned["val_loss"], reference.evaluate(x_val, y_val, verbose=0), rtol=1e-5)
+
+
 def test_a_mixed_float16_model_trains_with_loss_scaling_as_fit_does(spark):
     import keras
     import numpy as np
