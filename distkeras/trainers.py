@@ -1221,6 +1221,10 @@ class DistributedTrainer(Trainer):
         self.num_workers = num_workers
         self.parallelism_factor = parallelism_factor
 
+    # Whether the workers' weights are combined (a center, a mean): an optimizer's moving
+    # averages (use_ema=True), each worker's own, are then left out.
+    exchanges_weights = True
+
     def get_config(self):
         config = super().get_config()
         config.update(num_workers=self.num_workers, parallelism_factor=self.parallelism_factor)
@@ -1229,12 +1233,12 @@ class DistributedTrainer(Trainer):
     def validate_arguments(self):
         super().validate_arguments()
         _check_int("num_workers", self.num_workers)
-        if _uses_ema(self.worker_optimizer):
+        if _uses_ema(self.worker_optimizer) and self.exchanges_weights:
             logger.warning(
                 "%s: the worker optimizer's use_ema=True keeps moving averages in each "
                 "worker, which are not exchanged: the returned model holds the trained "
-                "weights, not their moving averages (SingleTrainer returns them, as fit "
-                "does).", type(self).__name__)
+                "weights, not their moving averages (SingleTrainer, and each member of "
+                "an EnsembleTrainer, return them, as fit does).", type(self).__name__)
         _check_int("parallelism_factor", self.parallelism_factor)
 
     def num_partitions(self):
@@ -1865,6 +1869,8 @@ class EnsembleTrainer(DistributedTrainer):
             is seeded with ``seed + i``; default: 0).
         (the rest): See `Trainer`.
     """
+
+    exchanges_weights = False  # each member ends with its moving averages, as its fit
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  features_col="features", label_col="label", batch_size=32, num_ensembles=2,

@@ -1285,6 +1285,11 @@ class EnsembleWorker(SequentialWorker):
         # explicit seed stays that seed: `worker_seed` still sets the members apart).
         return seed_states(model)
 
+    def finish(self):
+        # A member trains alone, as its own `fit` would: it ends as fit ends, with the
+        # optimizer's moving averages as its weights where use_ema=True.
+        finalize_weights(self.model)
+
 
 class AveragingWorker(NetworkWorker):
     """AveragingTrainer's worker when every epoch runs in one Spark job.

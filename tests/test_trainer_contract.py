@@ -390,6 +390,36 @@ def test_the_last_epoch_is_validated_before_the_ema_weights_as_fit_does(spark):
         returned["val_loss"], reference.evaluate(x_val, y_val, verbose=0), rtol=1e-5)
 
 
+def test_ensemble_members_end_with_the_ema_weights_as_fit_does(spark):
+    """Each member trains alone, as its own fit: it ends with its optimizer's moving
+    averages (it returned the last step's weights, and was warned of an exchange)."""
+    import keras
+    import numpy as np
+
+    from distkeras.trainers import EnsembleTrainer
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(192, 8)).astype("float32")
+    y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+
+    def optimizer():
+        return keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9)
+
+    keras.utils.set_random_seed(3)  # the member's initial weights: seed + its index 0
+    reference = keras.models.clone_model(model)
+    reference.compile(optimizer(), "sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long").coalesce(1)
+    (member,) = EnsembleTrainer(model, optimizer(), "sparse_categorical_crossentropy",
+                                metrics=[], num_ensembles=1, num_epoch=2,
+                                seed=3).train(frame, verbose=0)
+
+    for mine, theirs in zip(member.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
 def test_a_mixed_float16_model_trains_with_loss_scaling_as_fit_does(spark):
     import keras
     import numpy as np
