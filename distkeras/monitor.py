@@ -148,7 +148,7 @@ class TrainingMonitor(threading.Thread):
         verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr), 2 for a line every
             30 seconds (see `resolve_verbose` for ``"auto"``).
         worker_timeout: Seconds a connected worker may stay silent, or None.
-        name: The bar's label (the trainer's name).
+        name: The trainer's name: the bar's label, and the writer its checkpoints name.
         checkpoint_dir: Where to save the center variable periodically, or None.
         checkpoint_every: Seconds between two checkpoints.
         interval: Seconds between two looks.
@@ -161,12 +161,14 @@ class TrainingMonitor(threading.Thread):
         num_tasks: Worker tasks (ids 0 to ``num_tasks - 1``): an epoch ends when each of
             them has reported a step of a later epoch, or finished. None, or workers whose
             records carry no ``epoch``: when the samples of all of them make an epoch.
+        label: The bar's label instead of ``name`` (the run's, where several train at
+            once: ``ADAG #2``).
     """
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
                  interval=0.5, validator=None, num_epoch=1, validation_records=None,
-                 num_tasks=None):
+                 num_tasks=None, label=None):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
         self.spark_context = spark_context
@@ -176,6 +178,8 @@ class TrainingMonitor(threading.Thread):
         self.worker_timeout = worker_timeout
         self.interval = interval
         self.name = name or type(server).__name__
+        # What the progress calls the training (`name` names its checkpoints' writer).
+        self.label = label or self.name
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self._checkpointed_updates = None
@@ -206,12 +210,12 @@ class TrainingMonitor(threading.Thread):
 
     def _progress(self):
         if self.verbose == 2:
-            return LineProgress(self.name, self.total_samples)
+            return LineProgress(self.label, self.total_samples)
         if self.verbose == 1:
             try:
-                return BarProgress(self.name, self.total_samples)
+                return BarProgress(self.label, self.total_samples)
             except ImportError:  # tqdm is optional
-                return LineProgress(self.name, self.total_samples)
+                return LineProgress(self.label, self.total_samples)
         return None
 
     def _read_new_records(self):

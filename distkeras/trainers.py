@@ -69,6 +69,32 @@ def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
         spark.conf.unset(ARROW_BATCH_KEY)
 
 
+# The trainings in progress in this process (several threads may train at once, as a
+# hyperparameter search's do), and how many have started: see `_begin_run`.
+_RUNS_LOCK = threading.Lock()
+_RUNS_IN_PROGRESS = set()
+_RUNS_STARTED = 0
+
+
+def _begin_run(kind):
+    """Registers a training of trainer class ``kind`` that starts now; returns ``(run id,
+    label)``. The label names its progress, its Spark jobs and its result lines: the class
+    name, with the run's number (``ADAG #2``) when another training is in progress in
+    this process, whose lines would otherwise read the same."""
+    global _RUNS_STARTED
+    with _RUNS_LOCK:
+        _RUNS_STARTED += 1
+        run = _RUNS_STARTED
+        label = f"{kind} #{run}" if _RUNS_IN_PROGRESS else kind
+        _RUNS_IN_PROGRESS.add(run)
+    return run, label
+
+
+def _end_run(run):
+    with _RUNS_LOCK:
+        _RUNS_IN_PROGRESS.discard(run)
+
+
 # Workers whose sample counts differ by more than this fraction get a warning.
 UNEVEN_TOLERANCE = 0.10
 
@@ -556,9 +582,18 @@ class Trainer:
         # estimator share one, and CrossValidator may fit them in parallel threads).
         # Reentrant: KerasEstimator holds it while its training Params are set.
         with self.__dict__.setdefault("_run_lock", threading.RLock()):
-            return self._run(dataframe, shuffle, verbose, checkpoint_dir, checkpoint_every,
-                             resume, sample_weight_col, class_weight, validation_data,
-                             callbacks)
+            run, self._label = _begin_run(type(self).__name__)
+            try:
+                return self._run(dataframe, shuffle, verbose, checkpoint_dir,
+                                 checkpoint_every, resume, sample_weight_col, class_weight,
+                                 validation_data, callbacks)
+            finally:
+                _end_run(run)
+
+    def _run_label(self):
+        """The name of this run in its progress, Spark jobs and result lines (see
+        `_begin_run`); the class name outside `train()`."""
+        return getattr(self, "_label", None) or type(self).__name__
 
     def _run(self, dataframe, shuffle, verbose, checkpoint_dir, checkpoint_every, resume,
              sample_weight_col, class_weight, validation_data, callbacks):
@@ -602,7 +637,7 @@ class Trainer:
             model = self._compile(model)
             validated = len(self.get_validation_history())
             self._validate_returned(model)
-            report_returned_validation(type(self).__name__,
+            report_returned_validation(self._run_label(),
                                        self._returned_validation(validated),
                                        self.verbose)
             return model
@@ -844,7 +879,7 @@ class Trainer:
             lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         monitor = TrainingMonitor(
             server, spark.sparkContext, job_group, self._progress_total, self.verbose,
-            name=type(self).__name__,
+            name=self._run_label(),
             validation_records=getattr(self._validator, "records", None))
         monitor.start()
         try:
@@ -1053,7 +1088,7 @@ class SingleTrainer(Trainer):
             if lent_state is not None:
                 worker.optimizer_state = lent_state
             message = self._run_sequential(layout, worker, label_shapes,
-                                           type(self).__name__, self._progress_total,
+                                           self._run_label(), self._progress_total,
                                            Replay(self.num_epoch, shuffle))
             model.set_weights(list(message["weights"]))
             return model
@@ -1092,7 +1127,7 @@ class SingleTrainer(Trainer):
             on_epoch_end=end_epoch)
         self._run_epoch_server(
             server, self.allocate_epoch_worker(), dataframes.lay_out(frame, 1, shuffle), 1,
-            label_shapes, f"distkeras {type(self).__name__} ({self.num_epoch} epochs)",
+            label_shapes, f"distkeras {self._run_label()} ({self.num_epoch} epochs)",
             Replay(self.num_epoch, shuffle), failures)
         self._optimizer_state = list(server.optimizer_state)
         workers.set_optimizer_state(driver_model, self._optimizer_state)
@@ -1173,7 +1208,7 @@ class SingleTrainer(Trainer):
             steps_before, states_before = len(self.history), len(self._metric_states)
             message = self._run_sequential(
                 dataframes.lay_out(frame, 1, shuffle), worker, label_shapes,
-                f"{type(self).__name__} epoch {epoch}/{self.num_epoch}",
+                f"{self._run_label()} epoch {epoch}/{self.num_epoch}",
                 self._progress_total // self.num_epoch if self._progress_total else None)
             model.set_weights(list(message["weights"]))
             workers.set_optimizer_state(driver_model, self._optimizer_state)
@@ -1417,11 +1452,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                                           validator=self._validator,
                                           num_epoch=self.num_epoch,
                                           num_tasks=self.num_partitions(),
+                                          label=self._run_label(),
                                           interval=VALIDATING_REPORT_SECONDS
                                           if self._validator is not None else 0.5)
                 monitor.start()
             self._run_workers(layout, self.num_partitions(), worker, label_shapes,
-                              f"distkeras {type(self).__name__} ({self.num_workers} workers)",
+                              f"distkeras {self._run_label()} ({self.num_workers} workers)",
                               job_group, Replay(self.num_epoch, shuffle))
             # Every task has ended; let the server read what the workers sent last (their
             # final history and goodbye) before it closes the connections.
@@ -1799,7 +1835,7 @@ class AveragingTrainer(DistributedTrainer):
         server.learning_rate = self._learning_rate_of_callbacks()
         self._run_epoch_server(
             server, self.allocate_averaging_worker(), layout, self.num_partitions(),
-            label_shapes, f"distkeras AveragingTrainer ({self.num_workers} workers, "
+            label_shapes, f"distkeras {self._run_label()} ({self.num_workers} workers, "
             f"{self.num_epoch} epochs)", Replay(self.num_epoch, shuffle), failures,
             barrier=True)
         return server.get_model()
@@ -1823,7 +1859,7 @@ class AveragingTrainer(DistributedTrainer):
             # Each worker's steps count on from its own last epoch's, as in the one-job
             # path (from the largest of all, the smaller partition's left gaps).
             worker.first_iterations = _next_iterations(self.history)
-            description = f"AveragingTrainer epoch {epoch + 1}/{self.num_epoch}"
+            description = f"{self._run_label()} epoch {epoch + 1}/{self.num_epoch}"
             job_group = self._new_job_group()
             samples = self._progress_total // self.num_epoch if self._progress_total else None
             states_before = len(self._metric_states)
@@ -1912,7 +1948,7 @@ class EnsembleTrainer(DistributedTrainer):
         layout = dataframes.lay_out(frame, self.num_ensembles, shuffle, seed=self.seed)
         worker = self.allocate_worker()
         self._configure_worker(worker)
-        description = f"EnsembleTrainer ({self.num_ensembles} models)"
+        description = f"{self._run_label()} ({self.num_ensembles} models)"
         job_group = self._new_job_group()
         # One bar for all members: together they step through every row num_epoch times.
         with self._progress(frame.sparkSession, worker, self._progress_total, description,
