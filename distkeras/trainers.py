@@ -131,6 +131,35 @@ def warn_if_uneven(messages):
     return True
 
 
+def warn_if_speculative(spark_context, trainer_name):
+    """Logs a warning when Spark may run a second copy of a slow worker's task.
+
+    With ``spark.speculation=true`` Spark starts a copy of a slow task on another host
+    and keeps whichever ends first. A parameter-server worker is not idempotent: both
+    copies commit their partition's training to the center, so that partition counts
+    twice, and the slower copy's steps are recorded as superseded. Spark cannot turn it
+    off for one job, so the user is told here, before any Spark job. Local masters run
+    every task on one host, where Spark never starts a speculative copy.
+
+    Args:
+        spark_context: The SparkContext the training runs on.
+        trainer_name: The trainer's class name, for the message.
+
+    Returns:
+        Whether a warning was logged.
+    """
+    conf = spark_context.getConf()
+    if conf.get("spark.speculation", "false").strip().lower() != "true" or \
+            spark_context.master.startswith("local"):
+        return False
+    logger.warning(
+        "spark.speculation=true: Spark may start a second copy of a slow %s worker's "
+        "task, and both copies commit their partition to the parameter server (that "
+        "partition is trained into the center twice). Start the session with "
+        "--conf spark.speculation=false for distkeras training.", trainer_name)
+    return True
+
+
 def _check_int(name, value, minimum=1, maximum=None):
     """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
     ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
@@ -1421,6 +1450,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
     def _train(self, frame, label_shapes, shuffle):
         spark = frame.sparkSession
+        warn_if_speculative(spark.sparkContext, type(self).__name__)
         layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
         server = self.allocate_parameter_server()
         if isinstance(server, parameter_servers.SocketParameterServer):

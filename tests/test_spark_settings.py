@@ -1,0 +1,42 @@
+"""The trainers under Spark settings that users' clusters have."""
+
+import logging
+import types
+
+import numpy as np
+from pyspark import SparkConf
+
+import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
+from distkeras import trainers
+
+
+def _context(master, **conf):
+    """A stand-in for a SparkContext: its master and its startup settings."""
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+    return types.SimpleNamespace(master=master, getConf=lambda: spark_conf)
+
+
+def test_speculation_on_a_cluster_is_warned_of(caplog):
+    cluster = _context("spark://master:7077", **{"spark.speculation": "true"})
+    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+        assert trainers.warn_if_speculative(cluster, "ADAG")
+    assert "spark.speculation=true" in caplog.text and "spark.speculation=false" in caplog.text
+    # Off, or on one host (Spark never runs a speculative copy where the task runs).
+    assert not trainers.warn_if_speculative(_context("spark://master:7077"), "ADAG")
+    assert not trainers.warn_if_speculative(
+        _context("local[2]", **{"spark.speculation": "true"}), "ADAG")
+
+
+def test_parameter_server_trainers_check_speculation_before_training(spark, monkeypatch):
+    import keras
+
+    checked = []
+    monkeypatch.setattr(trainers, "warn_if_speculative",
+                        lambda context, name: checked.append((context.master, name)))
+    rows = [([float(i % 3), 1.0], i % 2) for i in range(64)]
+    frame = spark.createDataFrame(rows, "features array<float>, label long")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    trainers.ADAG(model, "sgd", "sparse_categorical_crossentropy", num_workers=2,
+                  communication_window=2).train(frame, verbose=0)
+    assert checked == [(spark.sparkContext.master, "ADAG")]
+    assert np.isfinite(model.get_weights()[0]).all()
