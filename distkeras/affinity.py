@@ -112,23 +112,26 @@ def claimed_cores(workers_per_machine):
 def workers_per_machine(spark_context, tasks):
     """How many of ``tasks`` workers run at once on one machine, or None if unknown.
 
-    Local masters run ``local[N]`` tasks at once on this machine; a cluster runs
-    ``spark.executor.cores / spark.task.cpus`` per executor when those are set.
+    Local masters run ``N / spark.task.cpus`` tasks at once on this machine for
+    ``local[N]``; a cluster runs ``spark.executor.cores / spark.task.cpus`` per executor
+    when those are set. (``spark.task.cpus=2`` on ``local[4]`` runs two tasks: counted as
+    four, each worker would be pinned to half the cores its task reserved.)
     """
     master = spark_context.master
+    conf = spark_context.getConf()
+    task_cpus = max(1, int(conf.get("spark.task.cpus", "1")))
     if master.startswith("local"):
         match = re.match(r"local\[(\d+|\*)", master)
         if match is None:
-            slots = 1
+            cores = 1
         else:
-            slots = os.cpu_count() if match.group(1) == "*" else int(match.group(1))
+            cores = os.cpu_count() if match.group(1) == "*" else int(match.group(1))
     else:
-        conf = spark_context.getConf()
         executor_cores = conf.get("spark.executor.cores")
         if not executor_cores:
             return None
-        slots = int(executor_cores) // max(1, int(conf.get("spark.task.cpus", "1")))
-    return max(1, min(tasks, slots))
+        cores = int(executor_cores)
+    return max(1, min(tasks, cores // task_cpus))
 
 
 def concurrent_task_slots(spark_context):

@@ -104,6 +104,7 @@ class _Context:
     ("local[2,4]", {}, 5, 2),
     ("local[4]", {}, 1, 1),
     ("local[*]", {}, 1000, os.cpu_count()),
+    ("local[4]", {"spark.task.cpus": "2"}, 4, 2),
     ("spark://host:7077", {}, 4, None),
     ("spark://host:7077", {"spark.executor.cores": "8", "spark.task.cpus": "2"}, 16, 4),
     ("yarn", {"spark.executor.cores": "4"}, 2, 2),
