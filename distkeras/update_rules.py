@@ -112,9 +112,17 @@ def experimental_update(center, residual, stale_center, learning_rate):
 
 
 def average_weights(weight_sets):
-    """AveragingTrainer: the elementwise mean of several replicas' weights."""
+    """AveragingTrainer: the elementwise mean of several replicas' weights.
+
+    Computed as ``W_0 - sum(W_0 - W_i) / n``, which is the mean, and exactly ``W_0`` where
+    every replica holds the same value: a frozen layer (``trainable=False``), which no
+    replica moves, keeps its weights bit for bit. ``sum(W_i) / n`` rounded them (three
+    replicas: ``(w + w + w) / 3`` is not always ``w`` in float32). Subtracting the zero
+    keeps a ``-0.0`` too, where adding it would give ``+0.0``.
+    """
     weight_sets = list(weight_sets)
-    total = weight_sets[0]
+    first = weight_sets[0]
+    spread = first - first
     for weights in weight_sets[1:]:
-        total = total + weights
-    return _in_dtypes(total / len(weight_sets), weight_sets[0])
+        spread = spread + (first - weights)
+    return _in_dtypes(first - spread / len(weight_sets), first)

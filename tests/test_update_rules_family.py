@@ -664,3 +664,17 @@ def test_concurrent_delta_commits_sum_exactly(servers):
     assert_weights_equal(center_of(server), want)
     assert_float32(server.center_variable)
     assert server.errors == []
+
+
+def test_average_weights_of_identical_replicas_is_exact():
+    # A frozen layer holds the same weights on every replica: their mean must be those
+    # weights bit for bit (sum / 3 rounded float32 values, and +0.0 for -0.0).
+    rng = np.random.default_rng(3)
+    kernel = rng.normal(size=(64, 16)).astype(F32)
+    bias = np.array([-0.0, 0.0, 1e-30, -7.25], F32)
+    frozen = weights_array([kernel, bias])
+    for replicas in (2, 3, 5, 7):
+        mean = update_rules.average_weights([frozen] * replicas)
+        for got, want in zip(mean, frozen):
+            assert got.dtype == want.dtype
+            assert got.tobytes() == want.tobytes(), replicas
