@@ -265,6 +265,25 @@ def _steps_taken(optimizer):
     return int(np.asarray(steps))
 
 
+def _check_optimizer_tracks_trainable(model):
+    """Refuses, as `fit` does, a model whose trainable weights changed since its optimizer
+    was built (layers frozen or unfrozen without compiling again).
+
+    Its state (moments per trainable weight) fits the old split only: on an executor this
+    failed as 'The optimizer has N variables; the state given has M', after every attempt.
+    """
+    tracked = getattr(model.optimizer, "_trainable_variables", None)
+    if tracked is None:
+        return
+    current = model.trainable_variables
+    if [id(variable) for variable in tracked] != [id(variable) for variable in current]:
+        raise ValueError(
+            f"The model has {len(current)} trainable weights, and its optimizer was built "
+            f"for {len(tracked)}: layers were frozen or unfrozen (`trainable`) after the "
+            "model was compiled. Call `model.compile(...)` again after changing "
+            "`trainable`, as Keras's `fit` requires.")
+
+
 def _check_columns(name, value):
     """Refuses a column setting that is not a name or a non-empty list of names (a dict
     keyed by the model's names has become the list by now)."""
@@ -1170,6 +1189,7 @@ class SingleTrainer(Trainer):
         if optimizer is None or self.worker_optimizer is not optimizer or \
                 not optimizer.built or _steps_taken(optimizer) == 0:
             return None
+        _check_optimizer_tracks_trainable(self.master_model)
         return workers.get_optimizer_state(self.master_model)
 
     def _run_sequential(self, layout, worker, label_shapes, description, samples=None,

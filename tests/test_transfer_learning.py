@@ -66,3 +66,21 @@ def test_averaging_keeps_a_frozen_base_bit_for_bit(separable):
     trained = trainer.train(frame, verbose=0)
     assert trained.layers[0].trainable is False
     _assert_bitwise(before, trained.layers[0].get_weights())
+
+
+def test_single_trainer_refuses_unfreezing_without_compiling_again(separable):
+    # `fit` refuses it; SingleTrainer failed on the executor, after every attempt, with
+    # 'The optimizer has 10 variables; the state given has 6'.
+    import keras
+
+    from distkeras.trainers import SingleTrainer
+
+    x, y, frame = separable
+    model, base = _frozen_base_model(x, y)
+    model.fit(x[:32], y[:32], batch_size=16, verbose=0)
+    base.trainable = True  # `fit` now raises "... the optimizer was built with 2 variables"
+    with pytest.raises(ValueError, match=r"Call `model.compile\(...\)` again"):
+        SingleTrainer(model, batch_size=16).train(frame.limit(32), verbose=0)
+    model.compile(keras.optimizers.Adam(1e-4), "categorical_crossentropy")
+    trained = SingleTrainer(model, batch_size=16).train(frame.limit(32), verbose=0)
+    assert len(trained.trainable_weights) == len(model.trainable_weights)
