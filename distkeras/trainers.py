@@ -832,7 +832,9 @@ class Trainer:
 
     def _finalize_weights(self, model):
         """Gives the returned ``model`` the weights `fit` ends with, from its optimizer's
-        state (nothing here: the optimizer of the distributed trainers' model is fresh)."""
+        state; returns whether it changed them (never here: the optimizer of the
+        distributed trainers' model is fresh)."""
+        return False
 
     def get_validation_history(self):
         """One record per evaluation of the validation data in the last `train()`:
@@ -1229,7 +1231,8 @@ class SingleTrainer(Trainer):
         as `fit` does once its last epoch was validated and called back (so that epoch's
         record, ``ModelCheckpoint`` and ``EarlyStopping`` see the trained weights)."""
         if getattr(self, "_trained_optimizer", None) is model.optimizer:
-            workers.finalize_weights(model)
+            return workers.finalize_weights(model)
+        return False
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
         """One Spark task per epoch, each starting from the last one's weights and

@@ -594,7 +594,7 @@ class Validator:
         """Ends the training: evaluates the trained ``model`` as the last epoch's result,
         then ``finalize(model)`` where given (the weights `fit` ends with: an optimizer's
         moving averages with ``use_ema=True``, which `fit` sets after the last epoch's
-        end), calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave,
+        end; it returns whether it changed them), calls the callbacks' ``on_train_end`` and gives ``model`` the weights they leave,
         and the learning rate that a ``ReduceLROnPlateau`` or ``LearningRateScheduler``
         callback left (as after ``fit``: one that the last epoch's end lowered applies to
         training further).
@@ -609,8 +609,9 @@ class Validator:
                 self.evaluate(model.get_weights(), self.num_epoch, samples, loss, metrics)
             # What the last record describes.
             evaluated = None if self.x is None else self.model.get_weights()
-            if finalize is not None:
-                finalize(model)
+            # Only where finalize changed the weights: after a callback stopped the
+            # training, this model holds the stopped epoch's, ``model`` later ones.
+            if finalize is not None and finalize(model):
                 self.model.set_weights(model.get_weights())  # what on_train_end sees
             if self.callbacks is not None:
                 # As fit does: the logs of the last epoch that ended (the one a callback

@@ -679,10 +679,16 @@ def get_optimizer_state(model):
 
 def finalize_weights(model):
     """Ends training as `fit` does: an optimizer with ``use_ema=True`` leaves its moving
-    averages of the weights as the model's trainable weights (no-op otherwise)."""
+    averages of the weights as the model's trainable weights (no-op otherwise).
+
+    Returns:
+        Whether it changed the weights.
+    """
     optimizer = model.optimizer
-    if getattr(optimizer, "use_ema", False):
-        optimizer.finalize_variable_values(model.trainable_weights)
+    if not getattr(optimizer, "use_ema", False):
+        return False
+    optimizer.finalize_variable_values(model.trainable_weights)
+    return True
 
 
 def set_optimizer_state(model, values):
