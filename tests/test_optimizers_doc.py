@@ -1,12 +1,12 @@
-"""docs/optimizers.md: the "Write your own optimizer" tutorial runs as printed, and the
-defaults the page states are the code's."""
+"""docs/optimizers.md: the "Write your own optimizer" tutorial, the usage block and the
+staleness block run as printed, and the defaults the page states are the code's."""
 
 import inspect
 import os
 import re
 
 import pytest
-from conftest import accuracy
+from conftest import accuracy, build_mlp
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
 MARKER = "<!-- tutorial -->"
@@ -90,3 +90,52 @@ def test_stated_defaults_match_the_code():
         for key, value in re.findall(r"`(\w+)=([^`]+)`", others):
             assert key in parameters, (name, key)
             assert repr(parameters[key].default) == value, (name, key)
+
+
+def section_blocks(text, heading):
+    """The fenced ```python blocks of the section under ``heading`` (a ``#`` title line,
+    or None for the text before the first ``## `` title), up to the next ``## `` line."""
+    lines = text.splitlines()
+    if heading is None:
+        start = 0
+    else:
+        assert heading in lines, f"docs/optimizers.md has no section {heading!r}"
+        start = lines.index(heading) + 1
+    end = next((number for number in range(start, len(lines))
+                if lines[number].startswith("## ")), len(lines))
+    blocks, block = [], None
+    for line in lines[start:end]:
+        if block is None and line.strip() == "```python":
+            block = []
+        elif block is not None and line.strip() == "```":
+            blocks.append("\n".join(block) + "\n")
+            block = None
+        elif block is not None:
+            block.append(line)
+    return blocks
+
+
+@pytest.mark.spark
+def test_usage_and_staleness_blocks_run_as_printed(spark, fashion_train, capsys):
+    from collections import Counter
+
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    text = read_doc()
+    (usage,) = section_blocks(text, None)
+    (staleness,) = section_blocks(text, "## Staleness")
+    # The one change: 2,000 rows. The page's blocks name `ADAG`, `mlp` and `dataframe`
+    # as defined before them.
+    namespace = {"__name__": "__main__", "ADAG": ADAG, "mlp": build_mlp(32),
+                 "dataframe": fashion_train.limit(2000)}
+    exec(compile(usage + staleness, DOC, "exec"), namespace)
+
+    model, trainer = namespace["model"], namespace["trainer"]
+    assert isinstance(model, keras.Model) and model.compiled
+    pairs = namespace["staleness"]
+    assert len(pairs) == trainer.parameter_server.num_updates > 0
+    assert {worker for worker, _ in pairs} <= {0, 1}
+    assert all(isinstance(lag, int) and lag >= 0 for _, lag in pairs)
+    assert str(Counter(lag for _, lag in pairs)) in capsys.readouterr().out
