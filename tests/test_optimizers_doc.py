@@ -7,6 +7,7 @@ import re
 
 import pytest
 from conftest import accuracy, build_mlp
+from readme_support import section_blocks
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
 MARKER = "<!-- tutorial -->"
@@ -92,27 +93,14 @@ def test_stated_defaults_match_the_code():
             assert repr(parameters[key].default) == value, (name, key)
 
 
-def section_blocks(text, heading):
-    """The fenced ```python blocks of the section under ``heading`` (a ``#`` title line,
-    or None for the text before the first ``## `` title), up to the next ``## `` line."""
+def doc_section_blocks(text, heading):
+    """The fenced ```python blocks of the section under ``heading`` (a ``## `` title
+    line, or None for the text before the first one)."""
     lines = text.splitlines()
     if heading is None:
-        start = 0
-    else:
-        assert heading in lines, f"docs/optimizers.md has no section {heading!r}"
-        start = lines.index(heading) + 1
-    end = next((number for number in range(start, len(lines))
-                if lines[number].startswith("## ")), len(lines))
-    blocks, block = [], None
-    for line in lines[start:end]:
-        if block is None and line.strip() == "```python":
-            block = []
-        elif block is not None and line.strip() == "```":
-            blocks.append("\n".join(block) + "\n")
-            block = None
-        elif block is not None:
-            block.append(line)
-    return blocks
+        return section_blocks(lines, 0)
+    assert heading in lines, f"docs/optimizers.md has no section {heading!r}"
+    return section_blocks(lines, lines.index(heading) + 1)
 
 
 @pytest.mark.spark
@@ -124,8 +112,8 @@ def test_usage_and_staleness_blocks_run_as_printed(spark, fashion_train, capsys)
     from distkeras.trainers import ADAG
 
     text = read_doc()
-    (usage,) = section_blocks(text, None)
-    (staleness,) = section_blocks(text, "## Staleness")
+    (usage,) = doc_section_blocks(text, None)
+    (staleness,) = doc_section_blocks(text, "## Staleness")
     # The one change: 2,000 rows. The page's blocks name `ADAG`, `mlp` and `dataframe`
     # as defined before them.
     namespace = {"__name__": "__main__", "ADAG": ADAG, "mlp": build_mlp(32),
