@@ -223,6 +223,24 @@ def check_spark_dataframe(dataframe, role="training data"):
                 if module.startswith(("pandas", "numpy", "pyarrow")) else "")
         raise TypeError(f"The {role} must be a Spark DataFrame. Received: "
                         f"{type(dataframe).__module__}.{type(dataframe).__name__}.{hint}")
+    _check_session_running(dataframe, role)
+
+
+def _check_session_running(dataframe, role):
+    """Raises a clear error for a DataFrame whose SparkSession was stopped.
+
+    Such a DataFrame still answers ``columns`` and ``schema`` (cached on the Python side),
+    but the first column expression built for it failed with a bare ``AssertionError``
+    from pyspark (no active SparkContext), and nothing said which session was gone.
+    """
+    context = dataframe.sparkSession.sparkContext
+    if getattr(context, "_jsc", None) is None:
+        raise ValueError(
+            f"The {role} belongs to a SparkSession that was stopped (spark.stop()); a "
+            "DataFrame cannot be read once its session is gone. Create the session again "
+            "(SparkSession.builder...getOrCreate(), or "
+            "distkeras.session.local_spark_session()) and read or build the DataFrame in "
+            "it, then call this again.")
 
 
 def columns_by_name(value, model, what, parameter):

@@ -119,6 +119,32 @@ def test_a_column_name_held_twice_is_named(fashion_train):
         _trainer(SingleTrainer).train(joined)
 
 
+def _as_if_stopped(spark, monkeypatch):
+    """What spark.stop() leaves on the Python side (no active context, the session's
+    context closed), undone after the test: the shared session's JVM stays up."""
+    from pyspark import SparkContext
+
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    monkeypatch.setattr(spark.sparkContext, "_jsc", None)
+
+
+def test_a_dataframe_of_a_stopped_session_is_named_before_training(spark, monkeypatch):
+    from distkeras.predictors import ModelPredictor
+    from distkeras.trainers import ADAG
+
+    data = spark.createDataFrame([([0.1] * 784, 3)], "features array<float>, label int")
+    model = build_mlp()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    trainer = ADAG(keras_model=model, num_workers=2)
+    _as_if_stopped(spark, monkeypatch)
+    # Was a bare AssertionError from pyspark's F.col, naming nothing.
+    with pytest.raises(ValueError, match=r"belongs to a SparkSession that was stopped"):
+        trainer.train(data)
+    with pytest.raises(ValueError, match=r"DataFrame to predict on belongs to a SparkSession"):
+        ModelPredictor(keras_model=model).predict(data)
+    assert trainer.get_history() == []
+
+
 def test_wrong_feature_size_is_named(spark):
     from distkeras.trainers import SingleTrainer
 
