@@ -17,3 +17,8 @@ class InvalidDataError(UnretryableError, ValueError):
 
 class InvalidUpdateError(UnretryableError, ValueError):
     """A worker's commit that does not fit the model (a custom worker's bug)."""
+
+
+class BackendUnavailableError(UnretryableError, ImportError):
+    """An executor whose Python environment cannot load the driver's Keras backend (the
+    driver runs ``KERAS_BACKEND=torch``, the executors have no torch installed)."""

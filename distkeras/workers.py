@@ -17,7 +17,7 @@ import numpy as np
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.epoch_metrics import EpochMetricSums
-from distkeras.errors import InvalidUpdateError, UnretryableError
+from distkeras.errors import BackendUnavailableError, InvalidUpdateError, UnretryableError
 from distkeras.affinity import claimed_cores
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype, output_keys
 from distkeras.networking import weights_array
@@ -88,6 +88,21 @@ def one_line(error):
     return " ".join(text.split())
 
 
+def _import_backend(backend):
+    """Imports Keras on the ``backend`` just selected, or says which backend this
+    executor lacks: a bare "No module named 'torch'" from deep in Keras, retried by Spark
+    up to 4 times, did not say that the driver's ``KERAS_BACKEND`` chose it."""
+    try:
+        import keras  # noqa: F401  (imported now for its backend, which it loads)
+    except ImportError as error:
+        raise BackendUnavailableError(
+            f"The driver trains with Keras's {backend!r} backend (KERAS_BACKEND={backend}) "
+            f"but this executor's Python cannot load it: {error}. Install {backend} in the "
+            "executors' Python environment (the one spark.pyspark.python or PYSPARK_PYTHON "
+            "names), or set KERAS_BACKEND on the driver, before importing distkeras, to a "
+            "backend the executors have (jax, the default).") from error
+
+
 def _ensure_backend(backend):
     """Selects the driver's Keras backend on this executor, before Keras is imported."""
     import sys
@@ -96,6 +111,7 @@ def _ensure_backend(backend):
         return
     if "keras" not in sys.modules:
         os.environ["KERAS_BACKEND"] = backend
+        _import_backend(backend)
         return
     import keras
 

@@ -39,3 +39,28 @@ def test_training_and_prediction_run_on_the_backend(backend, module):
     # 3,000 rows, batch 32: 94 steps per epoch, on one worker or shared by two.
     assert results["SingleTrainer"]["steps"] == 188
     assert results["ADAG"]["steps"] == 2 * 2 * 47
+
+
+def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
+    # An executor's Python process on the driver's KERAS_BACKEND=torch, torch not installed
+    # there (a torch package that cannot be imported stands in for it).
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    code = (
+        "from distkeras import workers\n"
+        "try:\n"
+        "    workers._ensure_backend('torch')\n"
+        "except ImportError as error:\n"
+        "    print(workers.unretryable_error(error) is not None, workers.one_line(error))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("KERAS_BACKEND", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # Was no error here, then "No module named 'torch'" from inside Keras, at each of
+    # Spark's retries of every task.
+    assert run.stdout.startswith("True BackendUnavailableError: The driver trains with "
+                                 "Keras's 'torch' backend (KERAS_BACKEND=torch)"), run.stdout
+    assert "Install torch in the executors' Python environment" in run.stdout
