@@ -203,6 +203,21 @@ def check_input_count(model, features_cols):
         f"input each.{hint}")
 
 
+def _conversion_hint(value, module):
+    """How to turn what a user gave instead of a DataFrame into one, to end an error."""
+    if module.startswith(("pandas", "numpy", "pyarrow")):
+        return " Convert it with spark.createDataFrame(...)."
+    if module.startswith("pyspark") and type(value).__name__ == "RDD":
+        return (" Convert it with rdd.toDF([...column names]) or "
+                "spark.createDataFrame(rdd, schema).")
+    if isinstance(value, (tuple, list)):
+        # fit's (x, y): the arrays have to become columns first.
+        return (" train() takes one DataFrame with a features and a label column, not "
+                "fit's (x, y): write the arrays with distkeras.datasets.save_numpy_parquet("
+                "spark, x, y, path) and read them back with spark.read.parquet(path).")
+    return ""
+
+
 def check_spark_dataframe(dataframe, role="training data"):
     """Raises a clear error for anything but a classic (not Spark Connect) DataFrame.
 
@@ -219,8 +234,7 @@ def check_spark_dataframe(dataframe, role="training data"):
             "distkeras.session.local_spark_session()), whose executors can reach the "
             "driver's parameter server.")
     if not isinstance(dataframe, DataFrame):
-        hint = (" Convert it with spark.createDataFrame(...)."
-                if module.startswith(("pandas", "numpy", "pyarrow")) else "")
+        hint = _conversion_hint(dataframe, module)
         raise TypeError(f"The {role} must be a Spark DataFrame. Received: "
                         f"{type(dataframe).__module__}.{type(dataframe).__name__}.{hint}")
     _check_session_running(dataframe, role)

@@ -119,6 +119,21 @@ def test_a_column_name_held_twice_is_named(fashion_train):
         _trainer(SingleTrainer).train(joined)
 
 
+@pytest.mark.parametrize("given, hint", [
+    ("arrays", r"not fit's \(x, y\): write the arrays with .*save_numpy_parquet"),
+    ("rdd", r"pyspark.core.rdd.RDD. Convert it with rdd.toDF"),
+])
+def test_what_is_not_a_dataframe_is_told_how_to_become_one(spark, given, hint):
+    from distkeras.trainers import ADAG
+
+    data = (np.zeros((4, 784), "float32"), np.zeros(4, "int64"))
+    if given == "rdd":
+        data = spark.sparkContext.parallelize([([0.0] * 784, 0)] * 4)
+    trainer = _trainer(ADAG, num_workers=2)
+    with pytest.raises(TypeError, match="must be a Spark DataFrame. Received: .*" + hint):
+        trainer.train(data)
+
+
 def _as_if_stopped(spark, monkeypatch):
     """What spark.stop() leaves on the Python side (no active context, the session's
     context closed), undone after the test: the shared session's JVM stays up."""
