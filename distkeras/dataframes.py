@@ -65,8 +65,8 @@ def _to_training_column(dataframe, name, feature=False):
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return column(name)
-    hint = string_features_hint(data_type)
-    if hint and not feature:
+    hint = string_features_hint(data_type) or _struct_hint(name, data_type)
+    if hint and not feature and not isinstance(data_type, T.StructType):
         hint = (
             " For labels such as class names, index them first: "
             "pyspark.ml.feature.StringIndexer gives class indices 0, 1, ... (with "
@@ -90,6 +90,19 @@ _STRING_FEATURES_HINT = (
     "(or a StringLookup's own vocabulary, `lookup.get_vocabulary()`, joined as a table) "
     "for tokens; then feed the ids to an integer input (keras.Input((n,), dtype='int32')) "
     "and an Embedding, the lookup left out of the model.")
+
+
+def _struct_hint(name, data_type):
+    """For a struct column (fields a model input would take as one row of values), how
+    to make them one array column; else ``""``."""
+    if not isinstance(data_type, T.StructType):
+        return ""
+    fields = ", ".join(repr(f"{name}.{field}") for field in data_type.fieldNames()[:3])
+    more = ", ..." if len(data_type.fieldNames()) > 3 else ""
+    return (f" To feed a struct's fields as one row of values, put them in one array "
+            f"column first: F.array({fields}{more}).alias({name!r}) (numeric fields), or "
+            f"select them as columns (df.select('{name}.*')) and use "
+            "pyspark.ml.feature.VectorAssembler.")
 
 
 def _holds_strings(data_type):

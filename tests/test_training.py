@@ -134,6 +134,15 @@ def test_what_is_not_a_dataframe_is_told_how_to_become_one(spark, given, hint):
         trainer.train(data)
 
 
+def test_a_struct_features_column_is_told_how_to_become_an_array(spark):
+    from distkeras.trainers import SingleTrainer
+
+    data = spark.createDataFrame([((0.1, 0.2), 1)], "features struct<a:float,b:float>, label int")
+    with pytest.raises(TypeError, match=r"type struct<a:float,b:float>; .* "
+                                        r"F.array\('features.a', 'features.b'\)"):
+        _trainer(SingleTrainer, loss="sparse_categorical_crossentropy").train(data)
+
+
 def _as_if_stopped(spark, monkeypatch):
     """What spark.stop() leaves on the Python side (no active context, the session's
     context closed), undone after the test: the shared session's JVM stays up."""
