@@ -92,8 +92,10 @@ def _import_backend(backend):
     """Imports Keras on the ``backend`` just selected, or says which backend this
     executor lacks: a bare "No module named 'torch'" from deep in Keras, retried by Spark
     up to 4 times, did not say that the driver's ``KERAS_BACKEND`` chose it."""
+    import importlib
+
     try:
-        import keras  # noqa: F401  (imported now for its backend, which it loads)
+        importlib.import_module("keras")  # loads the backend KERAS_BACKEND names
     except ImportError as error:
         raise BackendUnavailableError(
             f"The driver trains with Keras's {backend!r} backend (KERAS_BACKEND={backend}) "
