@@ -3,7 +3,8 @@
 Workers send their per-step records to the parameter server with their commits; this
 thread reads them (no extra traffic on the workers' hot path) to show samples done, commits
 per second and the running loss, and stops the Spark job when a worker stays silent longer
-than ``worker_timeout``.
+than ``worker_timeout`` between its steps (``STARTUP_TIMEOUT`` before the first one and
+while it compiles one).
 """
 
 import logging
@@ -147,7 +148,8 @@ class TrainingMonitor(threading.Thread):
         total_samples: Samples the whole run will train on (for the bar), or None.
         verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr), 2 for a line every
             30 seconds (see `resolve_verbose` for ``"auto"``).
-        worker_timeout: Seconds a connected worker may stay silent, or None.
+        worker_timeout: Seconds a connected worker may stay silent between its steps
+            (before the first one and while compiling one: ``STARTUP_TIMEOUT``), or None.
         name: The trainer's name: the bar's label, and the writer its checkpoints name.
         checkpoint_dir: Where to save the center variable periodically, or None.
         checkpoint_every: Seconds between two checkpoints.
@@ -163,7 +165,16 @@ class TrainingMonitor(threading.Thread):
             records carry no ``epoch``: when the samples of all of them make an epoch.
         label: The bar's label instead of ``name`` (the run's, where several train at
             once: ``ADAG #2``).
+
+    Attributes:
+        STARTUP_TIMEOUT: Seconds (at least ``worker_timeout``) a connected worker may stay
+            silent before its first step report, and after it said it compiles a step
+            until its next report: it pulls the center, then compiles its training step
+            and reads its first rows (a short last batch compiles again), which takes
+            seconds on a busy executor. ``worker_timeout`` counts otherwise.
     """
+
+    STARTUP_TIMEOUT = 120.0
 
     def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
@@ -384,12 +395,24 @@ class TrainingMonitor(threading.Thread):
             logger.warning("Could not write a checkpoint to %s: %s", self.checkpoint_dir, error)
 
     def _check_stall(self):
-        idle = self.server.idle_workers(self.worker_timeout)
-        if not idle:
-            return False
-        worker, seconds = idle[0]
-        self.stalled = (f"worker {worker} sent nothing for {seconds:.0f} s "
-                        f"(worker_timeout={self.worker_timeout})")
+        never = float("inf")
+        idle = self.server.idle_workers(self.worker_timeout, startup_limit=never)
+        if idle:
+            worker, seconds = idle[0]
+            self.stalled = (f"worker {worker} sent nothing for {seconds:.0f} s "
+                            f"(worker_timeout={self.worker_timeout})")
+        else:
+            # A worker that hangs before its first step (compiling it, reading its first
+            # rows) or while it compiles a step is named too, after an allowance that
+            # compiles on a busy executor fit in.
+            startup = max(self.worker_timeout, self.STARTUP_TIMEOUT)
+            idle = self.server.idle_workers(never, startup_limit=startup)
+            if not idle:
+                return False
+            worker, seconds = idle[0]
+            self.stalled = (f"worker {worker} sent nothing for {seconds:.0f} s while "
+                            f"starting or compiling a step (allowed: {startup:g} s; "
+                            f"worker_timeout={self.worker_timeout} counts between steps)")
         logger.error("Stopping the training: %s", self.stalled)
         self.spark_context.cancelJobGroup(self.job_group)
         return True

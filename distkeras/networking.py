@@ -46,6 +46,9 @@ ACTION_QUIT = b"q"
 ACTION_PULL_UNLESS_OWN = b"u"
 # A worker reports the error that stops it (one a restart would repeat), then closes.
 ACTION_FAILURE = b"f"
+# A worker is about to compile a training step (its first, or one for a new batch size or
+# window length: a short last batch), silent for seconds: no reply, no payload.
+ACTION_COMPILING = b"k"
 
 
 class ProtocolError(Exception):

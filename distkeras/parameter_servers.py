@@ -410,20 +410,45 @@ class SocketParameterServer(ParameterServer):
         if marked:
             self.history_generation += 1
 
-    def idle_workers(self, limit):
-        """Open connections silent for more than ``limit`` seconds: ``[(worker_id, idle)]``."""
+    def idle_workers(self, limit, startup_limit=None):
+        """Open connections silent for more than ``limit`` seconds: ``[(worker_id, idle)]``.
+
+        Args:
+            limit: Seconds a connection that has reported a step (committed or sent its
+                history) may stay silent.
+            startup_limit: Seconds a connection may stay silent before its first step
+                report, and after it said it compiles a step (`ACTION_COMPILING`) until
+                its next report (default: ``limit``). A worker pulls the center before
+                its first step, then compiles that step and reads its partition's first
+                rows; a short last batch compiles again: seconds on a busy executor,
+                which are not a stall.
+        """
+        startup_limit = limit if startup_limit is None else startup_limit
         now = time.monotonic()
         with self._history_lock:
             connections = list(self._connections)
-        return [(getattr(conn, "worker_id", -1), now - conn.last_activity)
-                for conn in connections
-                if getattr(conn, "authenticated", False) and now - conn.last_activity > limit]
+        idle = []
+        for conn in connections:
+            if not getattr(conn, "authenticated", False):
+                continue
+            allowed = limit if getattr(conn, "stepped", False) else startup_limit
+            if now - conn.last_activity > allowed:
+                idle.append((getattr(conn, "worker_id", -1), now - conn.last_activity))
+        return idle
 
     def _dispatch(self, conn, addr):
         conn.authenticated = True
+        # Until its first commit or history, and again while it compiles a step: see
+        # `idle_workers`.
+        conn.stepped = False
         while True:
             conn.last_activity = time.monotonic()
             action = networking.recv_action(conn)
+            if action in (networking.ACTION_COMMIT, networking.ACTION_HISTORY):
+                conn.stepped = True
+            elif action == networking.ACTION_COMPILING:
+                conn.stepped = False  # start-up's allowance until its next report
+                continue
             if action == networking.ACTION_PULL:
                 self.handle_pull(conn, addr)
             elif action == networking.ACTION_PULL_UNLESS_OWN:

@@ -1342,8 +1342,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
         learning_rate: Used by update rules that have one.
-        worker_timeout: Seconds a worker may stay silent before the training stops with
-            an error naming it (None: wait forever).
+        worker_timeout: Seconds a worker may stay silent between its steps before the
+            training stops with an error naming it (None: wait forever). Before its first
+            step and while it compiles a step (a short last batch's) a worker may take
+            `TrainingMonitor.STARTUP_TIMEOUT` (120 s, or worker_timeout if longer).
         overlap_communication: DOWNPOUR, ADAG and DynSGD only: exchange with the server on
             a background thread while the next window trains, applying the worker's own
             update locally instead of waiting to pull it back (see `WindowedWorker`). The

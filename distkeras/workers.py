@@ -511,14 +511,30 @@ class Worker:
 
         Runs the steps in one compiled call unless a subclass defines its own `train_step`.
         """
-        if type(self).train_step is not Worker.train_step or \
-                not self.model.runs_window(batches):
+        whole = type(self).train_step is Worker.train_step and self.model.runs_window(batches)
+        self._note_compiles(batches, whole)
+        if not whole:
             for batch in batches:
                 self.train_step(*batch)
                 self.iteration += 1  # each step recorded with its own iteration
             return
         self.model.train_on_window(batches)
         self.iteration += len(batches)
+
+    def _note_compiles(self, batches, whole):
+        """Calls `before_compile` when these batches need a step not compiled yet: one
+        window length (``whole``) or batch size (step by step) not trained before."""
+        seen = self.__dict__.setdefault("_compiled_steps", set())
+        sizes = {_batch_size(batch[0]) for batch in batches}
+        keys = {("window", len(batches), *sizes)} if whole else \
+            {("step", size) for size in sizes}
+        if keys - seen:
+            seen.update(keys)
+            self.before_compile()
+
+    def before_compile(self):
+        """Hook run before a training step that compiles (network workers tell the
+        driver, whose `worker_timeout` then allows for it)."""
 
     def train_step(self, x, y, sample_weight=None):
         """One local step; EAMSGD adds momentum here."""
@@ -981,6 +997,14 @@ class NetworkWorker(Worker):
 
     def before_goodbye(self):
         """Hook run before the last history and the goodbye are sent."""
+
+    def before_compile(self):
+        # An exchange in flight on the background thread shares the socket: let it end
+        # first, or the two frames would interleave (rare: compiles are few).
+        wait = getattr(self, "wait_for_exchange", None)
+        if wait is not None:
+            wait()
+        networking.send_action(self.socket, networking.ACTION_COMPILING)
 
     def report_failure(self, error):
         """Sends the error that stops this worker to the server (once), whose driver then

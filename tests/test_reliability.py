@@ -48,6 +48,58 @@ def test_stalled_worker_fails_the_training_with_its_name(fashion_train):
     assert [record["iteration"] for record in trainer.get_executor_history(0)][:2] == [1, 2]
 
 
+class SlowCompileWorker(ADAGWorker):
+    """Each step that compiles (the first window, the short last batch) takes
+    ``compile_seconds``, as JAX's compiles do on a busy executor."""
+
+    compile_seconds = 3.5
+
+    def prepare_model(self):
+        super().prepare_model()
+        for name in ("train_on_window", "train_on_batch"):
+            setattr(self.model, name, self._slow_first(getattr(self.model, name)))
+
+    def _slow_first(self, method):
+        sizes = set()
+
+        def run(*args, **kwargs):
+            batches = args[0] if method.__name__ == "train_on_window" else [args]
+            key = (len(batches), len(batches[0][0]))
+            if key not in sizes:
+                sizes.add(key)
+                time.sleep(self.compile_seconds)
+            return method(*args, **kwargs)
+        return run
+
+
+class SlowCompileADAG(ADAG):
+    def allocate_worker(self):
+        return SlowCompileWorker(self.master_model)
+
+
+def test_worker_timeout_allows_for_compiles(fashion_train):
+    # Compiling the first window and the short last batch (500 rows, batch 32) is silence
+    # longer than worker_timeout; it stopped healthy workers as "sent nothing for 3 s".
+    trainer = SlowCompileADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                              loss="categorical_crossentropy", num_workers=2,
+                              communication_window=4, worker_timeout=2)
+    trainer.train(fashion_train.limit(1000), verbose=0)
+    assert sum(len(trainer.get_executor_history(worker)) for worker in (0, 1)) == 32
+
+
+def test_worker_hung_while_compiling_is_named(fashion_train, monkeypatch):
+    from distkeras.monitor import TrainingMonitor
+
+    monkeypatch.setattr(TrainingMonitor, "STARTUP_TIMEOUT", 3.0)
+    monkeypatch.setattr(SlowCompileWorker, "compile_seconds", 600)
+    trainer = SlowCompileADAG(keras_model=build_mlp(), worker_optimizer="adam",
+                              loss="categorical_crossentropy", num_workers=2,
+                              communication_window=4, worker_timeout=1)
+    with pytest.raises(TrainingError, match=r"sent nothing for \d+ s while starting or "
+                                            r"compiling a step \(allowed: 3 s"):
+        trainer.train(fashion_train.limit(400), verbose=0)
+
+
 def test_back_to_back_trainings_leak_nothing(fashion_train):
     data = fashion_train.limit(400)
     ports = []
