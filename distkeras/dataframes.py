@@ -1,14 +1,19 @@
 """Checks a training DataFrame against the model and lays it out for the workers."""
 
+import contextlib
+import logging
 
 import numpy as np
 from pyspark.ml.functions import vector_to_array
 from pyspark.ml.linalg import SparseVector, VectorUDT
+from pyspark import StorageLevel
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from distkeras.feed import arrow_name, integer_dtype, padding_hint
 from distkeras.tensors import packed_size
+
+logger = logging.getLogger(__name__)
 
 
 def column(name):
@@ -506,3 +511,29 @@ def barrier_compatible(dataframe, num_partitions):
         return True
     except Exception:  # py4j internals another Spark may lack: not a barrier stage then
         return False
+
+
+@contextlib.contextmanager
+def kept_for_epochs(frame, num_epoch):
+    """Keeps ``frame`` on the executors' disks (``DISK_ONLY``) while a training reads it
+    once per epoch in a Spark job per epoch, and unpersists it after.
+
+    The one-job paths read each partition once and replay it from local disk
+    (`distkeras.epochs`); a job per epoch computes the frame again, and a nondeterministic
+    upstream (a shuffle's row order, ``rand()``, a UDF) would give each epoch other rows,
+    depending only on how many task slots the cluster has. A frame the user cached is
+    read as it is.
+
+    Yields:
+        ``frame``.
+    """
+    if num_epoch < 2 or frame.is_cached:
+        yield frame
+        return
+    logger.info(
+        "Persisting the training rows (DISK_ONLY) so that each epoch's job reads the same.")
+    frame.persist(StorageLevel.DISK_ONLY)
+    try:
+        yield frame
+    finally:
+        frame.unpersist()

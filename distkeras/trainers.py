@@ -1147,7 +1147,8 @@ class SingleTrainer(Trainer):
         if self.num_epoch > 1 and type(self).allocate_worker is SingleTrainer.allocate_worker \
                 and self._slots_for_one_job(frame, 1):
             return self._train_in_one_task(frame, label_shapes, shuffle)
-        return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
+        with dataframes.kept_for_epochs(frame, self.num_epoch):
+            return self._train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
     def allocate_epoch_worker(self):
         """The worker of the one task that runs every epoch when the driver acts at epoch
@@ -1863,7 +1864,8 @@ class AveragingTrainer(DistributedTrainer):
             logger.info("AveragingTrainer: the DataFrame's partitions cannot run as one "
                         "barrier stage (coalesce() or union() before the training): one "
                         "Spark job per epoch.")
-        return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
+        with dataframes.kept_for_epochs(frame, self.num_epoch):
+            return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
 
     def _runs_as_barrier_stage(self, frame, layout, shuffle):
         """Whether Spark accepts ``layout`` (`dataframes.lay_out` of ``frame``) as the

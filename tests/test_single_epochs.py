@@ -294,3 +294,46 @@ def test_a_task_per_epoch_retried_numbers_its_steps_on(spark, fashion_test, monk
     assert [record["iteration"] for record in steps] == list(range(1, 41))
     assert [record["epoch"] for record in steps] == [0] * 20 + [1] * 20
     assert list(trainer.get_averaged_history()["iteration"]) == list(range(1, 41))
+
+
+def _counted_rows(spark, frame):
+    """``frame`` behind a Python filter that counts the rows it computes (as a
+    nondeterministic upstream would give other rows each time it runs)."""
+    from pyspark.sql import functions as F
+
+    computed = spark.sparkContext.accumulator(0)
+
+    def keep(_):
+        computed.add(1)
+        return True
+
+    return frame.filter(F.udf(keep, "boolean")(F.lit(1))), computed
+
+
+def test_a_job_per_epoch_computes_the_rows_once(spark, fashion_test):
+    # Each epoch's job computed the DataFrame again (a nondeterministic upstream gave each
+    # epoch other rows), where the one-job paths read it once and replay it.
+    import keras
+
+    from distkeras.trainers import AveragingTrainer, SingleTrainer
+
+    images, labels = fashion_test
+    base = _frame(spark, images[:400], labels[:400]).cache()
+    validation = _frame(spark, images[1000:1100], labels[1000:1100])
+
+    class PerEpoch(SingleTrainer):  # a custom worker: a task per epoch
+        def allocate_worker(self):
+            return super().allocate_worker()
+
+    frame, computed = _counted_rows(spark, base)
+    keras.utils.set_random_seed(1)
+    PerEpoch(build_mlp(16), "adam", "categorical_crossentropy", num_epoch=3).train(
+        frame, verbose=0, validation_data=validation)
+    # One pass before the training (its checks and count), one for all three epochs.
+    assert computed.value == 2 * 400
+    # 4 workers on local[2,4]'s two slots: a job per epoch.
+    frame, computed = _counted_rows(spark, base)
+    AveragingTrainer(build_mlp(16), "adam", "categorical_crossentropy", num_workers=4,
+                     num_epoch=3).train(frame, verbose=0)
+    assert computed.value == 400
+    assert not frame.is_cached  # unpersisted after the training
