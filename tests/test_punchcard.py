@@ -132,23 +132,6 @@ def _group_alive(pid):
         return False
 
 
-def test_seed_session_trains_and_returns_the_model(server, secrets, data_path, fashion_test):
-    secret, job_name, num_executors, num_processes = secrets[1][0], "fashion-adag", 1, 2
-    trainer = _trainer()
-    job = Job(secret, job_name, data_path, num_executors, num_processes, trainer)
-    job.send(server.url)
-    job.wait_completion(timeout=300, poll_interval=0.5)
-    trained_model = job.get_trained_model()
-    history = job.get_history()
-    assert trained_model.compiled
-    assert accuracy(trained_model, fashion_test) > 0.6
-    assert sum(record["batch_size"] for record in history) == 2000
-    assert {record["worker_id"] for record in history} == {0, 1}  # 1 executor x 2 processes
-    # destroy deleted the job: the secret is free again and the job's files are gone
-    assert _raw(server.url, "/api/state", secret)[0] == 404
-    assert os.listdir(os.path.join(server.punchcard.work_dir, "jobs")) == []
-
-
 def test_train_options_reach_the_job(server, secrets, data_path):
     secret = secrets[1][2]
     job = Job(secret, "options", data_path, 1, 2, _trainer(),
@@ -162,7 +145,10 @@ def test_train_options_reach_the_job(server, secrets, data_path):
     assert last["epoch"] == 1 and last["samples"] == trained and 0 < last["val_loss"] < 5
 
 
-def test_readme_client_example_runs_as_printed(server, secrets, data_path):
+def test_readme_client_example_runs_as_printed(server, secrets, data_path, fashion_test):
+    """The README's client block, as printed; its first job is also the seed's session
+    (one job, 1 executor x 2 processes, whose model comes back trained), checked here
+    rather than in a job of its own (each job is a Spark application of its own)."""
     from readme_support import readme_block, run_as_main
 
     code = readme_block("Punchcard: remote jobs")
@@ -176,10 +162,16 @@ def test_readme_client_example_runs_as_printed(server, secrets, data_path):
     namespace = run_as_main(code, secret=secret, trainer=_trainer(), path=data_path,
                             url=server.url)
 
-    assert namespace["trained_model"].compiled
-    assert sum(record["batch_size"] for record in namespace["history"]) == 2000
+    # The first job's: trained_model and history are not assigned again after it.
+    trained_model, history = namespace["trained_model"], namespace["history"]
+    assert trained_model.compiled
+    assert accuracy(trained_model, fashion_test) > 0.6
+    assert sum(record["batch_size"] for record in history) == 2000
+    assert {record["worker_id"] for record in history} == {0, 1}  # 1 executor x 2 processes
     assert namespace["job"].state == "cancelled"
     assert _raw(server.url, "/api/state", secret)[0] == 404  # destroyed: the secret is free
+    # wait_completion and destroy deleted every job: their files are gone.
+    assert os.listdir(os.path.join(server.punchcard.work_dir, "jobs")) == []
 
 
 def test_refusals(secrets, tmp_path, data_path):
