@@ -474,7 +474,7 @@ sys.path.insert(0, {tests!r})
 from conftest import build_mlp
 from distkeras.datasets import load_fashion_mnist
 from distkeras.trainers import ADAG
-data = load_fashion_mnist(spark, "train", limit=6000).cache()
+data = load_fashion_mnist(spark, "train", limit=2000).cache()  # 30 epochs: 960 steps a worker
 data.count()
 def trainer(epochs):
     return ADAG(keras_model=build_mlp(), worker_optimizer="adam",
