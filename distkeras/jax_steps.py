@@ -70,7 +70,7 @@ class JaxTrainStep:
         def window(state, batches):
             # Several steps in one compiled call: no Python between them.
             def body(carry, batch):
-                outputs, carry = step(carry, batch if len(batch) == 3 else (*batch, None))
+                outputs, carry = step(carry, batch)
                 return carry, outputs
 
             state, outputs = jax.lax.scan(body, tuple(state), batches)
@@ -97,7 +97,7 @@ class JaxTrainStep:
 
     def __call__(self, x, y, sample_weight=None):
         """Runs one step; returns the logs (JAX scalars, per batch)."""
-        data = (x, y, sample_weight)
+        data = fit_data(x, y, sample_weight)
         if self._step is None:
             self._build(data)
         if self.state is None:
@@ -114,13 +114,12 @@ class JaxTrainStep:
         Returns:
             The logs, each a JAX array with one value per step (``metric_values`` too).
         """
-        first = tuple(batches[0])
+        batches = [fit_data(*batch) for batch in batches]
         if self._step is None:
-            self._build(first if len(first) == 3 else (*first, None))
+            self._build(batches[0])
         if self.state is None:
             self._load_state()
-        stacked = jax.tree_util.tree_map(lambda *arrays: stack(arrays),
-                                         *[tuple(batch) for batch in batches])
+        stacked = jax.tree_util.tree_map(lambda *arrays: stack(arrays), *batches)
         (logs, self.metric_values), self.state = self._window(self.state, stacked)
         return logs
 
@@ -169,6 +168,17 @@ class JaxTrainStep:
             for variable, value in zip(variables, values):
                 variable.assign(value)
         self.state = None  # the variables hold the truth now; re-read them at the next step
+
+
+def fit_data(x, y, sample_weight=None):
+    """One batch as ``model.fit`` hands it to ``train_step``: ``(x, y)``, or
+    ``(x, y, sample_weight)`` only when there are weights.
+
+    A ``train_step`` of the user's own, as Keras's guide writes it, unpacks ``x, y = data``;
+    given ``(x, y, None)`` (what Keras's ``train_on_batch`` passes) it failed with "too
+    many values to unpack". Keras's own step reads either form.
+    """
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
 def _summed_metric_positions(model):

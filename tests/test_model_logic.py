@@ -125,3 +125,61 @@ def test_workers_run_a_model_compiled_with_run_eagerly_eagerly(spark):
 
         # As `model.fit(x, y, batch_size=16)` logs them: 1, 2, 3, 4.
         assert [record["loss"] for record in trainer.get_history()] == [1.0, 2.0, 3.0, 4.0]
+
+
+class GuideStepModel(keras.Model):
+    """The `train_step` of Keras's JAX guide: it unpacks ``x, y = data`` and reports a
+    `Mean` of its own as the loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    def _loss(self, trainable, non_trainable, x, y):
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x,
+                                                    training=True)
+        return keras.ops.mean(keras.ops.square(y - y_pred)), non_trainable
+
+    def train_step(self, state, data):
+        import jax
+
+        trainable, non_trainable, optimizer, metrics = state
+        x, y = data
+        (loss, non_trainable), grads = jax.value_and_grad(self._loss, has_aux=True)(
+            trainable, non_trainable, x, y)
+        trainable, optimizer = self.optimizer.stateless_apply(optimizer, grads, trainable)
+        metrics = self.loss_tracker.stateless_update_state(metrics, loss)
+        return ({"loss": self.loss_tracker.stateless_result(metrics)},
+                (trainable, non_trainable, optimizer, metrics))
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+
+def _guide_model():
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((4,))
+    model = GuideStepModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd")
+    return model
+
+
+def test_a_train_step_unpacking_x_and_y_trains_as_with_fit(spark):
+    from distkeras.trainers import SingleTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    reference = _guide_model()
+    fitted = reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    frame = spark.createDataFrame([(a.tolist(), b.tolist()) for a, b in zip(x, y)],
+                                  "features array<float>, label array<float>").coalesce(1)
+    trainer = SingleTrainer(_guide_model(), batch_size=16)
+    trained = trainer.train(frame, verbose=0)  # fit passes (x, y), not (x, y, None)
+
+    losses = [record["loss"] for record in trainer.get_history()]
+    np.testing.assert_allclose(np.mean(losses), fitted.history["loss"][0], rtol=1e-4)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
