@@ -444,6 +444,10 @@ class SocketParameterServer(ParameterServer):
         while True:
             conn.last_activity = time.monotonic()
             action = networking.recv_action(conn)
+            # The silence ends as the action arrives, and before `stepped` says a worker
+            # that steps: else the monitor could read a compile's silence against
+            # worker_timeout while a report's payload is read.
+            conn.last_activity = time.monotonic()
             if action in (networking.ACTION_COMMIT, networking.ACTION_HISTORY):
                 conn.stepped = True
             elif action == networking.ACTION_COMPILING:

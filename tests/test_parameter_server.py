@@ -908,3 +908,19 @@ def test_the_same_attempt_reconnecting_supersedes_nothing(servers):
     _wait_for(lambda: len(server.history) == 2)
     assert server.history_generation == 0
     assert not any("superseded" in record or "attempt" in record for record in server.history)
+
+
+def test_a_commit_after_a_long_compile_is_not_idle_while_its_payload_arrives(servers):
+    # A worker that compiled for longer than worker_timeout then commits: from the commit's
+    # action on it is a worker that steps, but its silence ended with that action, not
+    # when the handler has read the (large) payload: the monitor named it a stalled worker.
+    server = servers()
+    client = Client(server, 1)
+    networking.send_action(client.sock, networking.ACTION_COMPILING)
+    time.sleep(1.0)  # compiling: within the start-up allowance
+    networking.send_action(client.sock, networking.ACTION_COMMIT)
+    time.sleep(0.3)  # the payload is still on its way
+    assert server.idle_workers(0.8, startup_limit=60.0) == []
+    send_data(client.sock, {"delta": weights_array(layers(0.5, -0.25))})
+    assert client.pull()["num_updates"] == 1
+    client.quit()
