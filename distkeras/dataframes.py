@@ -522,12 +522,14 @@ def kept_for_epochs(frame, num_epoch):
     (`distkeras.epochs`); a job per epoch computes the frame again, and a nondeterministic
     upstream (a shuffle's row order, ``rand()``, a UDF) would give each epoch other rows,
     depending only on how many task slots the cluster has. A frame the user cached is
-    read as it is.
+    read as it is, and so is one whose rows all come from a cache through steps that give
+    the same rows each time (the training columns selected from the user's cached frame):
+    a copy on disk would add nothing.
 
     Yields:
         ``frame``.
     """
-    if num_epoch < 2 or frame.is_cached:
+    if num_epoch < 2 or frame.is_cached or _read_from_cache(frame):
         yield frame
         return
     logger.info(
@@ -537,3 +539,38 @@ def kept_for_epochs(frame, num_epoch):
         yield frame
     finally:
         frame.unpersist()
+
+
+def _read_from_cache(frame):
+    """Whether every row of ``frame`` comes from a cache (``df.cache()``, ``persist()``,
+    ``spark.catalog.cacheTable``) through deterministic steps without Python UDFs.
+
+    ``frame.is_cached`` says only whether that Python object was cached: the training
+    frame is a new ``select`` of the user's DataFrame, so it never was.
+    """
+    try:
+        return _cached_leaves_only(frame._jdf.queryExecution().withCachedData())
+    except Exception:  # py4j internals another Spark may lack: keep the frame on disk then
+        return False
+
+
+def _cached_leaves_only(plan):
+    """Whether a logical plan reads only cached relations, deterministically."""
+    if plan.getClass().getSimpleName() == "InMemoryRelation":
+        return True
+    children = plan.children()
+    if children.size() == 0 or not plan.deterministic():
+        return False
+    expressions = plan.expressions()
+    # A Python UDF counts as nondeterministic: few users mark one that draws random
+    # numbers or reads the clock with asNondeterministic().
+    if any(_holds_python_udf(expressions.apply(i)) for i in range(expressions.size())):
+        return False
+    return all(_cached_leaves_only(children.apply(i)) for i in range(children.size()))
+
+
+def _holds_python_udf(expression):
+    if expression.getClass().getSimpleName() == "PythonUDF":
+        return True
+    children = expression.children()
+    return any(_holds_python_udf(children.apply(i)) for i in range(children.size()))

@@ -337,3 +337,28 @@ def test_a_job_per_epoch_computes_the_rows_once(spark, fashion_test):
                      num_epoch=3).train(frame, verbose=0)
     assert computed.value == 400
     assert not frame.is_cached  # unpersisted after the training
+
+
+def test_a_frame_read_from_the_users_cache_is_not_copied_to_disk(spark, fashion_test):
+    # The training frame is a select of the user's DataFrame, a new object whose
+    # is_cached is False: a frame the user cached was written to disk again.
+    from pyspark import StorageLevel
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    from distkeras import dataframes
+
+    images, labels = fashion_test
+    base = _frame(spark, images[:50], labels[:50])
+    # Vectors as VectorAssembler makes them: the training frame converts them.
+    base = base.withColumn("features", array_to_vector("features")).cache()
+    frame = dataframes.training_frame(base, "features", "label")
+    with dataframes.kept_for_epochs(frame, 3):
+        assert frame.storageLevel != StorageLevel.DISK_ONLY
+    # Rows drawn anew at each read are still kept: rand(), and a Python UDF.
+    for drawn in (frame.where(F.rand() < 0.9),
+                  frame.where(F.udf(lambda _: True, "boolean")(F.lit(1)))):
+        with dataframes.kept_for_epochs(drawn, 3):
+            assert drawn.storageLevel == StorageLevel.DISK_ONLY
+        assert drawn.storageLevel != StorageLevel.DISK_ONLY
+    base.unpersist()
