@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distkeras.sample_weights import fit_data
+
 
 class JaxTrainStep:
     """Runs training steps on a compiled Keras model (JAX backend), syncing lazily.
@@ -168,17 +170,6 @@ class JaxTrainStep:
             for variable, value in zip(variables, values):
                 variable.assign(value)
         self.state = None  # the variables hold the truth now; re-read them at the next step
-
-
-def fit_data(x, y, sample_weight=None):
-    """One batch as ``model.fit`` hands it to ``train_step``: ``(x, y)``, or
-    ``(x, y, sample_weight)`` only when there are weights.
-
-    A ``train_step`` of the user's own, as Keras's guide writes it, unpacks ``x, y = data``;
-    given ``(x, y, None)`` (what Keras's ``train_on_batch`` passes) it failed with "too
-    many values to unpack". Keras's own step reads either form.
-    """
-    return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
 def _summed_metric_positions(model):

@@ -147,3 +147,14 @@ def row_weights(rows, weights=None, labels=None, class_table=None, name=None):
         factors[known] = class_table[indices[known]]
         result = result * factors
     return result
+
+
+def fit_data(x, y, sample_weight=None):
+    """One batch as ``model.fit`` hands it to ``train_step``: ``(x, y)``, or
+    ``(x, y, sample_weight)`` only when there are weights.
+
+    A ``train_step`` of the user's own, as Keras's guide writes it, unpacks ``x, y = data``;
+    given ``(x, y, None)`` (what Keras's ``train_on_batch`` passes) it failed with "too
+    many values to unpack". Keras's own step reads either form.
+    """
+    return (x, y) if sample_weight is None else (x, y, sample_weight)

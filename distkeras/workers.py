@@ -269,6 +269,50 @@ def _batch_size(x):
     return len(x[0]) if isinstance(x, (list, tuple)) else len(x)
 
 
+def overrides_train_step(model):
+    """Whether ``model``'s class defines a `train_step` of its own (Keras's guides)."""
+    import keras
+
+    return type(model).train_step is not keras.Model.train_step
+
+
+def pack_train_function_as_fit(model):
+    """Makes ``model``'s train function hand `train_step` each batch as `fit` does.
+
+    Keras's `train_on_batch` passes ``(x, y, None)`` to the model's train function on every
+    backend, where `fit` passes ``(x, y)`` (the weights only when there are some): a
+    `train_step` of the user's own that unpacks ``x, y = data`` trained under `fit` and
+    failed under `train_on_batch` with "too many values to unpack". Wrapping the train
+    function, rather than calling it ourselves, keeps the rest of `train_on_batch` as Keras
+    has it on each backend (the symbolic and optimizer builds, the metrics reset, the
+    state sync on JAX). Does nothing when the function is wrapped already.
+
+    Args:
+        model: A compiled `keras.Model`.
+    """
+    from distkeras.sample_weights import fit_data
+
+    model.make_train_function()
+    train_function = model.train_function
+    if getattr(train_function, "packs_as_fit", False):
+        return
+
+    def as_fit(batch):
+        if isinstance(batch, tuple) and len(batch) == 3:
+            return fit_data(*batch)
+        return batch
+
+    def train_function_as_fit(*args):
+        # The batches come last: after the state on JAX, alone on tensorflow and torch; a
+        # list (torch indexes it) or an iterator (JAX takes next(), tensorflow iterates).
+        *state, batches = args
+        packed = [as_fit(batch) for batch in batches]
+        return train_function(*state, packed if isinstance(batches, list) else iter(packed))
+
+    train_function_as_fit.packs_as_fit = True
+    model.train_function = train_function_as_fit
+
+
 class ModelReplica:
     """The worker's Keras model, with numpy-2 friendly weights and a record of every step.
 
@@ -285,6 +329,9 @@ class ModelReplica:
         self._on_batch = on_batch
         self._on_window = on_window
         self._fast_step = JaxTrainStep(model) if JaxTrainStep.supported(model) else None
+        # Keras's own train_step reads (x, y, None) as it is: those models keep exactly
+        # Keras's train_on_batch.
+        self._packs_as_fit = overrides_train_step(model)
         # The metric variables' values after the last step (one per step along their first
         # axis after a window), from zero at the step's start.
         self.metric_values = None
@@ -319,6 +366,8 @@ class ModelReplica:
                 return values[0] if len(values) == 1 else values
             return {key: _to_float(value) for key, value in logs.items()}
         self._sync()
+        if self._packs_as_fit:
+            pack_train_function_as_fit(self._model)
         logs = self._model.train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=True
         )

@@ -1,6 +1,7 @@
 """Models whose training is more than a loss on Dense layers: their own losses and steps."""
 
 import numpy as np
+import pytest
 
 import keras
 
@@ -70,8 +71,6 @@ class ZeroingSubclass(ZeroingModel):
 
 
 def test_wrapping_a_subclass_with_its_own_train_step_is_not_advised(spark):
-    import pytest
-
     from distkeras.trainers import SingleTrainer
 
     model = ZeroingSubclass()
@@ -157,11 +156,11 @@ class GuideStepModel(keras.Model):
         return [self.loss_tracker]
 
 
-def _guide_model():
+def _guide_model(**options):
     keras.utils.set_random_seed(2)
     inputs = keras.Input((4,))
     model = GuideStepModel(inputs, keras.layers.Dense(1)(inputs))
-    model.compile(optimizer="sgd")
+    model.compile(optimizer="sgd", **options)
     return model
 
 
@@ -183,3 +182,55 @@ def test_a_train_step_unpacking_x_and_y_trains_as_with_fit(spark):
     np.testing.assert_allclose(np.mean(losses), fitted.history["loss"][0], rtol=1e-4)
     for got, expected in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{"run_eagerly": True}, {"jit_compile": False}])
+def test_a_train_step_unpacking_x_and_y_trains_as_with_fit_off_the_fast_path(spark, options):
+    from distkeras.trainers import SingleTrainer
+    from distkeras.workers import overrides_train_step
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    reference = _guide_model(**options)
+    fitted = reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    frame = spark.createDataFrame([(a.tolist(), b.tolist()) for a, b in zip(x, y)],
+                                  "features array<float>, label array<float>").coalesce(1)
+    trainer = SingleTrainer(_guide_model(**options), batch_size=16)
+    # The workers step through Keras's train_on_batch here, which passed (x, y, None): "too
+    # many values to unpack (expected 2)" on every executor.
+    trained = trainer.train(frame, verbose=0)
+
+    losses = [record["loss"] for record in trainer.get_history()]
+    np.testing.assert_allclose(np.mean(losses), fitted.history["loss"][0], rtol=1e-4)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    # Models with Keras's own train_step keep Keras's train_on_batch as it is.
+    assert overrides_train_step(reference)
+    assert not overrides_train_step(keras.Sequential([keras.Input((4,)),
+                                                      keras.layers.Dense(1)]))
+
+
+# own_step_support.py has the tensorflow guide's step too (KERAS_BACKEND=tensorflow).
+@pytest.mark.parametrize("backend", ["torch"])
+def test_a_guide_train_step_trains_as_with_fit_on_the_backend(backend):
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec(backend) is None:
+        pytest.fail(f"{backend} is not installed: run `bash scripts/setup.sh --backends`.")
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("own_step_support.py"))],
+                         env=env, capture_output=True, text=True, timeout=600)
+    # Failed with "too many values to unpack (expected 2)" on the executor.
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert results["backend"] == backend and len(results["losses"]) == 8  # 256 rows, 32 each
+    np.testing.assert_allclose(np.mean(results["losses"]), results["fit_loss"], rtol=1e-4)
+    assert results["weight_error"] < 1e-5
