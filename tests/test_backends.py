@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SUPPORT = Path(__file__).with_name("backend_support.py")
@@ -39,6 +40,12 @@ def test_training_and_prediction_run_on_the_backend(backend, module):
     # 3,000 rows, batch 32: 94 steps per epoch, on one worker or shared by two.
     assert results["SingleTrainer"]["steps"] == 188
     assert results["ADAG"]["steps"] == 2 * 2 * 47
+    # A train_step of the user's own that unpacks x, y = data, as fit hands it the batch
+    # (Keras's train_on_batch handed it (x, y, None): "too many values to unpack").
+    own = results["own_train_step"]
+    assert len(own["losses"]) == 8  # 256 rows, 32 each
+    np.testing.assert_allclose(np.mean(own["losses"]), own["fit_loss"], rtol=1e-4)
+    assert own["weight_error"] < 1e-5
 
 
 def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
