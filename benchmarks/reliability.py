@@ -32,7 +32,11 @@ MIN_LIMIT = WORKERS * BATCH * (LOST_STEP + WINDOW)
 LIMITS = (
     "Before its token is checked a connection may send one frame of at most 64 KiB, and the "
     "whole handshake must arrive within `handshake_timeout` (a client trickling its bytes is "
-    "dropped). A driver out of file descriptors (`ulimit -n`) warns once and accepts again as "
+    "dropped). At most `MAX_PENDING_HANDSHAKES` (64, or twice the trainer's workers) "
+    "connections may be in their handshake at once: past that the oldest is closed as a new "
+    "one arrives, so a flood of connections that never send the token costs a bounded number "
+    "of threads, and workers, who send theirs as they connect, still join during one. A "
+    "driver out of file descriptors (`ulimit -n`) warns once and accepts again as "
     "connections close, where the server used to stop accepting for good. Punchcard refuses "
     "a model archive whose files declare more than 10 times its size (past 64 MiB): a "
     "decompression bomb would be read into the server's memory as Keras loads it.")

@@ -120,16 +120,25 @@ class Connection:
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.sock.settimeout(seconds)
 
+    def shutdown(self):
+        """Ends the connection both ways, waking a thread blocked reading it."""
+        shutdown_socket(self.sock)
+
     def close(self):
         close_socket(self.sock)
 
 
-def close_socket(sock):
-    """Shuts down and closes a socket, ignoring a peer that is already gone."""
+def shutdown_socket(sock):
+    """Shuts a socket down both ways, ignoring a peer that is already gone."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def close_socket(sock):
+    """Shuts down and closes a socket, ignoring a peer that is already gone."""
+    shutdown_socket(sock)
     sock.close()
 
 

@@ -80,6 +80,14 @@ class SocketParameterServer(ParameterServer):
 
     commits_applied_as_sent = False
 
+    # Connections that have not presented the token yet each hold a thread until the
+    # handshake deadline, and anyone who reaches the port can open thousands. Past this
+    # many, the oldest is closed as each new one arrives (not the new one): a worker sends
+    # its token as it connects, and it is read long before that many later connections
+    # could push it out, so workers still join while a flood holds every place. Trainers
+    # raise the cap to twice their workers (`expect_workers`), who may connect at once.
+    MAX_PENDING_HANDSHAKES = 64
+
     # Whether the progress shows commits per second (the rate of the workers' exchanges).
     shows_commit_rate = True
 
@@ -89,6 +97,8 @@ class SocketParameterServer(ParameterServer):
         self.port = None
         self.token = secrets.token_hex(32)
         self.handshake_timeout = handshake_timeout
+        self.max_pending_handshakes = self.MAX_PENDING_HANDSHAKES
+        self.handshakes_closed = 0  # connections closed to make room (see above)
         self.weight_spec = [(weight.shape, weight.dtype) for weight in self.center_variable]
         model_bytes = sum(weight.nbytes for weight in self.center_variable)
         # Room for two copies of the weights (Experimental sends the delta and the center).
@@ -127,8 +137,15 @@ class SocketParameterServer(ParameterServer):
         self._server_socket = None
         self._accept_thread = None
         self._connections = set()
+        # Connections still in their handshake, oldest first (a dict: ordered, O(1) removal).
+        self._pending = {}
         self._threads = set()
         self._running = False
+
+    def expect_workers(self, count):
+        """Leaves room for ``count`` workers in their handshake at once (twice that: see
+        `MAX_PENDING_HANDSHAKES`)."""
+        self.max_pending_handshakes = max(self.max_pending_handshakes, 2 * count)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -251,9 +268,11 @@ class SocketParameterServer(ParameterServer):
             return
         conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec,
                                      self.field_specs)
+        conn.addr, conn.evicted = addr, False
         thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                                   name=f"distkeras-ps-conn-{addr[1]}")
         with self._history_lock:  # started under the lock: a listed thread can be joined
+            self._make_room_for_handshake()
             try:
                 thread.start()
             except RuntimeError as error:  # "can't start new thread": out of threads
@@ -262,7 +281,37 @@ class SocketParameterServer(ParameterServer):
                 conn.close()
                 return
             self._connections.add(conn)
+            self._pending[conn] = None
             self._threads.add(thread)
+
+    def _make_room_for_handshake(self):
+        """Closes the oldest connections still in their handshake until a new one fits
+        within ``max_pending_handshakes``; call under the history lock."""
+        while self._pending and len(self._pending) >= self.max_pending_handshakes:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            oldest.evicted = True
+            # Only shut down: its own thread wakes from its read and closes the socket, so
+            # no descriptor is closed under a thread still reading it.
+            oldest.shutdown()
+            self.handshakes_closed += 1
+            log = logger.warning if self.handshakes_closed == 1 else logger.debug
+            log("The parameter server on port %s has %s connections that have not sent "
+                "the run's token; closed the oldest (from %s). Something other than this "
+                "run's workers is connecting to the port.", self.port,
+                self.max_pending_handshakes, oldest.addr)
+
+    def _end_handshake(self, conn):
+        """Takes an authenticated connection out of the handshake count.
+
+        Raises:
+            ConnectionError: If it was closed to make room before its token was read.
+        """
+        with self._history_lock:
+            if conn.evicted:
+                raise ConnectionError("closed to make room for newer connections before "
+                                      "its token was read")
+            self._pending.pop(conn, None)
 
     # -- one connection ------------------------------------------------------------------
 
@@ -281,6 +330,7 @@ class SocketParameterServer(ParameterServer):
             conn.max_frame_bytes = networking.HANDSHAKE_MAX_FRAME_BYTES
             hello = recv_data(conn)
             conn.worker_id = networking.check_token(hello, self.token)
+            self._end_handshake(conn)
             conn.attempt = networking.hello_attempt(hello)
             conn.max_frame_bytes = self.max_frame_bytes
             self._join(conn)
@@ -288,8 +338,9 @@ class SocketParameterServer(ParameterServer):
             self._dispatch(conn, addr)
         except (networking.ProtocolError, ConnectionError, OSError) as error:
             if self._running:
-                logger.warning("Closed connection from %s (worker %s): %s",
-                               addr, conn.worker_id, error)
+                # One of a flood, closed to make room: `_make_room_for_handshake` warned.
+                log = logger.debug if conn.evicted else logger.warning
+                log("Closed connection from %s (worker %s): %s", addr, conn.worker_id, error)
         except Exception as error:  # a bug in a handler: keep it for the trainer to report
             logger.exception("Parameter server handler failed for %s", addr)
             with self._history_lock:
@@ -300,6 +351,7 @@ class SocketParameterServer(ParameterServer):
             conn.close()
             with self._history_lock:
                 self._connections.discard(conn)
+                self._pending.pop(conn, None)
                 self._threads.discard(threading.current_thread())
 
     def _join(self, conn):

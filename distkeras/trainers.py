@@ -919,6 +919,7 @@ class Trainer:
         """
         spark = layout.sparkSession
         server.host = bind_address(spark)
+        server.expect_workers(num_tasks)
         self.parameter_server = server
         self._configure_worker(worker)
         job_group = self._new_job_group()
@@ -1481,6 +1482,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         server = self.allocate_parameter_server()
         if isinstance(server, parameter_servers.SocketParameterServer):
             server.host = bind_address(spark)
+            server.expect_workers(self.num_partitions())
         self._worker_host = driver_address(spark)
         self.parameter_server = server
         if self.resume:

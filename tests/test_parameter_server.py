@@ -594,6 +594,37 @@ def test_handshake_timeout_does_not_apply_after_auth(servers):
     client.quit()
 
 
+def test_a_flood_of_connections_without_the_token_holds_at_most_the_cap(servers, caplog):
+    """Each connection that never sends the token held a thread until the handshake
+    deadline, so anyone reaching the port could open thousands. Past the cap the oldest
+    are closed at once; workers already in, and one that joins while the flood holds
+    every place, train on."""
+    server = servers(handshake_timeout=30.0)
+    cap = server.max_pending_handshakes
+    assert cap == SocketParameterServer.MAX_PENDING_HANDSHAKES == 64
+    joined = [Client(server, worker_id) for worker_id in range(3)]
+    for client in joined:
+        client.pull()  # answered: its token was read, it no longer counts
+    extra = 16
+    with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+        flood = [Client(server, 0, authenticate=False) for _ in range(cap + extra)]
+        for client in flood[:extra]:  # the oldest, long before the 30 s deadline
+            assert expect_closed_by_server(client.sock) < 5.0
+    assert "have not sent the run's token" in caplog.text
+    deadline = time.monotonic() + 5
+    while len(server_threads()) > 1 + len(joined) + cap and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(server_threads()) == 1 + len(joined) + cap  # the accept loop, the rest
+    assert_honest_client_works(server)
+    for worker_id, client in enumerate(joined):
+        client.commit(layers(1.0, 1.0))
+        assert client.pull()["num_updates"] == server.num_updates
+        client.quit()
+    for client in flood[extra:]:
+        client.close()
+    assert server.errors == []
+
+
 def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, caplog):
     """A process out of file descriptors (many connections, a low `ulimit -n`) fails
     accept() with EMFILE: the server warns and accepts again once some close, where it
