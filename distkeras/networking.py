@@ -488,8 +488,10 @@ def check_token(message, token):
         ProtocolError: If the token is missing or wrong.
     """
     offered = message.get("token")
+    # "surrogatepass": JSON may carry a lone surrogate ("\ud800"), which plain UTF-8 cannot
+    # encode; its UnicodeEncodeError read as a bug of the server, which stopped the run.
     if not isinstance(offered, str) or not hmac.compare_digest(
-        offered.encode("utf-8"), token.encode("utf-8")
+        offered.encode("utf-8", "surrogatepass"), token.encode("utf-8")
     ):
         raise ProtocolError("Wrong or missing token.")
     worker_id = message.get("worker_id")

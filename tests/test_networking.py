@@ -504,7 +504,7 @@ def test_authenticate_then_check_token(pair):
     {"token": "wrong", "worker_id": 1}, {"token": "secre", "worker_id": 1},
     {"token": "secret ", "worker_id": 1}, {"token": "", "worker_id": 1},
     {"worker_id": 1}, {}, {"token": None}, {"token": 123}, {"token": ["secret"]},
-    {"token": b"secret"}, {"token": {"secret": 1}},
+    {"token": b"secret"}, {"token": {"secret": 1}}, {"token": "\ud800"},
 ])
 def test_check_token_rejects(message):
     with pytest.raises(ProtocolError):
