@@ -39,7 +39,10 @@ LIMITS = (
     "driver out of file descriptors (`ulimit -n`) warns once and accepts again as "
     "connections close, where the server used to stop accepting for good. Punchcard refuses "
     "a model archive whose files declare more than 10 times its size (past 64 MiB): a "
-    "decompression bomb would be read into the server's memory as Keras loads it.")
+    "decompression bomb would be read into the server's memory as Keras loads it. It counts "
+    "the weights a model's configuration declares, without allocating them, and refuses more "
+    "than that same limit: a few kilobytes declaring Dense(200000) after Dense(200000) were "
+    "built in the server's process, 160 GB of weights.")
 
 LARGE_MODELS = (
     "Large models: a worker's reply to the driver (SingleTrainer's, AveragingTrainer's and "

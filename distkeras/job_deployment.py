@@ -442,6 +442,7 @@ def _model_bytes(text):
         raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
                          f"{len(data)} bytes that are not a zip file.")
     _check_unpacked_size(data)
+    _check_declared_weights(data)
     return data
 
 
@@ -452,6 +453,11 @@ MAX_ARCHIVE_EXPANSION = 10
 ARCHIVE_EXPANSION_FLOOR = 64 << 20
 
 
+def _unpack_limit(data):
+    """The most bytes this server unpacks, or builds weights of, for the archive ``data``."""
+    return max(ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION * len(data))
+
+
 def _check_unpacked_size(data):
     """Refuses an archive whose files declare far more bytes than it holds."""
     try:
@@ -459,12 +465,40 @@ def _check_unpacked_size(data):
             unpacked = sum(info.file_size for info in archive.infolist())
     except (zipfile.BadZipFile, ValueError) as error:
         raise BadRequest(f"'model' must be a base64 .keras archive: {error}") from error
-    limit = max(ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION * len(data))
+    limit = _unpack_limit(data)
     if unpacked > limit:
         raise BadRequest(
             f"The model archive was refused: its {len(data)} bytes declare {unpacked} bytes "
             f"of files, more than this server unpacks ({limit}). Send the archive as "
             "keras.saving.save_model writes it.")
+
+
+def _check_declared_weights(data):
+    """Refuses an archive whose configuration declares far more weights than it holds.
+
+    Building the model to load it allocates every weight its configuration declares,
+    whatever the archive carries: a few kilobytes declaring Dense(200000) after
+    Dense(200000) would take 160 GB of this server's memory. The weights are counted
+    without allocating them (`utils.declared_weight_bytes`) and may take no more than the
+    archive's files may unpack to: an archive that ``keras.saving.save_model`` wrote
+    holds every weight, uncompressed.
+    """
+    from distkeras.utils import declared_weight_bytes
+
+    try:
+        values, nbytes = declared_weight_bytes(data)
+    except Exception as error:  # any failure to build is the client's archive's fault
+        raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
+            from error
+    limit = _unpack_limit(data)
+    if nbytes > limit:
+        raise BadRequest(
+            f"The model archive was refused: its configuration declares {values} weight "
+            f"values ({nbytes} bytes), more than this server builds for an archive of "
+            f"{len(data)} bytes ({limit} bytes of weights at most: {MAX_ARCHIVE_EXPANSION} "
+            f"times the archive, or {ARCHIVE_EXPANSION_FLOOR >> 20} MiB). An archive that "
+            "keras.saving.save_model writes holds all its weights; send the model "
+            "itself, saved that way.")
 
 
 # Keras's words for a class or function it cannot find: "Could not locate class 'X'".

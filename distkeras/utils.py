@@ -99,6 +99,65 @@ def deserialize_model(data, compile=False, custom_objects=None):
             )
 
 
+def declared_weight_bytes(data):
+    """The bytes of the weights a `.keras` archive's configuration declares, counted
+    without allocating them.
+
+    The model is built from the archive's ``config.json`` (in safe mode) inside a Keras
+    ``StatelessScope``, where a variable keeps its shape and initializer but gets no value:
+    a configuration declaring 40 billion weights costs its layers' Python objects only.
+
+    Args:
+        data: The bytes of a `.keras` archive.
+
+    Returns:
+        ``(values, nbytes)``: the number of weight values, and their bytes in their dtypes.
+
+    Raises:
+        ValueError: If the archive has no readable configuration; Keras's own errors if
+            the model cannot be built from it.
+    """
+    import io
+    import json
+    import math
+    import zipfile
+
+    import keras
+    # Not public: Keras's thread-local state (its deferred variables) and the scopes
+    # that `keras.saving.load_model` builds a model from its configuration in.
+    from keras.src.backend.common import global_state
+    from keras.src.saving.serialization_lib import ObjectSharingScope, SafeModeScope
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, ValueError,
+            RecursionError) as error:
+        raise ValueError(f"it has no readable config.json ({error})") from error
+    if not isinstance(config, dict):
+        raise ValueError("its config.json is not a JSON object")
+    config["compile_config"] = None  # as load_model(compile=False): no optimizer built
+    _serialize_without_importing_tensorflow()
+    # Variables made in a stateless scope wait in this list to be initialized when some
+    # later scope ends: the count's must never be, so they go in a list of their own.
+    deferred = global_state.get_global_attribute("uninitialized_variables")
+    global_state.set_global_attribute("uninitialized_variables", [])
+    try:
+        with SafeModeScope(True), ObjectSharingScope(), \
+                keras.StatelessScope(initialize_variables=False):
+            model = keras.saving.deserialize_keras_object(config, safe_mode=True)
+            weights = list(getattr(model, "weights", []))
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", deferred)
+    values = nbytes = 0
+    for weight in weights:
+        count = math.prod(int(dim) for dim in weight.shape)
+        dtype = keras.backend.standardize_dtype(weight.dtype)
+        values += count
+        nbytes += count * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+    return values, nbytes
+
+
 def serialize_keras_object(obj):
     """Turns an optimizer, loss or metric into something JSON-able (strings stay strings)."""
     import keras

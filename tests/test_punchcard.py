@@ -652,6 +652,91 @@ def test_a_model_archive_that_unpacks_to_far_more_than_it_holds_is_refused(secre
         running.stop()
 
 
+def _with_config(model_bytes, edit):
+    """``model_bytes`` with its config.json passed through ``edit`` (the weights as they
+    were)."""
+    import io
+    import zipfile
+
+    original = zipfile.ZipFile(io.BytesIO(model_bytes))
+    edited = io.BytesIO()
+    with zipfile.ZipFile(edited, "w") as archive:
+        for info in original.infolist():
+            content = original.read(info.filename)
+            if info.filename == "config.json":
+                content = json.dumps(edit(json.loads(content))).encode()
+            archive.writestr(info.filename, content)
+    return edited.getvalue()
+
+
+def _widened(config, units=200_000):
+    """The MLP's config with every Dense of ``units`` (and no build shapes to disagree)."""
+    for layer in config["config"]["layers"]:
+        if layer["class_name"] == "Dense":
+            layer["config"]["units"] = units
+            layer.pop("build_config", None)
+    return config
+
+
+def test_a_model_declaring_more_weights_than_its_archive_holds_is_refused_unbuilt(secrets,
+                                                                                 tmp_path):
+    """A valid secret's archive of a few kilobytes whose config declares Dense(200000)
+    after Dense(200000): the server built it to validate it, allocating 160 GB of weights
+    in its own process. It is refused, by count, before any weight exists."""
+    payload = Job(secrets[1][14], "huge", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+    huge = _with_config(base64.b64decode(payload["model"]), _widened)
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        status, answer = _raw(running.url, "/api/submit", secrets[1][14],
+                              {**payload, "model": base64.b64encode(huge).decode()})
+        assert status == 400, answer
+        assert "declares 40157200000 weight values (160628800000 bytes)" in answer["error"]
+        assert "67108864 bytes of weights at most" in answer["error"]  # the limit
+        assert running.punchcard.store.by_state("queued", "running") == []
+        assert not os.path.exists(os.path.join(running.punchcard.work_dir, "jobs"))
+        assert _raw(running.url, "/api/submit", secrets[1][14], payload)[0] == 200
+    finally:
+        running.stop()
+
+
+def test_counting_declared_weights_leaves_no_variable_to_initialize():
+    """The count builds the model in a stateless scope, whose variables Keras initializes
+    when a later scope of the same thread ends: the 40 billion must never be."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    from distkeras.job_deployment import BadRequest, validate_submission
+
+    payload = Job("secret", "huge", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+    huge = _with_config(base64.b64decode(payload["model"]), _widened)
+    with pytest.raises(BadRequest, match="declares 40157200000 weight values"):
+        validate_submission({**payload, "model": base64.b64encode(huge).decode()})
+    assert not global_state.get_global_attribute("uninitialized_variables")
+    with keras.StatelessScope():
+        pass  # would initialize what the count left behind
+
+
+def test_legitimate_models_pass_the_weight_count():
+    import keras
+
+    from distkeras.job_deployment import validate_submission
+    from distkeras.utils import declared_weight_bytes, serialize_model
+
+    inputs = keras.Input((28, 28, 1))
+    hidden = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    hidden = keras.layers.MaxPooling2D()(hidden)
+    hidden = keras.layers.Dropout(0.25)(keras.layers.Flatten()(hidden))
+    cnn = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
+    text = keras.Sequential([keras.Input((20,), dtype="int32"), keras.layers.Embedding(500, 8),
+                             keras.layers.LSTM(4), keras.layers.Dense(10)])
+    for model in (build_mlp(), cnn, text):
+        assert declared_weight_bytes(serialize_model(model)) == (
+            model.count_params(), sum(weight.numpy().nbytes for weight in model.weights))
+        validate_submission(Job("secret", "ok", "/data/fashion.parquet", 1, 2,
+                                _trainer(keras_model=model)).payload())
+
+
 def test_an_unknown_custom_layer_is_named_in_a_few_words():
     import keras
 
