@@ -593,6 +593,14 @@ def _process_alive(pid, job_id):
 _ERROR_LINE = re.compile(r"\bERROR\b|^Traceback |^[\w.]*(Error|Exception)\b")
 
 
+def _reaped_exit_code(process, timeout=5.0):
+    """The exit code of a child process that has just ended, or None if it has not."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _exit_description(exit_code):
     if exit_code is None:
         return ""  # not this server's child (started before a restart): unknown
@@ -782,7 +790,6 @@ class Punchcard:
         """Brings a running job's row up to date with its process and status file."""
         if job["state"] != "running":
             return job
-        status = self._read_status(job) or {}
         with self._lock:
             process = self._processes.get(job["id"])
             if process is None and job["id"] in self._starting:
@@ -791,6 +798,13 @@ class Punchcard:
         # The process's own pid: the table's is written just after it started.
         pid = process.pid if process is not None else job["pid"]
         alive = exit_code is None and _process_alive(pid, job["id"])
+        if not alive and process is not None and exit_code is None:
+            # It exited between poll() and the look at /proc (a zombie's cmdline is
+            # empty): reap it now for its exit code, which the error names.
+            exit_code = _reaped_exit_code(process)
+        # Read once the process is known to be gone: a status written just before it
+        # exited counts (read earlier, a finished job could look as if it left no result).
+        status = self._read_status(job) or {}
         if status.get("state") == "finished" and not alive:
             self.store.finish(job["id"], "finished", only_if_state="running")
         elif status.get("state") == "failed" and not alive:

@@ -526,6 +526,43 @@ def test_a_job_whose_process_dies_reports_its_exit_and_error_lines(secrets, tmp_
         running.stop()
 
 
+class _PollsJustBeforeTheExit:
+    """A job's process whose poll() always answers just before it exits: the race in
+    which the process is gone by the time /proc is read (a zombie's cmdline is empty)."""
+
+    def __init__(self, process):
+        self._process = process
+
+    def poll(self):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._process, name)
+
+
+class _RacingCrashPunchcard(_CrashingPunchcard):
+    def _launch(self, job):
+        process = super()._launch(job)
+        if process is not None:
+            with self._lock:
+                self._processes[job["id"]] = _PollsJustBeforeTheExit(process)
+        return process
+
+
+def test_a_process_that_exits_just_after_its_poll_still_reports_its_exit_code(
+        secrets, tmp_path, data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            punchcard_class=_RacingCrashPunchcard)
+    try:
+        job = Job(secrets[1][12], "crash-race", data_path, 1, 1, _trainer())
+        job.send(running.url)
+        assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=30)
+        assert job.get_state()["error"].startswith(
+            "the job's process ended (exit code 3) without a result")
+    finally:
+        running.stop()
+
+
 @pytest.mark.parametrize("content", ['{"secret": "x", "identity": "a"}', "not json", "[1]"])
 def test_generate_secret_refuses_a_malformed_secrets_file(tmp_path, content):
     path = tmp_path / "secrets.json"
