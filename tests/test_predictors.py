@@ -171,7 +171,11 @@ def test_predicts_a_model_whose_outputs_are_a_dict(spark):
 
 def test_a_null_vector_is_named_not_a_jvm_error(spark):
     """Spark's vector_to_array failed the job on a null vector with a JVM UDF error; the
-    null now reaches the check that names the column."""
+    null now reaches the check that names the column. A row after the first (here the
+    second partition's) fails its task, which Spark retries (local[2,4]: 4 attempts): each
+    retry predicted every batch before it again, in a new Python worker (the failed one
+    exits) that first rebuilt and compiled the model. The executor keeps the error, and
+    the retries raise it at once."""
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -180,8 +184,9 @@ def test_a_null_vector_is_named_not_a_jvm_error(spark):
     frame = spark.createDataFrame([(0, Vectors.dense([1.0] * 6)), (1, None)],
                                   StructType([StructField("id", IntegerType()),
                                               StructField("features", VectorUDT())]))
-    with pytest.raises(Exception, match="Column 'features' has 1 null values"):
+    with pytest.raises(Exception, match="Column 'features' has 1 null values") as caught:
         ModelPredictor(_mlp((6,), seed=1)).predict(frame).collect()
+    assert "This retry, attempt 4 of the task, stopped without predicting" in str(caught.value)
 
 
 def test_executors_follow_new_weights_of_the_same_model(spark):
@@ -249,10 +254,14 @@ def test_predictor_errors_name_the_column(spark):
         ModelPredictor(model).predict(frame)
     with pytest.raises(ValueError, match="batch_size"):
         ModelPredictor(model, output_col="out", batch_size=0).predict(frame)
-    with pytest.raises(Exception, match="Column 'features' holds arrays of different lengths "
-                                        "or of the wrong length: a row of 3 values .*, but "
-                                        "the model expects 6 per row"):
-        ModelPredictor(model, output_col="out").predict(frame).collect()
+    # Rows every task would fail on are refused from the first row, before any job runs.
+    with pytest.raises(ValueError, match=r"Column 'features' holds 3 values per row but the "
+                                         r"model's input expects shape \(6,\)"):
+        ModelPredictor(model, output_col="out").predict(frame)
+    holed = spark.createDataFrame([(0, None)], "id int, features array<float>")
+    with pytest.raises(ValueError, match=r"Column 'features' holds null values \(its first "
+                                         r"row is null\); drop or fill them first"):
+        ModelPredictor(model).predict(holed)
 
 
 # -- evaluators ----------------------------------------------------------------------------
