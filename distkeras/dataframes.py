@@ -372,23 +372,7 @@ def validate(dataframe, model, features_col, label_col):
     if not rows:
         raise ValueError("The DataFrame is empty: there is nothing to train on.")
     row = rows[0]
-    for name in features_cols + label_cols:
-        if row[name] is None:
-            raise ValueError(
-                f"Column {name!r} holds null values (its first row is null); drop or fill "
-                f"them first, for example `df.dropna(subset=[{name!r}])`.")
-    for name, shape, tensor in zip(features_cols, _model_shapes(model.inputs), model.inputs):
-        size = _sample_size(row[name])
-        if size == 0 and not isinstance(row[name], (list, tuple)):
-            size = 1  # a number per row: an input of one value (as ModelPredictor reads it)
-        if size != _flat_size(shape):
-            tokens = isinstance(row[name], (list, tuple)) and len(shape) == 1 \
-                and integer_dtype(tensor) is not None
-            raise ValueError(
-                f"Column {name!r} holds {size} values per row but the model's input expects "
-                f"shape {shape} ({_flat_size(shape)} values). "
-                + (padding_hint(name, shape[0]) if tokens
-                   else "Reshape the data or the model." + _packed_hint(row[name], shape)))
+    check_first_row(row, model, features_cols, label_cols)
     label_shapes = []
     for name, shape in zip(label_cols, _model_shapes(model.outputs)):
         size = _sample_size(row[name])
@@ -417,7 +401,39 @@ def validate(dataframe, model, features_col, label_col):
     return label_shapes
 
 
-def sparse_vector_columns(dataframe, names):
+def check_first_row(row, model, features_cols, label_cols=()):
+    """Refuses, on the driver, a first row that every task would fail on: a null in one of
+    the columns, or features whose number of values does not fit the model's input.
+
+    Args:
+        row: The DataFrame's first row (a `pyspark.sql.Row` holding the columns).
+        model: The `keras.Model`.
+        features_cols: Its input columns, in the model's order.
+        label_cols: Its target columns (only checked for nulls here).
+
+    Raises:
+        ValueError: Naming the column and what the model expects.
+    """
+    for name in list(features_cols) + list(label_cols):
+        if row[name] is None:
+            raise ValueError(
+                f"Column {name!r} holds null values (its first row is null); drop or fill "
+                f"them first, for example `df.dropna(subset=[{name!r}])`.")
+    for name, shape, tensor in zip(features_cols, _model_shapes(model.inputs), model.inputs):
+        size = _sample_size(row[name])
+        if size == 0 and not isinstance(row[name], (list, tuple)):
+            size = 1  # a number per row: an input of one value (as ModelPredictor reads it)
+        if size != _flat_size(shape):
+            tokens = isinstance(row[name], (list, tuple)) and len(shape) == 1 \
+                and integer_dtype(tensor) is not None
+            raise ValueError(
+                f"Column {name!r} holds {size} values per row but the model's input expects "
+                f"shape {shape} ({_flat_size(shape)} values). "
+                + (padding_hint(name, shape[0]) if tokens
+                   else "Reshape the data or the model." + _packed_hint(row[name], shape)))
+
+
+def sparse_vector_columns(dataframe, names, first_row=None):
     """The Spark ML vector columns among ``names`` whose first row is a sparse vector
     (``HashingTF``, ``CountVectorizer``, ``IDF``, ``OneHotEncoder``); reads that row only
     where there are vector columns.
@@ -431,7 +447,9 @@ def sparse_vector_columns(dataframe, names):
                if isinstance(dataframe.schema[name].dataType, VectorUDT)]
     if not vectors:
         return set()
-    row = dataframe.select(*map(column, vectors)).first()
+    # ``first_row``: that row, already read by the caller (holding ``names``).
+    row = first_row if first_row is not None else \
+        dataframe.select(*map(column, vectors)).first()
     if row is None:
         return set()
     return {name for name in vectors if isinstance(row[name], SparseVector)}

@@ -12,6 +12,8 @@ Example::
 """
 
 import collections
+import contextlib
+import contextvars
 import json
 import logging
 
@@ -23,9 +25,9 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras import transformers
 from distkeras.dataframes import column
-from distkeras.transformers import (_argmax, _double_array, _fail, _getter, _kind, _set_given,
-                                    _setter)
+from distkeras.transformers import _argmax, _double_array, _getter, _kind, _set_given, _setter
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,79 @@ _REDUCTIONS = {"sum_over_batch_size": False, "mean": False, "mean_with_sample_we
 # Huber's delta, and whether a weighted mean divides by the weights' sum.
 _Loss = collections.namedtuple(
     "_Loss", "name from_logits label_smoothing ignore_class delta per_weight")
+
+
+# While an evaluator builds its per-row column (`_checked_mean`): what `_fail` writes for
+# a row that cannot be scored, given the error's message. Unset: a job error.
+_UNSCORED = contextvars.ContextVar("distkeras_unscored", default=None)
+
+
+def _fail(message):
+    """A column for a row that cannot be scored: null while `_checked_mean` builds the
+    evaluation (the rows are counted and the error raised on the driver), else one that
+    stops the job with ``message``."""
+    unscored = _UNSCORED.get()
+    return transformers._fail(message) if unscored is None else unscored(message)
+
+
+@contextlib.contextmanager
+def _unscored_as(value):
+    token = _UNSCORED.set(value)
+    try:
+        yield
+    finally:
+        _UNSCORED.reset(token)
+
+
+def _checked_mean(dataset, terms, what, per_weight=True):
+    """`_mean_of` the per-row column that ``terms()`` builds, refusing rows that cannot be
+    scored (nulls, arrays that do not fit, fractional class indices) with a ValueError on
+    the driver.
+
+    Such a row stopped the Spark job (``F.raise_error``), so Spark ran its task again,
+    up to 4 times (each retry reading the partition again up to that row: predicting it
+    again, for the lazy output of a `ModelPredictor`), and the message came inside a
+    long Java trace. The rows are now scored as null and counted in the same job; only
+    when some are, a second job finds which check they failed, to name it.
+
+    Args:
+        dataset: The DataFrame.
+        terms: Builds ``(per_row, weight, share)`` (see `_mean_of`).
+        what: What the mean is, for the errors.
+        per_weight: See `_mean_of`.
+    """
+    messages = []
+
+    def unscored(message):
+        messages.append(message)
+        return F.lit(None)
+
+    with _unscored_as(unscored):
+        per_row, weight, share = terms()
+    value, unscored_rows = _mean_of(dataset, per_row, what, weight, per_weight, share)
+    if unscored_rows:
+        raise ValueError(_unscored_reason(dataset, terms, messages, unscored_rows, what))
+    return value
+
+
+def _unscored_reason(dataset, terms, messages, count, what):
+    """The error of the first of ``messages`` (`_fail`'s, in the order built) that some
+    row failed, and of how many rows (one job: a column per message, scored null only
+    where that check failed)."""
+    distinct = list(dict.fromkeys(messages))
+    counts = []
+    for message in distinct:
+        with _unscored_as(lambda met, chosen=message: F.lit(None) if met == chosen
+                          else F.lit(0.0)):
+            per_row, weight, _ = terms()
+        scored = per_row if weight is None else per_row * weight
+        counts.append(F.count(F.when(scored.isNull(), 1)))
+    row = dataset.select(*counts).first() if counts else ()
+    for message, rows in zip(distinct, row):
+        if rows:
+            return f"{message} ({rows} row{'s' if rows > 1 else ''} in all.)"
+    return (f"{count} row{'s' if count > 1 else ''} could not be scored for {what} (an empty "
+            "array?); check that the prediction and label columns belong together.")
 
 
 def _loss_text(value):
@@ -188,7 +263,8 @@ def _nested_rows(dataset, name):
 
 
 def _mean_of(dataset, per_row, what, weight=None, per_weight=True, share=None):
-    """The mean of a per-row column over the DataFrame, or a ValueError if it has no rows.
+    """The mean of a per-row column over the DataFrame and the number of its rows left
+    null (not scored), or a ValueError if it has no rows.
 
     Args:
         dataset: The DataFrame.
@@ -206,14 +282,16 @@ def _mean_of(dataset, per_row, what, weight=None, per_weight=True, share=None):
     """
     share = F.lit(1.0) if share is None else share
     weight_sum = share if weight is None else share * weight
+    scored = per_row if weight is None else per_row * weight
     value = dataset.select(
-        F.sum(per_row if weight is None else per_row * weight).alias("sum"),
+        F.sum(scored).alias("sum"),
         F.sum(weight_sum if per_weight else share).alias("total"),
-        F.count(F.lit(1)).alias("rows")).first()
+        F.count(F.lit(1)).alias("rows"), F.count(scored).alias("scored")).first()
     if not value["rows"]:
         raise ValueError(f"Cannot compute {what} of an empty DataFrame.")
     total = value["total"]
-    return float(value["sum"]) / total if total else 0.0
+    mean = float(value["sum"]) / total if total and value["sum"] is not None else 0.0
+    return mean, value["rows"] - value["scored"]
 
 
 def _weight(dataset, name, evaluator):
@@ -394,12 +472,15 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         return self.getOrDefault(self.multiLabel)
 
     def _evaluate(self, dataset):
+        return _checked_mean(dataset, lambda: self._terms(dataset), "the accuracy")
+
+    def _terms(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else None
         weight = _weight(dataset, weight_col, "AccuracyEvaluator")
         correct = _refusing_nulls(dataset, self._correct(dataset, prediction_col, label_col),
                                   "AccuracyEvaluator", prediction_col, label_col)
-        return _mean_of(dataset, correct, "the accuracy", weight)
+        return correct, weight, None
 
     def _correct(self, dataset, prediction_col, label_col):
         """Per row, 1 for a right prediction and 0 for a wrong one (for arrays scored per
@@ -517,6 +598,11 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         if spec.from_logits and not loss.endswith("crossentropy"):
             raise ValueError(f"`from_logits=True` applies to the cross-entropies, not to "
                              f"{loss}, whose predictions are the values themselves.")
+        return _checked_mean(dataset, lambda: self._terms(dataset, spec), f"the {loss} loss",
+                             per_weight=spec.per_weight)
+
+    def _terms(self, dataset, spec):
+        loss = spec.name
         share = None
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
         prediction_kind = _kind(dataset, prediction_col, "prediction column")
@@ -549,8 +635,7 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
         weight = _weight(dataset, weight_col, "LossEvaluator")
         per_row = _refusing_nulls(dataset, per_row, "LossEvaluator", prediction_col,
                                   label_col)
-        return _mean_of(dataset, per_row, f"the {loss} loss", weight,
-                        per_weight=spec.per_weight, share=share)
+        return per_row, weight, share
 
     @staticmethod
     def _term(spec, y, p):

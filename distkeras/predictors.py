@@ -17,14 +17,16 @@ import gc
 import hashlib
 import io
 import logging
+import os
 import zipfile
 
 import numpy as np
 
-from distkeras.dataframes import (check_column_order, check_input_count, check_known_inputs,
-                                  check_spark_dataframe, column, columns_by_name,
-                                  sparse_vector_columns, vector_values)
-from distkeras.feed import output_names
+from distkeras import errors
+from distkeras.dataframes import (check_column_order, check_first_row, check_input_count,
+                                  check_known_inputs, check_spark_dataframe, column,
+                                  columns_by_name, sparse_vector_columns, vector_values)
+from distkeras.feed import integer_dtype, output_names
 from distkeras.transformers import _kind
 
 logger = logging.getLogger(__name__)
@@ -126,29 +128,89 @@ def _predict_in_chunks(model, inputs, batch_size):
             for parts in zip(*chunks)]
 
 
-def _predict_arrays(model, columns, names, input_shapes, batch_size, output_fields=None):
-    """Predictions for one Arrow batch of feature columns: a ``list<float>`` array, or for
-    several outputs a struct of them named ``output_fields``. Inputs typed as integers
-    (token ids) are fed as such, others as float32."""
+def _input_arrays(columns, names, input_shapes, dtypes):
+    """One Arrow batch of feature columns as the model's inputs, checked (nulls, sizes)
+    before any model is loaded: inputs typed as integers (token ids, ``dtypes``) are fed as
+    such, others as float32. Sparse vectors stay sparse here: `_predict_in_chunks`
+    densifies a chunk at a time."""
+    from distkeras.feed import column_rows
+
+    return [column_rows(column, shape, name, dtype or np.float32)
+            for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
+
+
+def _predict_arrays(model, arrays, batch_size, output_fields=None):
+    """Predictions for one batch of `_input_arrays`: a ``list<float>`` array, or for
+    several outputs a struct of them named ``output_fields``."""
     import pyarrow as pa
 
     from distkeras.datasets import float_lists
-    from distkeras.feed import column_rows, integer_dtype
 
-    dtypes = [integer_dtype(tensor) for tensor in model.inputs]
-    # Sparse vectors stay sparse here: `_predict_in_chunks` densifies a chunk at a time.
-    arrays = [column_rows(column, shape, name, dtype or np.float32)
-              for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
     outputs = [float_lists(matrix) for matrix in _predict_in_chunks(model, arrays, batch_size)]
     if output_fields is None:
         return outputs[0]
     return pa.StructArray.from_arrays(outputs, names=list(output_fields))
 
 
+def _failure_path(key):
+    """Where the executor keeps the error of this task's partition, for its retries: a
+    file in the application's own folder there (`SparkFiles`, deleted with the
+    application), named by the model and the task's stage and partition. None outside a
+    Spark task."""
+    from pyspark import SparkFiles, TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return None
+    return os.path.join(SparkFiles.getRootDirectory(), f"distkeras-predict-{key[:16]}-"
+                        f"{context.stageId()}-{context.partitionId()}.error")
+
+
+def _remember_failure(key, error):
+    """Keeps ``error`` (an `UnretryableError`) for the retries of this task on this
+    executor (`_raise_remembered_failure`)."""
+    path = _failure_path(key)
+    if path is None:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(f"{type(error).__name__}\n{error}")
+    except OSError as problem:  # the retries then predict up to the same rows again
+        logger.debug("Could not keep the prediction error in %s: %s", path, problem)
+
+
+def _raise_remembered_failure(key):
+    """On a retry of a task (Spark runs a failed task up to ``spark.task.maxFailures``
+    times, 4 by default), raises at once the error an earlier attempt on this executor
+    met: the same rows would fail again, after predicting every batch before them (and,
+    in a new Python worker, rebuilding and compiling the model) once more."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None or context.attemptNumber() == 0:  # the first attempt: no file read
+        return
+    try:
+        with open(_failure_path(key), encoding="utf-8") as file:
+            kind, _, message = file.read().partition("\n")
+    except OSError:  # none kept: an attempt on another executor, or another failure
+        return
+    error = getattr(errors, kind, None)
+    if not (isinstance(error, type) and issubclass(error, errors.UnretryableError)):
+        error = errors.UnretryableError
+    raise error(f"{message} (This retry, attempt {context.attemptNumber() + 1} of the task, "
+                "stopped without predicting: an earlier attempt on this executor met these "
+                "rows.)")
+
+
 def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objects=None,
-                    output_fields=None):
+                    output_fields=None, dtypes=None):
     """The Arrow UDF (iterator form) that predicts on the executors: one ``array<float>``
-    per row, or for several outputs a struct of them named ``output_fields``."""
+    per row, or for several outputs a struct of them named ``output_fields``.
+
+    Rows that no retry can predict (`errors.UnretryableError`: nulls, arrays of the wrong
+    size) still fail the task, and so the user's Spark action with that error, but a retry
+    of the task on the same executor fails at once (`_raise_remembered_failure`).
+    """
     import typing
 
     import pyarrow as pa
@@ -163,23 +225,29 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
 
     def predict(batches):
         # Imported here, not captured: cloudpickle would copy the module's _CACHE.
-        from distkeras.predictors import _cached_model, _predict_arrays, _settle
+        from distkeras import predictors
         from distkeras.workers import _ensure_backend
 
-        _ensure_backend(backend)
+        predictors._raise_remembered_failure(key)
         model = None
-        for columns in batches:
-            columns = (columns,) if single else tuple(columns)
-            if not len(columns[0]):
-                empty = pa.array([], pa.list_(pa.float32()))
-                yield empty if output_fields is None else pa.StructArray.from_arrays(
-                    [empty] * len(output_fields), names=list(output_fields))
-                continue
-            if model is None:  # not for an empty partition
-                model = _cached_model(key, model_bytes, objects)
-            yield _predict_arrays(model, columns, names, input_shapes, batch_size,
-                                  output_fields)
-            _settle()
+        try:
+            for columns in batches:
+                columns = (columns,) if single else tuple(columns)
+                if not len(columns[0]):
+                    empty = pa.array([], pa.list_(pa.float32()))
+                    yield empty if output_fields is None else pa.StructArray.from_arrays(
+                        [empty] * len(output_fields), names=list(output_fields))
+                    continue
+                arrays = predictors._input_arrays(columns, names, input_shapes,
+                                                  dtypes or [None] * len(names))
+                if model is None:  # not for an empty partition, nor for bad first rows
+                    _ensure_backend(backend)
+                    model = predictors._cached_model(key, model_bytes, objects)
+                yield predictors._predict_arrays(model, arrays, batch_size, output_fields)
+                predictors._settle()
+        except errors.UnretryableError as error:
+            predictors._remember_failure(key, error)
+            raise
 
     # Spark picks the UDF's form from these type hints.
     argument = pa.Array if single else typing.Tuple[pa.Array, ...]
@@ -278,7 +346,11 @@ class ModelPredictor:
                     "output_col or drop that column first.")
         kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
-        return features, kinds, outputs
+        # What would fail every task is refused here, from the first row (None: no rows).
+        row = dataframe.select(*map(column, features)).first()
+        if row is not None:
+            check_first_row(row, self.model, features)
+        return features, kinds, outputs, row
 
     def _output_columns(self):
         """The prediction columns, one per model output."""
@@ -309,8 +381,11 @@ class ModelPredictor:
             A new DataFrame (lazy, like any Spark transformation).
 
         Raises:
-            ValueError: For a missing column or an existing output column (and, on the
-                executors, rows of the wrong size).
+            ValueError: For a missing column, an existing output column, or a first row
+                that is null or of the wrong size for the model (read here, one row). A
+                later such row fails the Spark action on the result with that error
+                (`distkeras.errors.InvalidDataError`); Spark's retries of its task on the
+                same executor raise it again at once, without predicting.
             TypeError: For a feature column that is not numeric.
         """
         import keras
@@ -319,9 +394,9 @@ class ModelPredictor:
         from distkeras import custom_objects
         from distkeras.utils import serialize_model
 
-        features, kinds, outputs = self._validate(dataframe)
+        features, kinds, outputs, first_row = self._validate(dataframe)
         _avoid_columnar_udf_input(dataframe)
-        sparse = sparse_vector_columns(dataframe, features)
+        sparse = sparse_vector_columns(dataframe, features, first_row)
         columns = [vector_values(name) if kind == "vector" and name not in sparse
                    else column(name) for name, kind in zip(features, kinds)]
         input_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
@@ -334,7 +409,8 @@ class ModelPredictor:
         fields = None if len(outputs) == 1 else [f"output_{index}"
                                                  for index in range(len(outputs))]
         udf = _prediction_udf(model_bytes, keras.backend.backend(), features,
-                              input_shapes, int(self.batch_size), objects, fields)
+                              input_shapes, int(self.batch_size), objects, fields,
+                              [integer_dtype(tensor) for tensor in self.model.inputs])
         logger.debug("Predicting %s from %s with batch_size=%d", outputs, features,
                      self.batch_size)
         if fields is None:

@@ -321,6 +321,15 @@ def _crashed_worker_message(text):
             "adds the Python traceback of a crash.")
 
 
+
+def _raise_reported_failure(server, error):
+    """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
+    failure a worker reported to ``server`` (the cause of the stop), if there is one."""
+    if getattr(server, "worker_failures", None):
+        worker_id, cause = server.worker_failures[0]
+        raise TrainingError(f"Training failed on an executor: partition {worker_id} "
+                            f"failed: {cause}") from error
+
 def _register_user_module(obj):
     """Lets Spark ship a user's worker class by value when its module is not installed."""
     module_name = type(obj).__module__
@@ -938,11 +947,8 @@ class Trainer:
                               job_group, replay, barrier=barrier)
             server.wait_for_goodbyes(timeout=10.0)
         except TrainingError as error:
-            if not server.worker_failures:
-                raise
-            worker_id, cause = server.worker_failures[0]
-            raise TrainingError(f"Training failed on an executor: partition {worker_id} "
-                                f"failed: {cause}") from error
+            _raise_reported_failure(server, error)
+            raise
         finally:
             monitor.stop()
             server.stop()
@@ -962,28 +968,44 @@ class Trainer:
         return frame.count() * self.num_epoch
 
     @contextlib.contextmanager
-    def _progress(self, spark, worker, samples, description, job_group):
-        """With ``verbose``, a `HistoryServer` the sequential workers (no parameter server)
-        report their steps to and a `TrainingMonitor` drawing them; yields the list the
-        reported steps end up in."""
+    def _progress(self, spark, worker, samples, description, job_group, num_tasks=1):
+        """A `HistoryServer` the sequential workers (no parameter server) report their
+        steps to, with ``verbose`` and a `TrainingMonitor` drawing them, and for
+        ``num_tasks`` of them (EnsembleTrainer's members, AveragingTrainer's replicas of
+        an epoch) whatever the verbosity: a worker that meets rows no retry can train on
+        tells it, and the driver stops the others at once, as the parameter-server
+        trainers' do, rather than let them train to their end before the error. Yields
+        the list the reported steps end up in.
+
+        Raises:
+            TrainingError: Naming the partition whose worker reported its failure.
+        """
         reported = []
-        if not self.verbose or not samples:
+        progress = bool(self.verbose and samples)
+        if not progress and num_tasks < 2:
             yield reported
             return
         server = parameter_servers.HistoryServer(self.master_model)
         server.host = bind_address(spark)
+        server.on_worker_failure = \
+            lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         server.start()
         worker.progress_address = (driver_address(spark), server.port)
         worker.token = server.token
         monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
                                   self.verbose, name=description, validation_records=getattr(
-                                      self._validator, "records", None))
-        monitor.start()
+                                      self._validator, "records", None)) if progress else None
+        if monitor is not None:
+            monitor.start()
         try:
             yield reported
             server.wait_for_goodbyes(timeout=10.0)  # the last records, sent at the end
+        except TrainingError as error:
+            _raise_reported_failure(server, error)
+            raise
         finally:
-            monitor.stop()
+            if monitor is not None:
+                monitor.stop()
             server.stop()
             reported.extend(server.history)
             self._metric_states.extend(server.metric_states)
@@ -1523,10 +1545,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 server.wait_for_goodbyes(timeout=10.0)
             stopped_early = False
         except TrainingError as error:
-            if getattr(server, "worker_failures", None):
-                worker_id, cause = server.worker_failures[0]
-                raise TrainingError(f"Training failed on an executor: partition {worker_id} "
-                                    f"failed: {cause}") from error
+            _raise_reported_failure(server, error)
             if getattr(server, "errors", None):
                 # The workers' errors (a closed connection) only echo the server's.
                 raise TrainingError(
@@ -1923,7 +1942,7 @@ class AveragingTrainer(DistributedTrainer):
             samples = self._progress_total // self.num_epoch if self._progress_total else None
             states_before = len(self._metric_states)
             with self._progress(frame.sparkSession, worker, samples, description,
-                                job_group) as epoch_records:
+                                job_group, self.num_partitions()) as epoch_records:
                 messages = self._run_workers(layout, self.num_partitions(), worker,
                                              label_shapes, f"distkeras {description}",
                                              job_group)
@@ -2010,12 +2029,16 @@ class EnsembleTrainer(DistributedTrainer):
         description = f"{self._run_label()} ({self.num_ensembles} models)"
         job_group = self._new_job_group()
         # One bar for all members: together they step through every row num_epoch times.
-        with self._progress(frame.sparkSession, worker, self._progress_total, description,
-                            job_group) as reported:
-            messages = self._run_workers(
-                layout, self.num_ensembles, worker, label_shapes, f"distkeras {description}",
-                job_group, Replay(self.num_epoch, shuffle, self.seed))
-        self.history.extend(reported)
+        reported = []
+        try:
+            with self._progress(frame.sparkSession, worker, self._progress_total,
+                                description, job_group, self.num_ensembles) as reported:
+                messages = self._run_workers(
+                    layout, self.num_ensembles, worker, label_shapes,
+                    f"distkeras {description}", job_group,
+                    Replay(self.num_epoch, shuffle, self.seed))
+        finally:
+            self.history.extend(reported)  # what was trained, even when it failed
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
             self.history.extend(workers.history_records(workers.unpack_history(message)))

@@ -227,6 +227,13 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
 
     def _transform(self, dataset):
         input_col, output_col = self._columns()
+        if output_col != input_col and output_col in dataset.columns:
+            # withColumn would replace it without a word: LabelIndexTransformer(...,
+            # output_col="label") wrote the predictions over the labels, which then scored
+            # an accuracy of 1.0. Replacing the input column itself stays as asked.
+            raise ValueError(
+                f"{type(self).__name__}: column {output_col!r} is already in the DataFrame; "
+                "pick another output_col or drop that column first.")
         return dataset.withColumn(output_col, self._expression(dataset, input_col))
 
     def _expression(self, dataset, input_col):

@@ -881,6 +881,17 @@ def send_history_columns(sock, columns, metric_sums=None):
         networking.send_data(sock, {"history": columns, **(metric_sums or {})})
 
 
+def send_failure(sock, error, worker_id):
+    """Tells the driver's server on ``sock`` of the error that stops worker ``worker_id``
+    (`SocketParameterServer.handle_failure`); the server then closes the connection. A
+    failure to send only logs: the task's own reply still carries the error."""
+    try:
+        networking.send_action(sock, networking.ACTION_FAILURE)
+        networking.send_data(sock, {"error": one_line(error)})
+    except OSError as cause:
+        logger.warning("Worker %s could not report its failure: %s", worker_id, cause)
+
+
 class ProgressReporter:
     """Sends a worker's step records to the driver's `HistoryServer` every
     ``every_seconds`` and at the end, for the progress bar of a trainer whose workers
@@ -961,6 +972,15 @@ class SequentialWorker(Worker):
                            self.progress_address, error)
             return
         self._reporter = reporter
+
+    def report_failure(self, error):
+        """Sends the error to the driver's progress server, which stops the other workers
+        of the job (EnsembleTrainer's members, AveragingTrainer's replicas)."""
+        if self._reporter is None:
+            return
+        send_failure(self._reporter.socket, error, self.worker_id)
+        networking.close_socket(self._reporter.socket)  # the server closes its side too
+        self._reporter = None
 
     def teardown(self):
         if self._reporter is not None:
@@ -1061,12 +1081,7 @@ class NetworkWorker(Worker):
         if self.socket is None or getattr(self, "_failure_reported", False):
             return
         self._failure_reported = True
-        try:
-            networking.send_action(self.socket, networking.ACTION_FAILURE)
-            networking.send_data(self.socket, {"error": one_line(error)})
-        except OSError as cause:
-            logger.warning("Worker %s could not report its failure: %s", self.worker_id,
-                           cause)
+        send_failure(self.socket, error, self.worker_id)
 
     def pull(self):
         """Fetches the center variable into ``self.center_variable``."""

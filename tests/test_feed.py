@@ -533,6 +533,35 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
     assert failed <= 1  # the good worker's, cancelled: never the invalid rows' retries
 
 
+
+def test_an_ensemble_member_on_invalid_rows_stops_the_other_members_at_once(spark):
+    """EnsembleTrainer: the member whose partition holds a null ended its task with the
+    error, but the driver saw it only when the job ended, after the other member had
+    trained all its 20,000 epochs. The member now tells the driver's progress server, which
+    stops the job, as a parameter-server trainer's does."""
+    import keras
+    import pytest
+
+    from distkeras.trainers import EnsembleTrainer, TrainingError
+
+    good = spark.createDataFrame([([0.5, 0.25], index % 2) for index in range(64)],
+                                 "features array<float>, label int").coalesce(1)
+    holed = spark.createDataFrame([([0.5, 0.25], 0)] * 8 + [(None, 1)],
+                                  "features array<float>, label int").coalesce(1)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    # The good member's 160,000 steps: far more than it takes the other, on a busy machine
+    # too, to start (a new Python worker imports JAX) and meet the null.
+    num_epoch = 20000
+    trainer = EnsembleTrainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
+                              batch_size=8, num_ensembles=2, num_epoch=num_epoch)
+    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-ensemble"
+    with pytest.raises(TrainingError, match=r"partition 1 failed: InvalidDataError: "
+                                            r"Column 'features' has 1 null values"):
+        trainer.train(good.union(holed), verbose=0)  # two partitions: one per member
+    assert len(trainer.get_history()) < num_epoch * 8  # what was trained is kept
+    failed, launched = _task_attempts(spark, "distkeras-test-invalid-rows-ensemble")
+    assert launched - failed <= 1  # the good member's task was stopped, not completed
+
 def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
     """The errors count rows within an Arrow batch: in a later batch of a large partition,
     "row 50 of a batch of 100" alone does not say which row of the partition it is."""

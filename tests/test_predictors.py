@@ -171,7 +171,11 @@ def test_predicts_a_model_whose_outputs_are_a_dict(spark):
 
 def test_a_null_vector_is_named_not_a_jvm_error(spark):
     """Spark's vector_to_array failed the job on a null vector with a JVM UDF error; the
-    null now reaches the check that names the column."""
+    null now reaches the check that names the column. A row after the first (here the
+    second partition's) fails its task, which Spark retries (local[2,4]: 4 attempts): each
+    retry predicted every batch before it again, in a new Python worker (the failed one
+    exits) that first rebuilt and compiled the model. The executor keeps the error, and
+    the retries raise it at once."""
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -180,8 +184,9 @@ def test_a_null_vector_is_named_not_a_jvm_error(spark):
     frame = spark.createDataFrame([(0, Vectors.dense([1.0] * 6)), (1, None)],
                                   StructType([StructField("id", IntegerType()),
                                               StructField("features", VectorUDT())]))
-    with pytest.raises(Exception, match="Column 'features' has 1 null values"):
+    with pytest.raises(Exception, match="Column 'features' has 1 null values") as caught:
         ModelPredictor(_mlp((6,), seed=1)).predict(frame).collect()
+    assert "This retry, attempt 4 of the task, stopped without predicting" in str(caught.value)
 
 
 def test_executors_follow_new_weights_of_the_same_model(spark):
@@ -249,10 +254,14 @@ def test_predictor_errors_name_the_column(spark):
         ModelPredictor(model).predict(frame)
     with pytest.raises(ValueError, match="batch_size"):
         ModelPredictor(model, output_col="out", batch_size=0).predict(frame)
-    with pytest.raises(Exception, match="Column 'features' holds arrays of different lengths "
-                                        "or of the wrong length: a row of 3 values .*, but "
-                                        "the model expects 6 per row"):
-        ModelPredictor(model, output_col="out").predict(frame).collect()
+    # Rows every task would fail on are refused from the first row, before any job runs.
+    with pytest.raises(ValueError, match=r"Column 'features' holds 3 values per row but the "
+                                         r"model's input expects shape \(6,\)"):
+        ModelPredictor(model, output_col="out").predict(frame)
+    holed = spark.createDataFrame([(0, None)], "id int, features array<float>")
+    with pytest.raises(ValueError, match=r"Column 'features' holds null values \(its first "
+                                         r"row is null\); drop or fill them first"):
+        ModelPredictor(model).predict(holed)
 
 
 # -- evaluators ----------------------------------------------------------------------------
@@ -435,12 +444,16 @@ def test_loss_evaluator_matches_hand_computed_values(scored, spark):
 
 
 def test_loss_evaluator_refuses_fractional_class_indices(spark):
+    """Refused on the driver, as a ValueError that counts the rows: a row that cannot be
+    scored stopped the Spark job, whose task Spark ran 4 times (reading, or predicting,
+    the partition again each time) before a Java trace holding the message."""
     from distkeras.evaluators import LossEvaluator
 
-    frame = spark.createDataFrame([([0.2, 0.8], 1.7)], ["prediction", "label"])
+    frame = spark.createDataFrame([([0.2, 0.8], 1.7), ([0.2, 0.8], 1.0), ([0.5, 0.5], 0.5)],
+                                  ["prediction", "label"])
     sparse = LossEvaluator("sparse_categorical_crossentropy")
-    with pytest.raises(Exception, match="holds a class index that is null, fractional or "
-                                        "outside"):
+    with pytest.raises(ValueError, match=r"holds a class index that is null, fractional or "
+                                         r"outside .* \(2 rows in all.\)$"):
         sparse.evaluate(frame)  # truncating 1.7 to class 1 would score a wrong label
 
 
@@ -461,7 +474,7 @@ def test_loss_evaluator_names_null_rows(spark):
                              (LossEvaluator("categorical_crossentropy", label_col="one_hot"),
                               arrays),
                              (LossEvaluator("binary_crossentropy"), one_unit)]:
-        with pytest.raises(Exception, match="LossEvaluator: column '(prediction|label|one_hot)"
+        with pytest.raises(ValueError, match="LossEvaluator: column '(prediction|label|one_hot)"
                                             "' holds null rows; drop them first"):
             evaluator.evaluate(frame)
     assert LossEvaluator("mse").evaluate(numbers.dropna()) == 0.25
@@ -478,11 +491,11 @@ def test_evaluators_name_a_null_prediction_or_label_as_the_training_feed_does(sp
         [([0.7, 0.3], 0, [1.0, 0.0]), (None, 1, [0.0, 1.0]), ([0.2, 0.8], None, None)],
         "prediction array<float>, label int, one_hot array<float>")
     for label_col in ("label", "one_hot"):
-        with pytest.raises(Exception, match=r"AccuracyEvaluator: column '(prediction|"
+        with pytest.raises(ValueError, match=r"AccuracyEvaluator: column '(prediction|"
                                             f"{label_col})' holds null rows; drop them first, "
                                             r"for example `dataset.dropna\(subset="):
             AccuracyEvaluator("prediction", label_col).evaluate(rows)
-    with pytest.raises(Exception, match="AccuracyEvaluator: column 'prediction' holds null"):
+    with pytest.raises(ValueError, match="AccuracyEvaluator: column 'prediction' holds null"):
         AccuracyEvaluator("prediction", "one_hot", multi_label=True).evaluate(
             rows.dropna(subset=["one_hot"]))
     assert AccuracyEvaluator("prediction", "label").evaluate(
@@ -493,7 +506,7 @@ def test_evaluators_name_a_null_prediction_or_label_as_the_training_feed_does(sp
     for evaluator, frame in [(AccuracyEvaluator("prediction", "label"), inside.limit(1)),
                              (LossEvaluator("mse", label_col="one_hot"), inside),
                              (LossEvaluator("sparse_categorical_crossentropy"), inside.limit(1))]:
-        with pytest.raises(Exception, match="Evaluator: column '(prediction|one_hot)' holds "
+        with pytest.raises(ValueError, match="Evaluator: column '(prediction|one_hot)' holds "
                                             "arrays with a null value; drop those rows"):
             evaluator.evaluate(frame)
 

@@ -207,6 +207,20 @@ def test_missing_columns_and_params_are_named(tiny):
         OneHotTransformer(input_col="idx", output_col="o").transform(tiny)
 
 
+def test_an_output_column_already_in_the_dataframe_is_refused_unless_it_is_the_input(tiny):
+    """LabelIndexTransformer(..., output_col="label") replaced the labels with the
+    predicted classes without a word (withColumn), which then scored an accuracy of 1.0;
+    ModelPredictor and Spark's own stages refuse such a column. Replacing the input
+    column itself is still done as asked."""
+    from distkeras.transformers import LabelIndexTransformer, MinMaxTransformer
+
+    with pytest.raises(ValueError, match="LabelIndexTransformer: column 'idx' is already in "
+                                         "the DataFrame; pick another output_col"):
+        LabelIndexTransformer(3, input_col="p", output_col="idx").transform(tiny)
+    in_place = MinMaxTransformer(0.0, 10.0, 0.0, 1.0, input_col="a", output_col="a")
+    assert _column(in_place.transform(tiny), "a")[0] == pytest.approx([0.0, 0.5, 1.0, 0.2])
+
+
 def test_every_stage_in_a_saved_and_reloaded_pipeline(tiny, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
 
