@@ -30,7 +30,10 @@ def vector_values(name, dtype="float32"):
 
 
 def as_column_list(value):
-    """A column name or a list of names, as a list."""
+    """A column name or a list of names, as a list; none for None (``label_col=None``:
+    no targets, as ``fit(x)``)."""
+    if value is None:
+        return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
@@ -339,13 +342,13 @@ def validate(dataframe, model, features_col, label_col):
         dataframe: The training DataFrame.
         model: The `keras.Model` to train.
         features_col: Input column(s).
-        label_col: Target column(s).
+        label_col: Target column(s), or None for none (`fit(x)`).
 
     Returns:
-        The label shapes the data carries: the model's, or its shape without the last axis
-        for class indices (``()`` for scalar labels or arrays of one; ``(steps,)`` for one
-        class index per step of an output of shape ``(steps, classes)``, as Keras's sparse
-        losses read them).
+        The label shapes the data carries (none without ``label_col``): the model's, or
+        its shape without the last axis for class indices (``()`` for scalar labels or
+        arrays of one; ``(steps,)`` for one class index per step of an output of shape
+        ``(steps, classes)``, as Keras's sparse losses read them).
 
     Raises:
         ValueError: Naming the column and what the model expects.
@@ -356,7 +359,7 @@ def validate(dataframe, model, features_col, label_col):
     features_cols = as_column_list(features_col)
     label_cols = as_column_list(label_col)
     check_input_count(model, features_cols)
-    if len(label_cols) != len(model.outputs):
+    if label_col is not None and len(label_cols) != len(model.outputs):
         raise ValueError(
             f"The model has {len(model.outputs)} outputs but label_col names "
             f"{len(label_cols)} columns: {label_cols}."

@@ -475,7 +475,8 @@ class MinibatchFeed:
     def _split(self, arrays):
         inputs, outputs = len(self.features_cols), len(self.label_cols)
         self.samples += len(arrays[0])
+        # No label columns (label_col=None): y is None, as for fit(x).
         batch = (model_inputs(arrays[:inputs], self.input_names, self.single_input),
                  model_outputs(arrays[inputs:inputs + outputs], self.output_keys,
-                               self.single_output))
+                               self.single_output) if outputs else None)
         return (*batch, arrays[-1]) if self.weighted else batch

@@ -701,7 +701,12 @@ class ADAGParameterServer(SocketParameterServer):
 
 
 class DynSGDParameterServer(SocketParameterServer):
-    """``C += delta / (num_updates - last_update + 1)``: stale commits count less (DynSGD)."""
+    """``C += delta / (num_updates - last_update + 1)``: stale commits count less (DynSGD);
+    non-trainable weights (BatchNormalization's statistics) count whole (`update_rules`)."""
+
+    def __init__(self, model, *args, **kwargs):
+        super().__init__(model, *args, **kwargs)
+        self.trainable = update_rules.trainable_flags(model)
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
@@ -713,7 +718,7 @@ class DynSGDParameterServer(SocketParameterServer):
             # A worker cannot have seen more updates than were made; clamp a lying count.
             last_update = min(max(last_update, 0), self.num_updates)
             self.center_variable = update_rules.dynsgd_update(
-                self.center_variable, delta, self.num_updates, last_update)
+                self.center_variable, delta, self.num_updates, last_update, self.trainable)
             self.next_update(conn)
 
 

@@ -155,6 +155,11 @@ def fit_data(x, y, sample_weight=None):
 
     A ``train_step`` of the user's own, as Keras's guide writes it, unpacks ``x, y = data``;
     given ``(x, y, None)`` (what Keras's ``train_on_batch`` passes) it failed with "too
-    many values to unpack". Keras's own step reads either form.
+    many values to unpack". Keras's own step reads either form. Without labels
+    (``label_col=None``) it is ``x`` alone, or ``(x,)`` for a list of inputs, as `fit(x)`
+    packs it (`keras.utils.pack_x_y_sample_weight`): a VAE's ``train_step`` reads
+    ``x = data``.
     """
+    if y is None and sample_weight is None:
+        return (x,) if isinstance(x, (list, tuple)) else x
     return (x, y) if sample_weight is None else (x, y, sample_weight)

@@ -436,7 +436,8 @@ class Trainer:
         features_col: Input column, or a list of columns for a multi-input model (in the
             order of ``model.inputs``), or a dict keyed by the inputs' names.
         label_col: Target column, or a list of columns for a multi-output model (in the
-            order of ``model.outputs``), or a dict keyed by the outputs' names.
+            order of ``model.outputs``), or a dict keyed by the outputs' names; None for
+            a model compiled with ``loss=None``, trained as ``fit(x)`` without targets.
         batch_size: Rows per minibatch.
         num_epoch: Passes over the data.
     """
@@ -528,8 +529,21 @@ class Trainer:
             self.features_col, self.master_model, "inputs", "features_col")
         self.label_col = dataframes.columns_by_name(
             self.label_col, self.master_model, "outputs", "label_col")
-        for name in ("features_col", "label_col"):
-            _check_columns(name, getattr(self, name))
+        _check_columns("features_col", self.features_col)
+        if self.label_col is None:
+            self._check_no_labels()
+        else:
+            _check_columns("label_col", self.label_col)
+
+    def _check_no_labels(self):
+        """``label_col=None`` trains as ``fit(x)`` does, without targets: only a model
+        whose loss is its own (compiled with ``loss=None``), which Keras trains so."""
+        if not _compiled_without_loss(self.master_model) or self.loss is not None:
+            raise ValueError(
+                "label_col=None trains without targets, as fit(x) does: only a model whose "
+                "loss is its own (compiled with loss=None, its loss from add_loss, its "
+                f"train_step or compute_loss). This one trains with loss={self.loss!r}: "
+                "name its target column (an autoencoder's features: label_col='features').")
 
     def _use_compiled_settings(self):
         """Takes the optimizer, loss, metrics and loss weights that were not given from
@@ -714,6 +728,13 @@ class Trainer:
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         check_compile_arguments(self.worker_optimizer, self.loss, self.metrics, label_shapes,
                                 output_shapes, self.loss_weights)
+        if self.label_col is None and (sample_weight_col is not None
+                                       or class_weight is not None):
+            # fit(x, sample_weight=w) drops the weights (y is None: x alone reaches the step).
+            raise ValueError(
+                "sample_weight_col and class_weight weigh the rows' targets: with "
+                "label_col=None there are none (Keras's fit(x) drops sample weights without y). "
+                "Name a label column, or leave the weights out.")
         self._sample_weight_col = sample_weight_col
         self._class_table = sample_weights.validate(
             dataframe, sample_weight_col, class_weight,
@@ -770,6 +791,12 @@ class Trainer:
         Raises:
             ValueError: Saying that the validation data is at fault, and what to change.
         """
+        if y is None:  # no targets (label_col=None), as for fit(x): nothing to check
+            if self.label_col is not None or self.loss is not None:
+                raise ValueError(
+                    "validation_data holds no labels (y is None), but the model trains on "
+                    f"label_col={self.label_col!r} with loss={self.loss!r}: give (x, y).")
+            return
         labels = y if isinstance(y, list) else [y]
         output_shapes = [tuple(tensor.shape[1:]) for tensor in self.master_model.outputs]
         label_shapes = [label.shape[1:] if shape and shape[-1] > 1

@@ -5,12 +5,18 @@ arithmetic applies layer by layer. No function here modifies its arguments.
 
 A model's non-trainable weights (``trainable`` False: BatchNormalization's moving mean
 and variance) are state that the workers measure, not parameters that gradients move.
-Rules that scale an update down (ADAG's division by the window, and Experimental's) leave
-them whole, so the center holds the statistics the workers measured rather than a fraction
-of their change.
+Rules that scale an update down (ADAG's division by the window, DynSGD's by the staleness,
+and Experimental's) leave them whole, so the center holds the statistics the workers
+measured rather than a fraction of their change.
 """
 
 import numpy as np
+
+
+def trainable_flags(model):
+    """One flag per entry of ``model.get_weights()``: False for a non-trainable weight."""
+    trainable = {id(variable) for variable in model.trainable_weights}
+    return [id(variable) in trainable for variable in model.weights]
 
 
 def _in_dtypes(result, like):
@@ -30,6 +36,18 @@ def _in_dtypes(result, like):
     return converted
 
 
+def _divided(delta, divisor, trainable):
+    """``delta / divisor``, but whole where ``trainable`` (a flag per weight) is False."""
+    if trainable is not None and len(trainable) != len(delta):
+        raise ValueError(f"{len(trainable)} trainable flags for {len(delta)} weights.")
+    if trainable is None or all(trainable):
+        return delta / divisor
+    divided = np.empty(len(delta), dtype=object)
+    for index, (part, is_trainable) in enumerate(zip(delta, trainable)):
+        divided[index] = part / divisor if is_trainable else part
+    return divided
+
+
 def downpour_delta(weights, pulled):
     """DOWNPOUR worker: the change since the last pull, ``W - W_pull``."""
     return weights - pulled
@@ -46,14 +64,7 @@ def adag_residual(weights, pulled, communication_window, trainable=None):
             the change is sent whole, ``W - W_pull``.
     """
     delta = weights - pulled
-    if trainable is not None and len(trainable) != len(delta):
-        raise ValueError(f"{len(trainable)} trainable flags for {len(delta)} weights.")
-    if trainable is None or all(trainable):
-        return _in_dtypes(delta / communication_window, delta)
-    residual = np.empty(len(delta), dtype=object)
-    for index, (part, is_trainable) in enumerate(zip(delta, trainable)):
-        residual[index] = part / communication_window if is_trainable else part
-    return residual
+    return _in_dtypes(_divided(delta, communication_window, trainable), delta)
 
 
 def add_update(center, update):
@@ -88,7 +99,7 @@ def lookahead(weights, velocity, momentum):
     return weights + momentum * velocity
 
 
-def dynsgd_update(center, delta, num_updates, last_update):
+def dynsgd_update(center, delta, num_updates, last_update, trainable=None):
     """DynSGD server: ``C + delta / (num_updates - last_update + 1)``.
 
     Args:
@@ -96,9 +107,11 @@ def dynsgd_update(center, delta, num_updates, last_update):
         delta: The worker's change since its last pull.
         num_updates: Updates applied so far.
         last_update: The update count the worker saw at its last pull.
+        trainable: Optional flags, one per weight: where False (a non-trainable weight),
+            the change is added whole, as DOWNPOUR adds it.
     """
     staleness = num_updates - last_update + 1
-    return _in_dtypes(center + delta / staleness, center)
+    return _in_dtypes(center + _divided(delta, staleness, trainable), center)
 
 
 def experimental_update(center, residual, stale_center, learning_rate):

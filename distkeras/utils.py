@@ -340,6 +340,17 @@ _SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparsecategoricalcrossentr
 # Losses that compare each output unit with a label of the output's own shape.
 _BINARY_LOSSES = ("binary_crossentropy", "binarycrossentropy", "binary_focal_crossentropy",
                   "binaryfocalcrossentropy")
+# Regression (and other element-wise) losses: they too compare each output unit with a
+# label of the output's own shape. Given one scalar per row for several units, a worker
+# took the scalars for class indices and stopped on the first that was not a whole
+# number, calling it a class index; `fit` would broadcast the scalar to every unit.
+_ELEMENTWISE_LOSSES = (
+    "mse", "mean_squared_error", "meansquarederror", "mae", "mean_absolute_error",
+    "meanabsoluteerror", "mape", "mean_absolute_percentage_error",
+    "meanabsolutepercentageerror", "msle", "mean_squared_logarithmic_error",
+    "meansquaredlogarithmicerror", "huber", "huber_loss", "log_cosh", "logcosh",
+    "cosine_similarity", "cosinesimilarity", "poisson", "kl_divergence", "kld",
+    "kldivergence", "kullback_leibler_divergence", "hinge", "squared_hinge", "squaredhinge")
 
 
 def _names(value):
@@ -452,6 +463,14 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
                 "For two classes give the model one sigmoid unit (Dense(1, "
                 "activation='sigmoid')); for class indices and a softmax output use "
                 "loss='sparse_categorical_crossentropy'.")
+        if (labels == () or indices) and units > 1 and name in _ELEMENTWISE_LOSSES:
+            one = "scalars" if labels == () else f"of shape {tuple(labels)}"
+            raise ValueError(
+                f"The labels of output {index} are {one} but the loss {name!r} compares "
+                f"each of the output's {units} values with a label of shape {tuple(output)}. "
+                f"Give a label column holding {units} values per row (an array, for "
+                "example F.array of the target columns), or give the model an output of "
+                "one unit (Dense(1)) for one target per row.")
         if labels != () and tuple(labels) == tuple(output) and output and output[-1] > 1 \
                 and name in _SPARSE_LOSSES:
             raise ValueError(

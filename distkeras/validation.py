@@ -110,52 +110,61 @@ def from_arrays(data, model):
     ``x`` (and ``y``) are a numpy array, or a list of them for a model with several inputs
     (outputs). Flat rows are reshaped to the model's shapes; labels may be class indices
     for an output of several classes (one per row, or one per step of an output of shape
-    ``(steps, classes)``). ``sample_weight`` holds one number per row.
+    ``(steps, classes)``). ``sample_weight`` holds one number per row. ``(x,)`` or
+    ``(x, None)`` hold no labels (a model trained with ``label_col=None``): ``y`` is then
+    None, and so are the weights, as ``fit`` drops them without ``y``.
 
     Raises:
         ValueError: Naming what does not fit the model.
     """
     from distkeras.feed import check_class_indices
 
-    if len(data) not in (2, 3):
+    if len(data) not in (1, 2, 3):
         raise ValueError(
             "`validation_data` as arrays must be a tuple (x, y) or (x, y, sample_weight), "
-            f"as for Keras's fit. Received a tuple of {len(data)}.")
-    x, y = data[:2]
+            "or (x,) for a model trained without labels, as for Keras's fit. Received a "
+            f"tuple of {len(data)}.")
+    x, y = (data[0], None) if len(data) == 1 else data[:2]
     xs = _by_name(x, [tensor.name for tensor in model.inputs], "x") \
         if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
-    ys = _by_name(y, output_names(model), "y") \
-        if isinstance(y, dict) else list(y) if isinstance(y, (list, tuple)) else [y]
+    if len(xs) != len(model.inputs):
+        raise ValueError(f"The model has {len(model.inputs)} inputs; validation_data holds "
+                         f"{len(xs)} input arrays.")
     input_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.inputs]
-    output_shapes = [tuple(int(dim) for dim in tensor.shape[1:]) for tensor in model.outputs]
-    if len(xs) != len(input_shapes) or len(ys) != len(output_shapes):
-        raise ValueError(
-            f"The model has {len(input_shapes)} inputs and {len(output_shapes)} outputs; "
-            f"validation_data holds {len(xs)} input and {len(ys)} label arrays.")
     xs = [array.astype(integer_dtype(tensor) or np.float32, copy=False)
           for array, tensor in zip(_fit_arrays(xs, input_shapes, "x"), model.inputs)]
     labels = []
-    for index, (array, shape) in enumerate(zip(ys, output_shapes)):
-        array = np.asarray(array)
-        name = "y" if len(ys) == 1 else f"y[{index}]"
-        if array.ndim >= 1 and shape and shape[-1] > 1 and \
-                array.shape[1:] == shape[:-1]:  # class indices
-            (array,) = _fit_arrays([array], [shape[:-1]], name)
-            check_class_indices(array, shape[-1], f"validation_data's {name}")
-            labels.append(array.astype(np.int32))
-        else:
-            (array,) = _fit_arrays([array], [shape], name)
-            labels.append(array.astype(np.float32, copy=False))
+    if y is not None:
+        ys = _by_name(y, output_names(model), "y") \
+            if isinstance(y, dict) else list(y) if isinstance(y, (list, tuple)) else [y]
+        output_shapes = [tuple(int(dim) for dim in tensor.shape[1:])
+                         for tensor in model.outputs]
+        if len(ys) != len(output_shapes):
+            raise ValueError(f"The model has {len(output_shapes)} outputs; validation_data "
+                             f"holds {len(ys)} label arrays.")
+        for index, (array, shape) in enumerate(zip(ys, output_shapes)):
+            array = np.asarray(array)
+            name = "y" if len(ys) == 1 else f"y[{index}]"
+            if array.ndim >= 1 and shape and shape[-1] > 1 and \
+                    array.shape[1:] == shape[:-1]:  # class indices
+                (array,) = _fit_arrays([array], [shape[:-1]], name)
+                check_class_indices(array, shape[-1], f"validation_data's {name}")
+                labels.append(array.astype(np.int32))
+            else:
+                (array,) = _fit_arrays([array], [shape], name)
+                labels.append(array.astype(np.float32, copy=False))
     rows = {len(array) for array in xs + labels}
     if len(rows) != 1:
         raise ValueError(f"validation_data's arrays have different numbers of rows: "
                          f"{sorted(rows)}.")
     if rows == {0}:
         raise ValueError("The validation data has no rows.")
-    weights = None if len(data) == 2 or data[2] is None else \
+    weights = None if y is None or len(data) == 2 or data[2] is None else \
         _validation_weights(data[2], rows.pop())
-    return model_inputs(xs, input_names(model), len(xs) == 1), \
-        (labels[0] if len(labels) == 1 else labels), weights
+    x = model_inputs(xs, input_names(model), len(xs) == 1)
+    if y is None:
+        return x, None, None
+    return x, (labels[0] if len(labels) == 1 else labels), weights
 
 
 def _by_name(arrays, names, what):
@@ -223,6 +232,8 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
     y = [_column(table, name, given) for name, given in zip(labels, label_shapes)]
     single_input = not isinstance(features_col, (list, tuple))
     single_output = not isinstance(label_col, (list, tuple))
+    if label_col is None:  # no targets, as fit(x)'s validation_data=(x_val,)
+        y, single_output = [None], True
     weights = None
     if sample_weight_col is not None:
         weights = _validation_weights(

@@ -486,8 +486,7 @@ class Worker:
         self.model = ModelReplica(model, self._record_step, self._record_window)
         # One flag per entry of get_weights(): False for state such as BatchNormalization's
         # moving statistics (see `update_rules`).
-        trainable = {id(variable) for variable in model.trainable_weights}
-        self.trainable = [id(variable) in trainable for variable in model.weights]
+        self.trainable = update_rules.trainable_flags(model)
         # What the parameter server accepts in a commit: one array per entry, so shaped.
         self.weight_spec = [(tuple(variable.shape), np.dtype(variable.dtype))
                             for variable in model.weights]

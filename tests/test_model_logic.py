@@ -143,13 +143,18 @@ class GuideStepModel(keras.Model):
         import jax
 
         trainable, non_trainable, optimizer, metrics = state
-        x, y = data
+        x, y = self._unpack(data)
         (loss, non_trainable), grads = jax.value_and_grad(self._loss, has_aux=True)(
             trainable, non_trainable, x, y)
         trainable, optimizer = self.optimizer.stateless_apply(optimizer, grads, trainable)
         metrics = self.loss_tracker.stateless_update_state(metrics, loss)
         return ({"loss": self.loss_tracker.stateless_result(metrics)},
                 (trainable, non_trainable, optimizer, metrics))
+
+    @staticmethod
+    def _unpack(data):
+        x, y = data
+        return x, y
 
     @property
     def metrics(self):
@@ -210,3 +215,58 @@ def test_a_train_step_unpacking_x_and_y_trains_as_with_fit_off_the_fast_path(spa
     assert overrides_train_step(reference)
     assert not overrides_train_step(keras.Sequential([keras.Input((4,)),
                                                       keras.layers.Dense(1)]))
+
+
+class FeaturesOnlyStepModel(GuideStepModel):
+    """The `train_step` of Keras's VAE example, for ``fit(x)``: its batch is ``x`` alone
+    (``x = data``), which it reconstructs."""
+
+    @staticmethod
+    def _unpack(data):
+        x = data
+        return x, x
+
+
+def _features_only_model():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((8,))
+    model = FeaturesOnlyStepModel(inputs, keras.layers.Dense(8)(keras.layers.Dense(3)(inputs)))
+    model.compile(optimizer="sgd")
+    return model
+
+
+def test_label_col_none_trains_a_model_of_its_own_loss_as_fit_x_does(spark):
+    from distkeras.trainers import ADAG, SingleTrainer
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    reference = _features_only_model()
+    fitted = reference.fit(x, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    # label_col=None: no targets, as fit(x); the step gets x alone, and so does the
+    # validation, given as fit takes it, (x,).
+    trainer = SingleTrainer(_features_only_model(), batch_size=16, label_col=None)
+    trained = trainer.train(_frame(spark, x), validation_data=(x[:16],), verbose=0)
+
+    losses = [record["loss"] for record in trainer.get_history()]
+    np.testing.assert_allclose(np.mean(losses), fitted.history["loss"][0], rtol=1e-4)
+    for got, expected in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    assert len(trainer.get_validation_history()) == 1
+    # Keras's own train_step, on a model whose loss is add_loss, through a worker's window.
+    adag = ADAG(_autoencoder(), batch_size=16, num_workers=1, label_col=None)
+    adag.train(_frame(spark, x), verbose=0)
+    assert len(adag.get_history()) == 4 and np.isfinite(adag.get_history()[-1]["loss"])
+
+
+def test_label_col_none_is_refused_where_fit_x_could_not_train(spark):
+    from distkeras.trainers import SingleTrainer
+
+    frame = _frame(spark, np.zeros((4, 8), "float32"))
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)])
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="label_col=None trains without targets.*"
+                                         "loss='mse'.*label_col='features'"):
+        SingleTrainer(model, label_col=None).train(frame, verbose=0)
+    with pytest.raises(ValueError, match="with label_col=None there are none"):
+        SingleTrainer(_autoencoder(), label_col=None).train(
+            frame.selectExpr("*", "1.0 AS weight"), sample_weight_col="weight", verbose=0)

@@ -133,6 +133,9 @@ def test_class_indices_with_a_one_hot_loss_say_which_loss_to_use(loss, spark):
     ("SparseCategoricalCrossentropy", [0.0] * 3 + [1.0] + [0.0] * 6,
      "vectors of shape \\(10,\\) .*categorical_crossentropy"),
     ("binary_crossentropy", 3, "scalars .*sigmoid"),
+    # A regression target per row for 10 units: workers read 0.25 as a class index.
+    ("mse", 0.25, "scalars .*'mse' compares each of the output's 10 values.*10 values per row"),
+    ("MeanAbsoluteError", 3, "scalars .*'meanabsoluteerror'.*Dense\\(1\\)"),
 ])
 def test_labels_the_loss_cannot_read_fail_on_the_driver(loss, label, message, spark):
     import keras

@@ -130,6 +130,22 @@ def test_dynsgd_update_golden():
     assert_weights_equal(delta, delta_before)
 
 
+def test_dynsgd_adds_non_trainable_changes_whole():
+    # The second weight is state the workers measure (a BatchNorm statistic, a counter):
+    # divided by the staleness, it lagged what the workers measured (as ADAG's once did).
+    delta = w2([[1.0, -2.0], [0.5, 4.0]], [0.25, -1.0, 8.0])
+    result = update_rules.dynsgd_update(C, delta, 7, 4, trainable=[True, False])
+    assert_weights_equal(result, [[[0.75, 1.5], [1.125, 0.5]], [0.5, -0.75, 7.0]])
+    assert_float32(result)
+    assert_weights_equal(update_rules.dynsgd_update(C, delta, 7, 4, trainable=[True, True]),
+                         update_rules.dynsgd_update(C, delta, 7, 4))
+    with pytest.raises(ValueError, match="1 trainable flags for 2 weights"):
+        update_rules.dynsgd_update(C, delta, 7, 4, trainable=[True])
+    # The server applies it with its model's flags (BatchNorm's moving mean and variance).
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    assert DynSGDParameterServer(model).trainable == [True, True, False, False]
+
+
 # C - C_stale differs per element: [[0, 1], [-1, 2]] and [0.5, -2, 0].
 EXP_STALE = w2([[0.5, 1.0], [2.0, -2.5]], [-0.25, 2.25, -1.0])
 EXP_RESIDUAL = w2([[0.75, 3.0], [-6.0, 45.0]], [3.75, 45.0, -0.5])

@@ -899,8 +899,11 @@ def test_validation_sample_weights_weigh_the_validation_loss_as_in_keras(spark, 
 
 
 @pytest.mark.parametrize("data, error, message", [
+    ((np.zeros((4, 784)), np.zeros((4, 10)), None, None), ValueError,
+     r"must be a tuple \(x, y\) or \(x, y, sample_weight\).*a tuple of 4"),
+    # (x,): fit(x)'s, for a model trained without labels (label_col=None).
     ((np.zeros((4, 784)),), ValueError,
-     r"must be a tuple \(x, y\) or \(x, y, sample_weight\).*a tuple of 1"),
+     r"holds no labels \(y is None\).*label_col='label'.*give \(x, y\)"),
     ((np.zeros((4, 784)), np.zeros((4, 10)), np.ones(3)), ValueError,
      r"sample_weight must hold one number per row \(4 rows\)"),
     ((np.zeros((4, 784)), np.zeros((4, 10)), np.array([1.0, -1.0, 1.0, 1.0])), ValueError,
