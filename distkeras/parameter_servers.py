@@ -737,6 +737,8 @@ class ExperimentalParameterServer(SocketParameterServer):
     def __init__(self, model, master_port=0, learning_rate=1.0):
         super().__init__(model, master_port)
         self.learning_rate = learning_rate
+        # Non-trainable weights (BatchNormalization's statistics) are added undamped.
+        self.trainable = update_rules.trainable_flags(model)
 
     def handle_commit(self, conn, addr):
         data = recv_data(conn)
@@ -744,7 +746,8 @@ class ExperimentalParameterServer(SocketParameterServer):
         stale_center = self.model_update(data.get("center"))
         with self.mutex:
             self.center_variable = update_rules.experimental_update(
-                self.center_variable, residual, stale_center, self.learning_rate)
+                self.center_variable, residual, stale_center, self.learning_rate,
+                self.trainable)
             self.next_update(conn)
 
 

@@ -37,14 +37,19 @@ def _in_dtypes(result, like):
 
 
 def _divided(delta, divisor, trainable):
-    """``delta / divisor``, but whole where ``trainable`` (a flag per weight) is False."""
+    """``delta / divisor``, but whole where ``trainable`` (a flag per weight) is False.
+
+    ``divisor`` is a number, or weights of the same layout (one divisor per element).
+    """
     if trainable is not None and len(trainable) != len(delta):
         raise ValueError(f"{len(trainable)} trainable flags for {len(delta)} weights.")
     if trainable is None or all(trainable):
         return delta / divisor
+    per_weight = isinstance(divisor, np.ndarray) and divisor.dtype == object
     divided = np.empty(len(delta), dtype=object)
     for index, (part, is_trainable) in enumerate(zip(delta, trainable)):
-        divided[index] = part / divisor if is_trainable else part
+        by = divisor[index] if per_weight else divisor
+        divided[index] = part / by if is_trainable else part
     return divided
 
 
@@ -114,14 +119,22 @@ def dynsgd_update(center, delta, num_updates, last_update, trainable=None):
     return _in_dtypes(center + _divided(delta, staleness, trainable), center)
 
 
-def experimental_update(center, residual, stale_center, learning_rate):
+def experimental_update(center, residual, stale_center, learning_rate, trainable=None):
     """Experimental server: ``C + residual / ((1/lr) * (C - C_stale)**2 + 1)``, elementwise.
 
     Weights that moved a lot since the worker pulled them (high disagreement) get a damped
     update; weights that did not move get the full residual.
+
+    Args:
+        center: The center variable.
+        residual: The worker's residual (its window's change, divided as ADAG's).
+        stale_center: The center the worker pulled.
+        learning_rate: The rule's learning rate.
+        trainable: Optional flags, one per weight: where False (a non-trainable weight),
+            the residual is added undamped.
     """
     damping = (1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0
-    return _in_dtypes(center + residual / damping, center)
+    return _in_dtypes(center + _divided(residual, damping, trainable), center)
 
 
 def average_weights(weight_sets):

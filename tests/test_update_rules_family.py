@@ -174,6 +174,18 @@ def test_experimental_update_without_disagreement_adds_residual():
     assert_weights_equal(result, C + EXP_RESIDUAL)
 
 
+def test_experimental_update_adds_non_trainable_residuals_undamped():
+    # The second weight is state the workers measure (a BatchNorm statistic): damped by the
+    # disagreement, the center would lag what the workers measured.
+    result = update_rules.experimental_update(C, EXP_RESIDUAL, EXP_STALE, 1.0,
+                                              trainable=[True, False])
+    # First weight as in the golden test at lr 1; second: C + residual, undamped.
+    assert_weights_equal(result, [[[1.25, 3.5], [-2.0, 8.5]], [4.0, 45.25, -1.5]])
+    assert_float32(result)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    assert ExperimentalParameterServer(model).trainable == [True, True, False, False]
+
+
 def test_average_weights_golden():
     a = w2([[1.0, 2.0], [0.0, -3.0]], [0.5, 1.0, 6.0])
     b = w2([[2.0, 0.5], [3.0, 0.0]], [0.25, -1.0, 0.0])
