@@ -73,7 +73,7 @@ def _to_training_column(dataframe, name, feature=False):
     if (_is_numeric(data_type) or _array_depth_numeric(data_type)
             or isinstance(data_type, T.BinaryType)):
         return column(name)
-    hint = string_features_hint(data_type) or _struct_hint(name, data_type)
+    hint = features_type_hint(name, data_type)
     if hint and not feature and not isinstance(data_type, T.StructType):
         hint = (
             " For labels such as class names, index them first: "
@@ -124,6 +124,12 @@ def string_features_hint(data_type):
     """For a features column of strings (Spark type ``data_type``), what to do instead, to
     end an error message; else ``""``."""
     return _STRING_FEATURES_HINT if _holds_strings(data_type) else ""
+
+
+def features_type_hint(name, data_type):
+    """For a features column ``name`` of a type no model input takes (strings, a struct),
+    what to do instead, to end an error message; else ``""``."""
+    return string_features_hint(data_type) or _struct_hint(name, data_type)
 
 
 def _sample_size(value):

@@ -33,7 +33,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import column, string_features_hint, vector_values
+from distkeras.dataframes import column, features_type_hint, vector_values
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _kind(dataset, name, role="input column", nested=False, packed=False):
         f"Column {name!r} (the {role}) has type {data_type.simpleString()}; expected a "
         f"number, an array of numbers{' (possibly nested)' if nested else ''}"
         f"{', packed float32 tensors (binary)' if packed else ''} or a Spark ML vector."
-        + (string_features_hint(data_type) if role == "features column" else "")
+        + (features_type_hint(name, data_type) if role == "features column" else "")
     )
 
 

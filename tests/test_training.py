@@ -135,12 +135,16 @@ def test_what_is_not_a_dataframe_is_told_how_to_become_one(spark, given, hint):
 
 
 def test_a_struct_features_column_is_told_how_to_become_an_array(spark):
+    from distkeras.predictors import ModelPredictor
     from distkeras.trainers import SingleTrainer
 
     data = spark.createDataFrame([((0.1, 0.2), 1)], "features struct<a:float,b:float>, label int")
-    with pytest.raises(TypeError, match=r"type struct<a:float,b:float>; .* "
-                                        r"F.array\('features.a', 'features.b'\)"):
-        _trainer(SingleTrainer, loss="sparse_categorical_crossentropy").train(data)
+    hint = r"type struct<a:float,b:float>; .* F.array\('features.a', 'features.b'\)"
+    trainer = _trainer(SingleTrainer, loss="sparse_categorical_crossentropy")
+    with pytest.raises(TypeError, match=hint):
+        trainer.train(data)
+    with pytest.raises(TypeError, match=hint):  # predicting: the same way out
+        ModelPredictor(build_mlp()).predict(data)
 
 
 def _as_if_stopped(spark, monkeypatch):
