@@ -1014,6 +1014,7 @@ class Trainer:
             return
         server = parameter_servers.HistoryServer(self.master_model)
         server.host = bind_address(spark)
+        server.expect_workers(num_tasks)
         server.on_worker_failure = \
             lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         server.start()
