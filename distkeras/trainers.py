@@ -321,7 +321,6 @@ def _crashed_worker_message(text):
             "adds the Python traceback of a crash.")
 
 
-
 def _raise_reported_failure(server, error):
     """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
     failure a worker reported to ``server`` (the cause of the stop), if there is one."""
@@ -329,6 +328,7 @@ def _raise_reported_failure(server, error):
         worker_id, cause = server.worker_failures[0]
         raise TrainingError(f"Training failed on an executor: partition {worker_id} "
                             f"failed: {cause}") from error
+
 
 def _register_user_module(obj):
     """Lets Spark ship a user's worker class by value when its module is not installed."""
