@@ -289,9 +289,11 @@ def _check_columns(name, value):
     keyed by the model's names has become the list by now)."""
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not names or not all(isinstance(column, str) and column for column in names):
+        none = " (or None, for a model compiled with loss=None, trained as fit(x))" \
+            if name == "label_col" else ""
         raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
                         "model input or output, in the model's order) or a dict keyed by the "
-                        f"model's input or output names. Received: {name}={value!r}")
+                        f"model's input or output names{none}. Received: {name}={value!r}")
 
 
 _CRASHED_WORKER = "Python worker exited unexpectedly"
