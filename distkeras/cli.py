@@ -95,7 +95,8 @@ def _train_parser(trainer_class=None, add_help=True):
     parser.add_argument("--features", default="features",
                         help="feature column(s), comma-separated for several inputs")
     parser.add_argument("--label", default="label",
-                        help="label column(s), comma-separated for several outputs")
+                        help="label column(s), comma-separated for several outputs; \"\" "
+                             "for none (a model compiled with loss=None, trained as fit(x))")
     parser.add_argument("--optimizer", default=None,
                         help="worker optimizer (default: the model's compiled one, else adam)")
     parser.add_argument("--loss", default=None,
@@ -269,7 +270,7 @@ def build_trainer(trainer_class, model, args):
     parameters = inspect.signature(trainer_class.__init__).parameters
     settings = {"keras_model": model, "worker_optimizer": optimizer, "loss": loss,
                 "metrics": metrics, "batch_size": args.batch_size, "num_epoch": args.epochs,
-                "features_col": _columns(args.features), "label_col": _columns(args.label)}
+                "features_col": _columns(args.features), "label_col": _columns(args.label) or None}  # --label "": none
     workers = 2 if args.workers is None else args.workers
     if "num_workers" in parameters:
         settings["num_workers"] = workers

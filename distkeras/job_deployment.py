@@ -392,7 +392,9 @@ def validate_submission(body, allowed_roots=()):
                          "session, or submit another trainer.")
     model_bytes = _model_bytes(body.get("model"))
     try:
-        model = deserialize_model(model_bytes)
+        # Compiled, as the job's process loads it (`cli`): a model compiled with
+        # loss=None trains on its own loss, which the trainer's checks read from it.
+        model = deserialize_model(model_bytes, compile=True)
     except Exception as error:  # any failure to load is the client's archive's fault
         raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
             from error

@@ -289,9 +289,11 @@ def _check_columns(name, value):
     keyed by the model's names has become the list by now)."""
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not names or not all(isinstance(column, str) and column for column in names):
+        none = " (or None, for a model compiled with loss=None, trained as fit(x))" \
+            if name == "label_col" else ""
         raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
                         "model input or output, in the model's order) or a dict keyed by the "
-                        f"model's input or output names. Received: {name}={value!r}")
+                        f"model's input or output names{none}. Received: {name}={value!r}")
 
 
 _CRASHED_WORKER = "Python worker exited unexpectedly"
@@ -321,7 +323,6 @@ def _crashed_worker_message(text):
             "adds the Python traceback of a crash.")
 
 
-
 def _raise_reported_failure(server, error):
     """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
     failure a worker reported to ``server`` (the cause of the stop), if there is one."""
@@ -329,6 +330,7 @@ def _raise_reported_failure(server, error):
         worker_id, cause = server.worker_failures[0]
         raise TrainingError(f"Training failed on an executor: partition {worker_id} "
                             f"failed: {cause}") from error
+
 
 def _register_user_module(obj):
     """Lets Spark ship a user's worker class by value when its module is not installed."""
@@ -1014,6 +1016,7 @@ class Trainer:
             return
         server = parameter_servers.HistoryServer(self.master_model)
         server.host = bind_address(spark)
+        server.expect_workers(num_tasks)
         server.on_worker_failure = \
             lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         server.start()

@@ -200,6 +200,25 @@ def test_metrics_default_to_the_compiled_models(spark):
     assert given.metrics == ["accuracy"]
 
 
+def test_an_empty_label_trains_without_targets():
+    # label_col=None (fit(x), a model whose loss is its own) had no spelling on the command
+    # line: --label "" gave label_col=[], refused as no column name.
+    import keras
+
+    from distkeras import cli
+    from distkeras.trainers import ADAG
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.ActivityRegularization(l2=0.1)(
+        keras.layers.Dense(4)(inputs)))
+    model.compile("adam", loss=None)
+    args = cli._train_parser(ADAG).parse_args(
+        ["--data", "d", "--model", "m", "--output", "o", "--label", ""])
+    trainer = cli.build_trainer(ADAG, model, args)
+    trainer.validate_arguments()
+    assert trainer.label_col is None
+
+
 def test_boolean_trainer_options_are_switches(spark):
     from distkeras import cli
     from distkeras.trainers import ADAG

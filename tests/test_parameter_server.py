@@ -634,6 +634,29 @@ def test_a_flood_of_connections_without_the_token_holds_at_most_the_cap(servers,
     assert server.errors == []
 
 
+def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(monkeypatch):
+    """The HistoryServer that EnsembleTrainer's members and AveragingTrainer's replicas
+    report to (and tell of their failures) kept the cap of 64 however many connected at
+    once, where the parameter servers take twice their workers (`expect_workers`)."""
+    from types import SimpleNamespace
+
+    from distkeras.parameter_servers import HistoryServer
+    from distkeras.trainers import AveragingTrainer
+
+    caps = []
+    start = HistoryServer.start
+    monkeypatch.setattr(HistoryServer, "start", lambda self: (
+        caps.append(self.max_pending_handshakes), start(self))[1])
+    conf = SimpleNamespace(get=lambda key, default=None: default)
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
+    trainer = AveragingTrainer(make_model(), "sgd", "mse")
+    trainer.verbose, trainer._metric_states = 0, []  # as train() sets them
+    worker = SimpleNamespace()
+    with trainer._progress(spark, worker, None, "test", "group", num_tasks=200):
+        pass
+    assert caps == [400]
+
+
 def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, caplog):
     """A process out of file descriptors (many connections, a low `ulimit -n`) fails
     accept() with EMFILE: the server warns and accepts again once some close, where it

@@ -602,6 +602,30 @@ def test_a_compiled_model_lends_its_settings_to_a_job():
     assert trained.loss == "categorical_crossentropy"
 
 
+def test_a_job_of_a_model_compiled_without_a_loss_is_accepted():
+    # A model whose loss is its own (add_loss), compiled with loss=None, trains in the
+    # job's process (which loads it compiled) with or without label_col; the server's
+    # checks read the model as that process does, not as uncompiled ("`loss` is required").
+    import keras
+
+    from distkeras.job_deployment import BadRequest, validate_submission
+    from distkeras.trainers import ADAG
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.ActivityRegularization(l2=0.1)(
+        keras.layers.Dense(4)(inputs)))
+    model.compile("adam", loss=None)
+    for label_col in (None, "features"):
+        job = Job("secret", "own_loss", "/data/x.parquet", 1, 2,
+                  ADAG(keras_model=model, num_workers=2, label_col=label_col))
+        _, _, config, _ = validate_submission(job.payload())
+        assert config["label_col"] == label_col and config["loss"] is None
+    job = Job("secret", "own_loss", "/data/x.parquet", 1, 2,
+              ADAG(keras_model=model, num_workers=2, loss="mse", label_col=None))
+    with pytest.raises(BadRequest, match="label_col=None trains without targets"):
+        validate_submission(job.payload())
+
+
 def test_a_fetched_model_keeps_its_optimizer_state_and_attach_needs_no_trainer():
     # The server's archive holds the trained optimizer's state (SingleTrainer's, as after
     # fit); a job followed with trainer=None (`Job(secret, ...); job.attach(url)`) still
