@@ -243,15 +243,14 @@ def test_predict_on_rows_of_the_wrong_size_names_them_and_leaves_nothing(
     from distkeras import cli
 
     output = tmp_path / "predictions.parquet"
-    # `label` holds 10 values a row; the model reads 784: found on the executors.
+    # `label` holds 10 values a row; the model reads 784: found on the driver, first row.
     argv = ["predict", "--data", parquet_data, "--model", model_file, "--output", str(output),
             "--features", "label"]
     assert cli.main(argv) == 1
     error = capsys.readouterr().err.strip()
-    # Not Spark's "An exception was thrown...": the feed's own error.
-    assert error.startswith("distkeras predict: error: distkeras.errors.InvalidDataError: "
-                            "Column 'label' holds arrays"), error
-    assert "the model expects 784 per row" in error and len(error.splitlines()) == 1
+    assert error == ("distkeras predict: error: Column 'label' holds 10 values per row but "
+                     "the model's input expects shape (784,) (784 values). Reshape the data "
+                     "or the model."), error
     assert not output.exists()  # so the corrected command needs no --overwrite
 
 
@@ -261,14 +260,24 @@ def test_predict_overwrite_replaces_the_output_only_once_the_new_one_is_written(
 
     from distkeras import cli
 
+    from pyspark.sql import functions as F
+
     output = str(tmp_path / "predictions.parquet")
     argv = ["predict", "--data", parquet_data, "--model", model_file, "--output", output]
     assert cli.main(argv) == 0
     before = sorted(os.listdir(output))
-    # A job that fails on the executors (rows of 10 values, the model reads 784): the old
-    # predictions stay, and no temporary folder is left beside them.
-    assert cli.main(argv + ["--overwrite", "--features", "label"]) == 1
-    assert "the model expects 784 per row" in capsys.readouterr().err
+    # A job that fails on the executors: the first row fits the model (the driver's check
+    # passes), a later one holds 10 values. The old predictions stay, and no temporary
+    # folder is left beside them.
+    rows = spark.read.parquet(parquet_data).select("features", "label").limit(20)
+    bad = rows.limit(1).select(F.slice("features", 1, 10).alias("features"), "label")
+    bad_data = str(tmp_path / "bad.parquet")
+    rows.union(bad).coalesce(1).write.parquet(bad_data)
+    assert cli.main(["predict", "--data", bad_data, "--model", model_file, "--output", output,
+                     "--overwrite"]) == 1
+    error = capsys.readouterr().err
+    assert "Column 'features' holds arrays" in error
+    assert "the model expects 784 per row" in error and len(error.strip().splitlines()) == 1
     assert sorted(os.listdir(output)) == before
     assert not [name for name in os.listdir(tmp_path) if ".tmp-" in name]
     # The output may be the data read: predicted again, into itself.
