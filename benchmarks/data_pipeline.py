@@ -425,7 +425,10 @@ cost (the same UDF over 100 rows); the rest is per row, mostly the JVM writing e
 784 floats of a row into Arrow one element at a time (`ArrowWriter`'s
 `ArrayWriter.setValue` held most of the task thread's samples in a JFR profile).
 ModelPredictor adds {predict_s - transfer_s:.3f} s to the zeros row, the order of the
-driver's predict: the Python side now costs about what `model.predict` costs (the model
+driver's predict, including a small Spark job of its own before the prediction's (since
+2026-12-01: `predict()` reads the first row on the driver, to refuse a null or a row of the
+wrong size for the model before any task runs; measured alone, 0.05-0.08 s here, a cost
+per call, not per row): the Python side now costs about what `model.predict` costs (the model
 stays in the worker between calls, and Spark's `gc.collect()` after each task no longer
 walks the Keras and JAX objects, frozen with `gc.freeze()`). On one core, where nothing
 overlaps, the Spark side spends {cpu(pinned, "predictor"):.2f} CPU s per run, the driver
