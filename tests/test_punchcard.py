@@ -512,20 +512,6 @@ class _CrashingPunchcard(Punchcard):
         return [sys.executable, "-c", script, job["id"]]
 
 
-def test_a_job_whose_process_dies_reports_its_exit_and_error_lines(secrets, tmp_path,
-                                                                    data_path):
-    running = RunningServer(secrets[0], str(tmp_path / "work"),
-                            punchcard_class=_CrashingPunchcard)
-    try:
-        job = Job(secrets[1][11], "crash", data_path, 1, 1, _trainer())
-        job.send(running.url)
-        assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=30)
-        assert job.get_state()["error"] == ("the job's process ended (exit code 3) without a "
-                                            "result: 26/11/30 ERROR Executor: lost executor 1")
-    finally:
-        running.stop()
-
-
 class _PollsJustBeforeTheExit:
     """A job's process whose poll() always answers just before it exits: the race in
     which the process is gone by the time /proc is read (a zombie's cmdline is empty)."""
@@ -549,16 +535,17 @@ class _RacingCrashPunchcard(_CrashingPunchcard):
         return process
 
 
-def test_a_process_that_exits_just_after_its_poll_still_reports_its_exit_code(
-        secrets, tmp_path, data_path):
-    running = RunningServer(secrets[0], str(tmp_path / "work"),
-                            punchcard_class=_RacingCrashPunchcard)
+@pytest.mark.parametrize("punchcard_class", [_CrashingPunchcard, _RacingCrashPunchcard],
+                         ids=["dies", "dies-just-after-its-poll"])
+def test_a_job_whose_process_dies_reports_its_exit_and_error_lines(punchcard_class, secrets,
+                                                                    tmp_path, data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), punchcard_class=punchcard_class)
     try:
-        job = Job(secrets[1][12], "crash-race", data_path, 1, 1, _trainer())
+        job = Job(secrets[1][11], "crash", data_path, 1, 1, _trainer())
         job.send(running.url)
         assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=30)
-        assert job.get_state()["error"].startswith(
-            "the job's process ended (exit code 3) without a result")
+        assert job.get_state()["error"] == ("the job's process ended (exit code 3) without a "
+                                            "result: 26/11/30 ERROR Executor: lost executor 1")
     finally:
         running.stop()
 
