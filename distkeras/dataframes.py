@@ -53,6 +53,32 @@ def _array_depth_numeric(data_type):
     return depth > 0 and _is_numeric(data_type)
 
 
+def same_column(dataframe, a, b):
+    """Whether Spark resolves the names ``a`` and ``b`` to one column of ``dataframe``:
+    case-insensitively, unless ``spark.sql.caseSensitive`` is set."""
+    if dataframe.sparkSession.conf.get("spark.sql.caseSensitive", "false").lower() == "true":
+        return a == b
+    return a.lower() == b.lower()
+
+
+def check_output_column_free(dataframe, name, who="Column"):
+    """Refuses a new column ``name`` that would replace one of ``dataframe``'s without a
+    word (``withColumn``); Spark matches the names case-insensitively by default, so
+    ``"Label"`` replaces ``label``.
+
+    Raises:
+        ValueError: Naming the column (``who`` begins the message).
+    """
+    existing = next((existing for existing in dataframe.columns
+                     if same_column(dataframe, existing, name)), None)
+    if existing is None:
+        return
+    as_named = "" if existing == name else (
+        f" (as {existing!r}: Spark matches column names regardless of case)")
+    raise ValueError(f"{who} {name!r} is already in the DataFrame{as_named}; pick another "
+                     "output_col or drop that column first.")
+
+
 def _to_training_column(dataframe, name, feature=False):
     """A column expression that yields numbers or arrays of numbers, or a clear error
     (for strings, one that says what to do with them as features or as labels)."""

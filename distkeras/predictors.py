@@ -24,7 +24,8 @@ import numpy as np
 
 from distkeras import errors
 from distkeras.dataframes import (check_column_order, check_first_row, check_input_count,
-                                  check_known_inputs, check_spark_dataframe, column,
+                                  check_known_inputs, check_output_column_free,
+                                  check_spark_dataframe, column,
                                   columns_by_name, sparse_vector_columns, vector_values)
 from distkeras.feed import integer_dtype, output_names
 from distkeras.transformers import _kind
@@ -340,10 +341,7 @@ class ModelPredictor:
                            "features_col")
         outputs = self._output_columns()
         for name in outputs:
-            if name in dataframe.columns:
-                raise ValueError(
-                    f"Column {name!r} is already in the DataFrame; pick another "
-                    "output_col or drop that column first.")
+            check_output_column_free(dataframe, name)
         kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
         # What would fail every task is refused here, from the first row (None: no rows).

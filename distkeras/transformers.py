@@ -33,7 +33,8 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import column, features_type_hint, vector_values
+from distkeras.dataframes import (check_output_column_free, column, features_type_hint,
+                                  same_column, vector_values)
 
 logger = logging.getLogger(__name__)
 
@@ -227,13 +228,11 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
 
     def _transform(self, dataset):
         input_col, output_col = self._columns()
-        if output_col != input_col and output_col in dataset.columns:
+        if not same_column(dataset, output_col, input_col):
             # withColumn would replace it without a word: LabelIndexTransformer(...,
             # output_col="label") wrote the predictions over the labels, which then scored
             # an accuracy of 1.0. Replacing the input column itself stays as asked.
-            raise ValueError(
-                f"{type(self).__name__}: column {output_col!r} is already in the DataFrame; "
-                "pick another output_col or drop that column first.")
+            check_output_column_free(dataset, output_col, f"{type(self).__name__}: column")
         return dataset.withColumn(output_col, self._expression(dataset, input_col))
 
     def _expression(self, dataset, input_col):

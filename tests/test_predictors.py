@@ -252,6 +252,9 @@ def test_predictor_errors_name_the_column(spark):
         ModelPredictor(model, features_col="missing", output_col="out").predict(frame)
     with pytest.raises(ValueError, match="'prediction' is already in the DataFrame"):
         ModelPredictor(model).predict(frame)
+    with pytest.raises(ValueError, match="'Prediction' is already in the DataFrame \\(as "
+                                         "'prediction'"):
+        ModelPredictor(model, output_col="Prediction").predict(frame)
     with pytest.raises(ValueError, match="batch_size"):
         ModelPredictor(model, output_col="out", batch_size=0).predict(frame)
     # Rows every task would fail on are refused from the first row, before any job runs.

@@ -217,8 +217,14 @@ def test_an_output_column_already_in_the_dataframe_is_refused_unless_it_is_the_i
     with pytest.raises(ValueError, match="LabelIndexTransformer: column 'idx' is already in "
                                          "the DataFrame; pick another output_col"):
         LabelIndexTransformer(3, input_col="p", output_col="idx").transform(tiny)
+    # Spark matches column names regardless of case: "IDX" would replace "idx" too.
+    with pytest.raises(ValueError, match="column 'IDX' is already in the DataFrame \\(as "
+                                         "'idx': Spark matches column names regardless"):
+        LabelIndexTransformer(3, input_col="p", output_col="IDX").transform(tiny)
     in_place = MinMaxTransformer(0.0, 10.0, 0.0, 1.0, input_col="a", output_col="a")
     assert _column(in_place.transform(tiny), "a")[0] == pytest.approx([0.0, 0.5, 1.0, 0.2])
+    in_place = MinMaxTransformer(0.0, 10.0, 0.0, 1.0, input_col="a", output_col="A")
+    assert _column(in_place.transform(tiny), "A")[0] == pytest.approx([0.0, 0.5, 1.0, 0.2])
 
 
 def test_every_stage_in_a_saved_and_reloaded_pipeline(tiny, tmp_path):
