@@ -264,7 +264,10 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
     # once.
     assert [sum(record["batch_size"] for record in history if record["epoch"] == epoch
                 and not record.get("superseded")) for epoch in range(3)] == [2000] * 3
-    assert {record["epoch"] for record in history if record.get("superseded")} == {1}
+    # Superseded: the lost tasks' epoch-2 steps that reached the driver before Spark
+    # restarted the stage (worker 0's, unless the restart came before its epoch's end).
+    # Were they not marked, the count above would hold epoch 2 twice.
+    assert {record["epoch"] for record in history if record.get("superseded")} <= {1}
     assert accuracy(model, fashion_test) > 0.6
 
 

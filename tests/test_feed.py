@@ -539,21 +539,35 @@ def test_an_ensemble_member_on_invalid_rows_stops_the_other_members_at_once(spar
     error, but the driver saw it only when the job ended, after the other member had
     trained all its 20,000 epochs. The member now tells the driver's progress server, which
     stops the job, as a parameter-server trainer's does."""
+    import time
+
     import keras
     import pytest
 
+    from distkeras import workers
     from distkeras.trainers import EnsembleTrainer, TrainingError
+
+    class SlowGoodMember(workers.EnsembleWorker):
+        def train_steps(self, batches):
+            # The good member (partition 0) takes 0.1 s a call, 100 s for its 1,000 calls
+            # if nothing stops it: however fast or busy the machine, the other member meets
+            # its null long before (a new Python worker imports JAX first).
+            if self.worker_id == 0:
+                time.sleep(0.1)
+            super().train_steps(batches)
+
+    class Trainer(EnsembleTrainer):
+        def allocate_worker(self):
+            return SlowGoodMember(self.master_model, seed=self.seed)
 
     good = spark.createDataFrame([([0.5, 0.25], index % 2) for index in range(64)],
                                  "features array<float>, label int").coalesce(1)
     holed = spark.createDataFrame([([0.5, 0.25], 0)] * 8 + [(None, 1)],
                                   "features array<float>, label int").coalesce(1)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
-    # The good member's 160,000 steps: far more than it takes the other, on a busy machine
-    # too, to start (a new Python worker imports JAX) and meet the null.
-    num_epoch = 20000
-    trainer = EnsembleTrainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
-                              batch_size=8, num_ensembles=2, num_epoch=num_epoch)
+    num_epoch = 2000  # 16,000 steps of 8 rows, 16 a call
+    trainer = Trainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
+                      batch_size=8, num_ensembles=2, num_epoch=num_epoch)
     trainer._new_job_group = lambda: "distkeras-test-invalid-rows-ensemble"
     with pytest.raises(TrainingError, match=r"partition 1 failed: InvalidDataError: "
                                             r"Column 'features' has 1 null values"):
