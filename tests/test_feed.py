@@ -568,13 +568,14 @@ def test_an_ensemble_member_on_invalid_rows_stops_the_other_members_at_once(spar
     num_epoch = 2000  # 16,000 steps of 8 rows, 16 a call
     trainer = Trainer(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
                       batch_size=8, num_ensembles=2, num_epoch=num_epoch)
-    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-ensemble"
+    started = time.monotonic()
     with pytest.raises(TrainingError, match=r"partition 1 failed: InvalidDataError: "
                                             r"Column 'features' has 1 null values"):
         trainer.train(good.union(holed), verbose=0)  # two partitions: one per member
+    # Stopped at once, not after the good member's 100 s. (How its task then ends is
+    # Spark's timing: killed, or done early once the driver's server is gone.)
+    assert time.monotonic() - started < 60
     assert len(trainer.get_history()) < num_epoch * 8  # what was trained is kept
-    failed, launched = _task_attempts(spark, "distkeras-test-invalid-rows-ensemble")
-    assert launched - failed <= 1  # the good member's task was stopped, not completed
 
 def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
     """The errors count rows within an Arrow batch: in a later batch of a large partition,
