@@ -551,6 +551,9 @@ def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
                                   "features array<float>, label double")
     assert frame.rdd.getNumPartitions() == 2
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    # The root logger's level too: run alone (no earlier test had set it), the trainer's
+    # warning did not reach caplog.
+    caplog.set_level(logging.WARNING)
     with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
         trained = DOWNPOUR(model, "sgd", "mse", num_workers=2, communication_window=2,
                            metrics=[]).train(frame, verbose=0)
