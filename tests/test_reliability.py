@@ -534,7 +534,7 @@ def test_a_keras_layer_error_names_its_cause_in_the_training_error(fashion_train
 
 
 def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
-    """A step that diverges in one partition (a feature of 1e20: its gradient overflows
+    """A step that diverges in one partition (a feature of 1e30: its gradient overflows
     float32; a NaN in the data is refused as it is fed): the server refuses that worker's
     non-finite commits and the model keeps the other worker's training; it used to return
     it with only a log line per commit, as if all had trained."""
@@ -545,7 +545,10 @@ def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
     rng = np.random.default_rng(2)
     x = rng.normal(size=(400, 3)).astype("float32")
     y = x.sum(axis=1)
-    x[300] = 1e20  # in the second partition
+    # 1e30, not less: the gradient is about 2 * sum(w) * 1e30 * 1e30 / 32, which overflows
+    # float32 whatever the random initial weights. With 1e20 it overflowed only for some
+    # (|sum(w)| above about 0.5): otherwise the step stayed finite and nothing was refused.
+    x[300] = 1e30  # in the second partition
     # Two slices in order: rows 0-199, then 200-399.
     frame = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)],
                                   "features array<float>, label double")
