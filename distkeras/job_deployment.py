@@ -327,6 +327,10 @@ class BadRequest(ValueError):
     """A malformed submission (HTTP 400)."""
 
 
+class SubmissionInProgress(RuntimeError):
+    """Another submission with the same secret is still being checked (HTTP 403)."""
+
+
 def _check_data_path(path, allowed_roots, name="data_path"):
     if not isinstance(path, str) or not path or len(path) > 4096:
         raise BadRequest(f"'{name}' must be a non-empty string.")
@@ -669,6 +673,7 @@ class Punchcard:
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
+        self._validating = set()  # secrets whose submission is being checked
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.reconcile()
@@ -686,7 +691,32 @@ class Punchcard:
         return self.checker.identify(secret)
 
     def submit(self, secret_hash, identity, body):
-        """Queues a job; returns its public state, or None when the secret is busy."""
+        """Queues a job; returns its public state, or None when the secret is busy.
+
+        Raises:
+            BadRequest: The submission is malformed.
+            SubmissionInProgress: Another submission with this secret is being checked.
+        """
+        # Checking a submission builds its model, which can take a request thread for
+        # minutes (a Sequential of hundreds of layers): a secret that already has a job is
+        # refused before that, and one secret's submissions are checked one at a time, so
+        # no client can hold more than one of the server's threads this way.
+        if self.store.by_secret(secret_hash) is not None:
+            return None
+        with self._lock:
+            if secret_hash in self._validating:
+                raise SubmissionInProgress(
+                    "Another submission with this secret is still being checked: wait for "
+                    "its answer (a secret has one job at a time).")
+            self._validating.add(secret_hash)
+        try:
+            return self._queue(secret_hash, identity, body)
+        finally:
+            with self._lock:
+                self._validating.discard(secret_hash)
+
+    def _queue(self, secret_hash, identity, body):
+        """Validates a submission and stores it as a queued job (`submit`)."""
         fields, trainer_class, config, model_bytes = validate_submission(
             body, self.allowed_data_roots)
         job_id = uuid.uuid4().hex
@@ -986,6 +1016,8 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             state = punchcard.submit(who[0], who[1], body)
         except BadRequest as bad:
             return error(400, str(bad))
+        except SubmissionInProgress as busy:
+            return error(403, str(busy))
         if state is None:
             job = punchcard.job_of(who[0])
             known = f" ({job['name']!r}, {job['state']})" if job is not None else ""

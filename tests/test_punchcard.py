@@ -933,3 +933,46 @@ def test_a_job_destroyed_while_its_cancel_answers_gives_404(secrets, tmp_path, d
         assert status == 404 and "another request destroyed it" in body["error"]
     finally:
         running.stop()
+
+
+class _SlowCheckPunchcard(Punchcard):
+    """Takes 1 s to check each submission, as a model of hundreds of layers takes longer;
+    counts the checks."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.checks = 0
+
+    def _queue(self, secret_hash, identity, body):
+        self.checks += 1
+        time.sleep(1.0)
+        return super()._queue(secret_hash, identity, body)
+
+
+def test_one_secret_has_one_submission_checked_at_a_time(secrets, tmp_path, data_path):
+    """Checking a submission builds its model in a request thread: one client sending the
+    same slow model many times at once held that many of the server's threads; and a
+    secret that already had a job had each submission checked before being refused."""
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            punchcard_class=_SlowCheckPunchcard)
+    try:
+        secret, other = secrets[1][21], secrets[1][22]
+        payload = Job(secret, "slow", data_path, 1, 1, _trainer()).payload()
+        answers = _staggered(3, lambda: _raw(running.url, "/api/submit", secret, payload))
+        assert sorted(status for status, _ in answers) == [200, 403, 403], answers
+        assert all("still being checked" in body["error"]
+                   for status, body in answers if status == 403)
+        assert running.punchcard.checks == 1
+        # Another secret is not held up by the first one's checks.
+        assert _raw(running.url, "/api/submit", other, payload)[0] == 200
+        assert running.punchcard.checks == 2
+        # A secret that has its job is refused before any check of the new submission.
+        status, answer = _raw(running.url, "/api/submit", secret, payload)
+        assert status == 403 and "already has a job" in answer["error"]
+        assert running.punchcard.checks == 2
+        # Once a check failed, the same secret may submit again.
+        third = secrets[1][23]
+        assert _raw(running.url, "/api/submit", third, {**payload, "model": None})[0] == 400
+        assert _raw(running.url, "/api/submit", third, payload)[0] == 200
+    finally:
+        running.stop()
