@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from distkeras import affinity
+from distkeras import compat
 from distkeras import custom_objects
 from distkeras import dataframes
 from distkeras import epoch_metrics
@@ -419,7 +420,7 @@ def _joined_replies(rows, num_tasks):
             for _, chunks in sorted(complete.items())]
 
 
-class Trainer:
+class Trainer(compat.TrainerAccessors):
     """Base of every trainer: stores the settings and the results of the last run.
 
     Args:
@@ -1345,7 +1346,7 @@ def bind_address(spark):
         driver_address(spark))
 
 
-class DistributedTrainer(Trainer):
+class DistributedTrainer(Trainer, compat.DistributedAccessors):
     """A trainer that runs ``num_workers`` replicas, one Spark task each.
 
     Args:
@@ -1386,7 +1387,7 @@ class DistributedTrainer(Trainer):
         return self.num_workers * self.parallelism_factor
 
 
-class AsynchronousDistributedTrainer(DistributedTrainer):
+class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAccessors):
     """Workers train asynchronously against a parameter server on the driver.
 
     Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`

@@ -587,3 +587,32 @@ def shuffle(dataframe, seed=None):
     from pyspark.sql import functions as F
 
     return dataframe.orderBy(F.rand(seed))
+
+
+def precache(dataframe, num_workers=None):
+    """Lays ``dataframe`` out in ``num_workers`` partitions, caches and computes it
+    (dist-keras's ``utils.precache``); returns the cached DataFrame.
+
+    A trainer then reads the rows from the executors' memory instead of computing them
+    again (reading the Parquet, running the transformers) at every epoch and every run.
+
+    Args:
+        dataframe: A Spark DataFrame.
+        num_workers: The partitions to lay it out in (the trainer's ``num_workers``);
+            None keeps its partitions.
+    """
+    if num_workers is not None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or \
+                num_workers < 1:
+            raise ValueError("`num_workers` must be an integer >= 1 or None. Received: "
+                             f"num_workers={num_workers!r}")
+        dataframe = dataframe.repartition(num_workers)
+    dataframe = dataframe.cache()
+    dataframe.count()
+    return dataframe
+
+
+# dist-keras's names, for scripts written for it: a model travels as a .keras archive
+# (bytes) instead of its JSON and weights, so the two round-trip with each other only.
+serialize_keras_model = serialize_model
+deserialize_keras_model = deserialize_model
