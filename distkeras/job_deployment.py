@@ -1085,6 +1085,23 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20):
                                   max_request_body_size=max_request_bytes)
 
 
+def _exposure_warnings(host, allowed_data_roots):
+    """What a server started with these settings exposes that its administrator may not
+    mean to: said once, at start-up."""
+    warnings = []
+    if not allowed_data_roots:
+        warnings.append(
+            "No --allowed-data-root: a job may train on any path this server's user can "
+            "read (its model then carries what it learned from that data back to the "
+            "client). Give the folders that hold training data.")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        warnings.append(
+            f"Listening on {host} over plain HTTP: secrets, models and histories cross the "
+            "network unencrypted. Serve it behind a TLS-terminating proxy, or listen on "
+            "127.0.0.1.")
+    return warnings
+
+
 def serve(argv=None, prog="punchcard"):
     """``punchcard``: runs the job server (waitress, a production WSGI server)."""
     parser = argparse.ArgumentParser(
@@ -1112,6 +1129,8 @@ def serve(argv=None, prog="punchcard"):
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
+    for warning in _exposure_warnings(args.host, args.allowed_data_root):
+        logger.warning(warning)
     try:
         server = make_server(punchcard, args.host, args.port, args.threads,
                              args.max_request_mb << 20)

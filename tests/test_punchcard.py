@@ -409,6 +409,19 @@ def test_a_port_in_use_is_one_line(secrets, tmp_path):
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
         "punchcard: error: cannot listen on 127.0.0.1:")
+    # Started without --allowed-data-root, it said what that exposes (and on loopback,
+    # nothing about plain HTTP).
+    assert "No --allowed-data-root" in result.stderr, result.stderr
+    assert "plain HTTP" not in result.stderr, result.stderr
+
+
+def test_exposure_warnings_name_what_the_settings_open():
+    from distkeras.job_deployment import _exposure_warnings
+
+    assert _exposure_warnings("127.0.0.1", ["/data"]) == []
+    (open_host,) = _exposure_warnings("0.0.0.0", ["/data"])
+    assert "0.0.0.0 over plain HTTP" in open_host and "TLS" in open_host
+    assert len(_exposure_warnings("0.0.0.0", [])) == 2
 
 
 def _reachable(url):
