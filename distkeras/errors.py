@@ -22,3 +22,7 @@ class InvalidUpdateError(UnretryableError, ValueError):
 class BackendUnavailableError(UnretryableError, ImportError):
     """An executor whose Python environment cannot load the driver's Keras backend (the
     driver runs ``KERAS_BACKEND=torch``, the executors have no torch installed)."""
+
+
+class TrainingError(RuntimeError):
+    """A worker or the parameter server failed during training."""

@@ -301,7 +301,7 @@ def _restore_optimizer_state(model, model_bytes):
     """Gives ``model``'s optimizer the state saved in the server's archive: recompiling
     it from the trainer alone would start the optimizer afresh (step 0, no moments)."""
     from distkeras.utils import deserialize_model
-    from distkeras.workers import get_optimizer_state, set_optimizer_state
+    from distkeras.model_state import get_optimizer_state, set_optimizer_state
 
     try:
         saved = deserialize_model(model_bytes, compile=True)

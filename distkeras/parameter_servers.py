@@ -626,7 +626,7 @@ class SocketParameterServer(ParameterServer):
         if not isinstance(columns, dict):
             raise networking.ProtocolError("A history message must carry a dict of columns.")
         from distkeras.epoch_metrics import unpack
-        from distkeras.workers import history_records
+        from distkeras.step_history import history_records
 
         records = history_records(columns)
         reports = unpack(data, conn.worker_id)
@@ -891,7 +891,7 @@ class EpochServer(AveragingServer):
 
     Args:
         model: The master `keras.Model` (its weights: where training starts).
-        optimizer_state: The optimizer's state to start from (`workers.get_optimizer_state`
+        optimizer_state: The optimizer's state to start from (`model_state.get_optimizer_state`
             of the compiled model whose optimizer the worker builds).
         on_epoch_end: The driver's end of an epoch, or None.
     """

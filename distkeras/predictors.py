@@ -227,7 +227,7 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
     def predict(batches):
         # Imported here, not captured: cloudpickle would copy the module's _CACHE.
         from distkeras import predictors
-        from distkeras.workers import _ensure_backend
+        from distkeras.executor_backend import _ensure_backend
 
         predictors._raise_remembered_failure(key)
         model = None

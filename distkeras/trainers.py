@@ -6,14 +6,16 @@ Every trainer is used the same way::
     trainer = ADAG(keras_model=mlp, worker_optimizer="adam", loss="categorical_crossentropy",
                    metrics=["accuracy"], num_workers=2, batch_size=32, communication_window=12)
     model = trainer.train(dataframe)
+
+The checks of a trainer's settings are in `distkeras.training_checks`, and the plumbing of
+its Spark jobs (the task function, the replies, the driver's addresses, the runs' labels)
+in `distkeras.training_jobs`. `TrainingError`, defined in `distkeras.errors`, is
+re-exported here: users catch it as ``distkeras.trainers.TrainingError``.
 """
 
 import contextlib
 import logging
 import math
-import re
-import socket
-import sys
 import threading
 import time
 
@@ -25,12 +27,24 @@ from distkeras import custom_objects
 from distkeras import dataframes
 from distkeras import epoch_metrics
 from distkeras.epochs import Replay
+from distkeras import model_state
 from distkeras import networking
 from distkeras import parameter_servers
 from distkeras import sample_weights
+from distkeras import step_history
 from distkeras import validation
 from distkeras import workers
+from distkeras.errors import TrainingError
 from distkeras.monitor import TrainingMonitor, report_returned_validation, resolve_verbose
+from distkeras.training_checks import (_check_columns, _check_int, _check_number,
+                                       _check_optimizer_tracks_trainable, _compiled_with,
+                                       _compiled_without_loss, _default_metrics,
+                                       _is_classification_loss, _steps_taken, _uses_ema)
+from distkeras.training_jobs import (UNRETRYABLE, _arrow_training_job, _begin_run, _end_run,
+                                     _feed_batch_rows, _joined_replies,
+                                     _raise_reported_failure, _register_user_module,
+                                     _worker_error_message, bind_address, driver_address,
+                                     warn_if_speculative, warn_if_uneven)
 from distkeras.utils import average_history, check_compile_arguments
 
 logger = logging.getLogger(__name__)
@@ -39,385 +53,6 @@ logger = logging.getLogger(__name__)
 # With validation or callbacks, workers report (and the monitor looks) this often, so that
 # the end of an epoch is seen within about this long.
 VALIDATING_REPORT_SECONDS = 0.1
-
-
-class TrainingError(RuntimeError):
-    """A worker or the parameter server failed during training."""
-
-
-ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
-# Rows per Arrow record batch in the training job, unless the session sets its own. Spark's
-# default (10,000) makes a worker wait for the JVM to convert 10,000 rows (0.17 s for
-# Fashion-MNIST) before its first step; smaller batches reach the same throughput.
-FEED_RECORDS_PER_BATCH = 2048
-
-
-@contextlib.contextmanager
-def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
-    """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own.
-
-    The setting is the session's: a training started in another thread meanwhile sees it
-    as the session's own and may run with Spark's default when this one ends first (only
-    its speed changes).
-    """
-    if spark.conf.get(ARROW_BATCH_KEY, None) is not None:
-        yield
-        return
-    spark.conf.set(ARROW_BATCH_KEY, str(rows))
-    try:
-        yield
-    finally:
-        spark.conf.unset(ARROW_BATCH_KEY)
-
-
-# The trainings in progress in this process (several threads may train at once, as a
-# hyperparameter search's do), and how many have started: see `_begin_run`.
-_RUNS_LOCK = threading.Lock()
-_RUNS_IN_PROGRESS = set()
-_RUNS_STARTED = 0
-
-
-def _begin_run(kind):
-    """Registers a training of trainer class ``kind`` that starts now; returns ``(run id,
-    label)``. The label names its progress, its Spark jobs and its result lines: the class
-    name, with the run's number (``ADAG #2``) when another training is in progress in
-    this process, whose lines would otherwise read the same."""
-    global _RUNS_STARTED
-    with _RUNS_LOCK:
-        _RUNS_STARTED += 1
-        run = _RUNS_STARTED
-        label = f"{kind} #{run}" if _RUNS_IN_PROGRESS else kind
-        _RUNS_IN_PROGRESS.add(run)
-    return run, label
-
-
-def _end_run(run):
-    with _RUNS_LOCK:
-        _RUNS_IN_PROGRESS.discard(run)
-
-
-# Workers whose sample counts differ by more than this fraction get a warning.
-UNEVEN_TOLERANCE = 0.10
-
-
-def warn_if_uneven(messages):
-    """Logs a warning when the workers trained on very different numbers of samples.
-
-    The slowest worker sets a run's wall time, and a DataFrame that already has one
-    partition per worker is trained as it is: Spark's split of a file is often uneven.
-
-    Args:
-        messages: The workers' result messages (each with ``worker_id`` and ``samples``).
-
-    Returns:
-        Whether a warning was logged.
-    """
-    counts = {message["worker_id"]: message.get("samples") for message in messages}
-    if len(counts) < 2 or not all(isinstance(count, int) for count in counts.values()):
-        return False
-    fewest, most = min(counts.values()), max(counts.values())
-    if most <= (1 + UNEVEN_TOLERANCE) * fewest:
-        return False
-    if fewest == 0:
-        logger.warning(
-            "Worker(s) %s had no rows to train on (an empty partition).",
-            ", ".join(str(worker_id) for worker_id, count in sorted(counts.items())
-                      if count == 0))
-    logger.warning(
-        "The workers trained on uneven partitions (samples per worker: %s); the one with "
-        "the most sets the wall time. Spread the rows evenly once, for example "
-        "`df = df.repartition(%d).cache()`, or pass train(df, shuffle=True).",
-        ", ".join(f"{worker_id}: {count}" for worker_id, count in sorted(counts.items())),
-        len(counts))
-    return True
-
-
-def warn_if_speculative(spark_context, trainer_name):
-    """Logs a warning when Spark may run a second copy of a slow worker's task.
-
-    With ``spark.speculation=true`` Spark starts a copy of a slow task on another host
-    and keeps whichever ends first. A parameter-server worker is not idempotent: both
-    copies commit their partition's training to the center, so that partition counts
-    twice, and the slower copy's steps are recorded as superseded. Spark cannot turn it
-    off for one job, so the user is told here, before any Spark job. Local masters run
-    every task on one host, where Spark never starts a speculative copy.
-
-    Args:
-        spark_context: The SparkContext the training runs on.
-        trainer_name: The trainer's class name, for the message.
-
-    Returns:
-        Whether a warning was logged.
-    """
-    conf = spark_context.getConf()
-    if conf.get("spark.speculation", "false").strip().lower() != "true" or \
-            spark_context.master.startswith("local"):
-        return False
-    logger.warning(
-        "spark.speculation=true: Spark may start a second copy of a slow %s worker's "
-        "task, and both copies commit their partition to the parameter server (that "
-        "partition is trained into the center twice). Start the session with "
-        "--conf spark.speculation=false for distkeras training.", trainer_name)
-    return True
-
-
-def _check_int(name, value, minimum=1, maximum=None):
-    """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
-    ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
-
-
-def _check_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
-            not np.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
-
-
-def _is_classification_loss(loss):
-    """Whether a loss (a name, a Keras loss or function, or its config) classifies: a
-    cross-entropy, hinge or focal loss, for which accuracy means something."""
-    if isinstance(loss, dict):
-        name = str(loss.get("class_name", ""))
-    elif isinstance(loss, str):
-        name = loss
-    else:
-        name = getattr(loss, "__name__", None) or type(loss).__name__
-    name = name.lower()
-    return any(kind in name for kind in ("crossentropy", "hinge", "focal"))
-
-
-def _compiled_with(model):
-    """The arguments a compiled ``model``'s ``compile`` was given, as objects.
-
-    Not `get_compile_config()`: Keras's configs of some losses and metrics leave out
-    arguments (``CosineSimilarity(axis=0)``'s axis), which `utils.serialize_keras_object`
-    puts back from the objects only.
-    """
-    given = getattr(getattr(model, "_compile_config", None), "config", None)
-    return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
-
-
-def _compiled_without_loss(model):
-    """Whether ``model`` was compiled with ``loss=None``, as Keras allows for a model whose
-    loss is its own: layers' ``add_loss`` (an autoencoder's reconstruction penalty), or
-    a ``train_step`` or ``compute_loss`` of its class. Its workers compile it so too."""
-    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is None
-
-
-def _binary_loss_logits(loss):
-    """Whether a loss (a name, a Keras loss or function, or its config) is a binary
-    cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.utils import _BINARY_LOSSES
-
-    if isinstance(loss, dict):
-        name = str(loss.get("class_name", ""))
-        config = loss.get("config") or {}
-    else:
-        name = loss if isinstance(loss, str) else \
-            getattr(loss, "__name__", None) or type(loss).__name__
-        config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return name.lower() in _BINARY_LOSSES, bool(config.get("from_logits", False))
-
-
-def _default_metrics(loss, model):
-    """The metrics of a one-output model that was given none and classifies: accuracy.
-
-    ``"accuracy"`` is what Keras's ``compile`` resolves from the labels' shape: for a
-    binary cross-entropy over several sigmoid units (multi-hot labels) it becomes
-    categorical accuracy (the argmax of the labels matched, meaningless there), and for
-    logits it thresholds them at 0.5 rather than 0. Those get Keras's binary accuracy,
-    thresholded where the loss puts probability 0.5, still logged as ``accuracy``.
-    """
-    import keras
-
-    from distkeras.utils import serialize_keras_object
-
-    binary, from_logits = _binary_loss_logits(loss)
-    units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
-        else 1
-    if not binary or not (from_logits or (units or 1) > 1):
-        return ["accuracy"]
-    # A config, not an instance: each compile (workers, validation, the returned model)
-    # then builds its own metric rather than sharing one's state.
-    return [serialize_keras_object(keras.metrics.BinaryAccuracy(
-        name="accuracy", threshold=0.0 if from_logits else 0.5))]
-
-
-def _uses_ema(optimizer):
-    """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
-    if isinstance(optimizer, dict):
-        return bool(optimizer.get("config", {}).get("use_ema", False))
-    return bool(getattr(optimizer, "use_ema", False))
-
-
-def _steps_taken(optimizer):
-    """The minibatches a built optimizer has taken, counting those it only accumulated.
-
-    With ``gradient_accumulation_steps``, Keras's ``iterations`` is a tensor (not a
-    variable) that counts the updates applied: a model `fit` for fewer minibatches than
-    one accumulation holds gradients all the same. Its own step variable counts each.
-    """
-    steps = getattr(optimizer, "_iterations", None)
-    if steps is None:
-        steps = optimizer.iterations
-    return int(np.asarray(steps))
-
-
-def _check_optimizer_tracks_trainable(model):
-    """Refuses, as `fit` does, a model whose trainable weights changed since its optimizer
-    was built (layers frozen or unfrozen without compiling again).
-
-    Its state (moments per trainable weight) fits the old split only: on an executor this
-    failed as 'The optimizer has N variables; the state given has M', after every attempt.
-    """
-    tracked = getattr(model.optimizer, "_trainable_variables", None)
-    if tracked is None:
-        return
-    current = model.trainable_variables
-    if [id(variable) for variable in tracked] != [id(variable) for variable in current]:
-        raise ValueError(
-            f"The model has {len(current)} trainable weights, and its optimizer was built "
-            f"for {len(tracked)}: layers were frozen or unfrozen (`trainable`) after the "
-            "model was compiled. Call `model.compile(...)` again after changing "
-            "`trainable`, as Keras's `fit` requires.")
-
-
-def _check_columns(name, value):
-    """Refuses a column setting that is not a name or a non-empty list of names (a dict
-    keyed by the model's names has become the list by now)."""
-    names = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not names or not all(isinstance(column, str) and column for column in names):
-        none = " (or None, for a model compiled with loss=None, trained as fit(x))" \
-            if name == "label_col" else ""
-        raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
-                        "model input or output, in the model's order) or a dict keyed by the "
-                        f"model's input or output names{none}. Received: {name}={value!r}")
-
-
-_CRASHED_WORKER = "Python worker exited unexpectedly"
-
-
-def _worker_error_message(error):
-    """The most telling line of a failed Spark job: the worker's own exception."""
-    text = str(error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if _CRASHED_WORKER in text and "WorkerFailure" not in text:
-        # A process that died raised nothing: Spark's last "Caused by" is only the broken
-        # pipe it saw (a "Connection reset"), which does not say that a worker died.
-        return _crashed_worker_message(text)
-    python_errors = [line for line in lines
-                     if ("Error:" in line or "Exception:" in line) and not line.startswith("at ")]
-    cause = python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
-    return cause
-
-
-def _crashed_worker_message(text):
-    """What to tell the user when a task's Python process died, from Spark's ``text``."""
-    task = re.search(r"Lost (task \S+ in stage \S+)", text)
-    where = f" ({task.group(1)})" if task else ""
-    return (f"a Python worker process exited unexpectedly{where}: it was killed (out of "
-            "memory, or by a signal) or crashed in native code, and raised no Python error. "
-            "The executor's log tells more; spark.python.worker.faulthandler.enabled=true "
-            "adds the Python traceback of a crash.")
-
-
-def _raise_reported_failure(server, error):
-    """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
-    failure a worker reported to ``server`` (the cause of the stop), if there is one."""
-    if getattr(server, "worker_failures", None):
-        worker_id, cause = server.worker_failures[0]
-        raise TrainingError(f"Training failed on an executor: partition {worker_id} "
-                            f"failed: {cause}") from error
-
-
-def _register_user_module(obj):
-    """Lets Spark ship a user's worker class by value when its module is not installed."""
-    module_name = type(obj).__module__
-    if module_name.split(".")[0] in ("distkeras", "__main__"):
-        return
-    from pyspark import cloudpickle
-
-    module = sys.modules.get(module_name)
-    if module is not None:
-        cloudpickle.register_pickle_by_value(module)
-
-
-# The field of a task's reply that carries an `UnretryableError` instead of its results.
-UNRETRYABLE = "unretryable_error"
-
-
-def _arrow_training_job(worker, label_shapes, replay):
-    """The function each Spark task runs: train on the partition (``replay.num_epoch``
-    times, see `epochs.Replay`), return one frame."""
-    def run_partition(record_batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        partition = context.partitionId()
-        try:
-            message = worker.run(partition, replay.batches(record_batches, partition),
-                                 label_shapes)
-        except Exception as error:
-            unretryable = workers.unretryable_error(error)
-            if unretryable is None:
-                raise workers.WorkerFailure(
-                    f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                    f"{workers.one_line(error)}") from error
-            # Rows no retry can train on, an update that does not fit the model: the task
-            # ends as one that succeeded, so Spark does not run it again (up to 4 times,
-            # each training up to the same error), and its reply carries the error.
-            message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
-                                                            f"{workers.one_line(unretryable)}"}
-        chunks = _reply_chunks(networking.encode_message(message))
-        yield pa.RecordBatch.from_pydict(
-            {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),
-             "chunks": [len(chunks)] * len(chunks), "payload": chunks},
-            schema=pa.schema([("worker_id", pa.int64()), ("chunk", pa.int32()),
-                              ("chunks", pa.int32()), ("payload", pa.binary())]),
-        )
-
-    return run_partition
-
-
-# A task's reply travels in rows of at most this many bytes. The driver's JVM pickles each
-# row whole for Python's ``collect()``, through a buffer that grows by copies: one row of
-# 80 MB (the weights of 20 million float32 parameters) exhausts Spark's default 1 GB
-# driver heap, where 8 MB rows of the same reply do not.
-REPLY_CHUNK_BYTES = 8 << 20
-
-
-def _reply_chunks(frame, size=REPLY_CHUNK_BYTES):
-    """``frame`` (bytes) in consecutive pieces of at most ``size`` bytes (at least one)."""
-    view = memoryview(frame)
-    return [bytes(view[start:start + size]) for start in range(0, max(len(frame), 1), size)]
-
-
-def _joined_replies(rows, num_tasks):
-    """The tasks' replies (frames, by worker id) from the rows of their chunks.
-
-    Raises:
-        TrainingError: When a reply or a piece of one is missing. PySpark's ``collect()``
-            returns the rows read so far, without an error, when the driver's thread that
-            serves them fails (out of memory): trained on, those would be no replicas or
-            some (AveragingTrainer's average of none: the initial weights).
-    """
-    pieces = {}
-    for row in rows:
-        pieces.setdefault(row["worker_id"], {})[row["chunk"]] = (row["chunks"], row["payload"])
-    complete = {worker_id: chunks for worker_id, chunks in pieces.items()
-                if all(len(chunks) == total for total, _ in chunks.values())}
-    if len(complete) != num_tasks:
-        raise TrainingError(
-            f"The driver received the results of {len(complete)} of its {num_tasks} "
-            "workers whole: the Spark driver probably ran out of memory passing them to "
-            "Python (its log says). Give it more (spark.driver.memory; spark-submit's "
-            "--driver-memory) or train a smaller model.")
-    return [b"".join(chunks[index][1] for index in range(len(chunks)))
-            for _, chunks in sorted(complete.items())]
 
 
 class Trainer(compat.TrainerAccessors):
@@ -1103,8 +738,8 @@ class Trainer(compat.TrainerAccessors):
             if name in ("jit_compile", "run_eagerly")}
         worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
         # The `.keras` bytes leave them out: without them each worker's Dropout would draw
-        # from its executor's own seed (see `workers.seed_states`).
-        worker.seed_states = workers.seed_states(self.master_model)
+        # from its executor's own seed (see `model_state.seed_states`).
+        worker.seed_states = model_state.seed_states(self.master_model)
         worker.class_table = getattr(self, "_class_table", None)
         _register_user_module(worker)
 
@@ -1197,7 +832,7 @@ class SingleTrainer(Trainer):
             model.set_weights(list(message["weights"]))
             return model
         if lent_state is not None:
-            workers.set_optimizer_state(self._validator.model, lent_state)
+            model_state.set_optimizer_state(self._validator.model, lent_state)
         if self.num_epoch > 1 and type(self).allocate_worker is SingleTrainer.allocate_worker \
                 and self._slots_for_one_job(frame, 1):
             return self._train_in_one_task(frame, label_shapes, shuffle)
@@ -1221,21 +856,21 @@ class SingleTrainer(Trainer):
         def end_epoch(epoch, weights, optimizer_state):
             """The driver's end of ``epoch`` (1-based): whether to stop, and the optimizer
             state to go on with."""
-            workers.set_optimizer_state(driver_model, list(optimizer_state))
+            model_state.set_optimizer_state(driver_model, list(optimizer_state))
             stop = self._end_epoch_in_job(server, epoch, weights, failures)
-            return stop, workers.get_optimizer_state(driver_model)
+            return stop, model_state.get_optimizer_state(driver_model)
 
         failures = []
         self._begin_epoch(1)  # before the state is read: a callback may set the learning rate
         server = parameter_servers.EpochServer(
-            self.master_model, workers.get_optimizer_state(driver_model),
+            self.master_model, model_state.get_optimizer_state(driver_model),
             on_epoch_end=end_epoch)
         self._run_epoch_server(
             server, self.allocate_epoch_worker(), dataframes.lay_out(frame, 1, shuffle), 1,
             label_shapes, f"distkeras {self._run_label()} ({self.num_epoch} epochs)",
             Replay(self.num_epoch, shuffle), failures)
         self._optimizer_state = list(server.optimizer_state)
-        workers.set_optimizer_state(driver_model, self._optimizer_state)
+        model_state.set_optimizer_state(driver_model, self._optimizer_state)
         return server.get_model()
 
     def _lent_optimizer_state(self):
@@ -1247,7 +882,7 @@ class SingleTrainer(Trainer):
                 not optimizer.built or _steps_taken(optimizer) == 0:
             return None
         _check_optimizer_tracks_trainable(self.master_model)
-        return workers.get_optimizer_state(self.master_model)
+        return model_state.get_optimizer_state(self.master_model)
 
     def _run_sequential(self, layout, worker, label_shapes, description, samples=None,
                         replay=None):
@@ -1261,7 +896,7 @@ class SingleTrainer(Trainer):
             (message,) = self._run_workers(layout, 1, worker, label_shapes,
                                            f"distkeras {description}", job_group, replay)
         self.history.extend(reported)
-        self.history.extend(workers.history_records(workers.unpack_history(message)))
+        self.history.extend(step_history.history_records(step_history.unpack_history(message)))
         self._metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
         if message.get("optimizer_state") is not None:
             self._optimizer_state = list(message["optimizer_state"])
@@ -1274,7 +909,7 @@ class SingleTrainer(Trainer):
         model = super()._compile(model)
         if getattr(self, "_optimizer_state", None) is not None:
             try:
-                workers.set_optimizer_state(model, self._optimizer_state)
+                model_state.set_optimizer_state(model, self._optimizer_state)
             except ValueError as error:  # a custom worker compiled another optimizer
                 logger.warning("The returned model's optimizer starts afresh: %s", error)
             else:
@@ -1286,7 +921,7 @@ class SingleTrainer(Trainer):
         as `fit` does once its last epoch was validated and called back (so that epoch's
         record, ``ModelCheckpoint`` and ``EarlyStopping`` see the trained weights)."""
         if getattr(self, "_trained_optimizer", None) is model.optimizer:
-            return workers.finalize_weights(model)
+            return model_state.finalize_weights(model)
         return False
 
     def _train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
@@ -1301,7 +936,7 @@ class SingleTrainer(Trainer):
         driver_model = self._validator.model
         for epoch in range(1, self.num_epoch + 1):
             self._begin_epoch(epoch)
-            self._optimizer_state = workers.get_optimizer_state(driver_model)
+            self._optimizer_state = model_state.get_optimizer_state(driver_model)
             worker = self.allocate_worker()
             if not isinstance(worker, workers.SequentialWorker):
                 raise TypeError(f"{type(self).__name__}.allocate_worker() must return a "
@@ -1318,7 +953,7 @@ class SingleTrainer(Trainer):
                 f"{self._run_label()} epoch {epoch}/{self.num_epoch}",
                 self._progress_total // self.num_epoch if self._progress_total else None)
             model.set_weights(list(message["weights"]))
-            workers.set_optimizer_state(driver_model, self._optimizer_state)
+            model_state.set_optimizer_state(driver_model, self._optimizer_state)
             epoch_records = self.history[steps_before:]
             for record in epoch_records + self._metric_states[states_before:]:
                 record["epoch"] = epoch - 1  # counted from 0, as AveragingTrainer's
@@ -1327,23 +962,6 @@ class SingleTrainer(Trainer):
                     self._validate_epoch(model.get_weights(), epoch, epoch_records):
                 break
         return model
-
-
-def driver_address(spark):
-    """The address executors use to reach the driver (127.0.0.1 in local mode)."""
-    conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "local").startswith("local"):
-        return "127.0.0.1"
-    return conf.get("spark.driver.host", socket.gethostname())
-
-
-def bind_address(spark):
-    """The address the parameter server listens on: the driver's own."""
-    conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "local").startswith("local"):
-        return "127.0.0.1"
-    return conf.get("spark.driver.bindAddress", None) or socket.gethostbyname(
-        driver_address(spark))
 
 
 class DistributedTrainer(Trainer, compat.DistributedAccessors):
@@ -1983,8 +1601,9 @@ class AveragingTrainer(DistributedTrainer):
             if trained:
                 model.set_weights(list(update_rules.average_weights(
                     weights_array(message["weights"]) for message in trained)))
-            epoch_records.extend(record for message in messages for record in
-                                 workers.history_records(workers.unpack_history(message)))
+            epoch_records.extend(
+                record for message in messages for record in
+                step_history.history_records(step_history.unpack_history(message)))
             for message in messages:
                 self._metric_states.extend(epoch_metrics.unpack(message,
                                                                 message["worker_id"]))
@@ -2072,7 +1691,8 @@ class EnsembleTrainer(DistributedTrainer):
             self.history.extend(reported)  # what was trained, even when it failed
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
-            self.history.extend(workers.history_records(workers.unpack_history(message)))
+            self.history.extend(
+                step_history.history_records(step_history.unpack_history(message)))
             member = deserialize_model(serialize_model(self.master_model))
             member.set_weights(list(message["weights"]))
             models.append(member)

@@ -4,11 +4,14 @@ A worker is built on the driver (it holds the model as `.keras` bytes and the tr
 settings), shipped to the executors by Spark, and there rebuilds the model, reads its
 partition as minibatches and runs `optimize()`. Network workers talk to the parameter
 server on the driver with `pull()` and `commit()`.
+
+Its step history is kept and sent by `distkeras.step_history`, its model's seed and
+optimizer state by `distkeras.model_state`, its exchanges with the server checked by
+`distkeras.exchange_checks`, and Keras prepared on the executor by
+`distkeras.executor_backend`.
 """
 
 import logging
-import math
-import os
 import re
 import time
 
@@ -16,11 +19,16 @@ import numpy as np
 
 from distkeras import networking
 from distkeras import update_rules
-from distkeras.epoch_metrics import EpochMetricSums
-from distkeras.errors import BackendUnavailableError, InvalidUpdateError, UnretryableError
+from distkeras.errors import UnretryableError
 from distkeras.affinity import claimed_cores
+from distkeras.exchange_checks import checked_update, learning_rate_field
+from distkeras.executor_backend import _enable_compilation_cache, _ensure_backend
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype, output_keys
+from distkeras.model_state import (finalize_weights, get_optimizer_state, seed_states,
+                                   seed_worker_generators, set_optimizer_state)
 from distkeras.networking import weights_array
+from distkeras.step_history import (HistoryLog, ProgressReporter, _to_float, pack_history,
+                                    send_history_columns)
 
 logger = logging.getLogger(__name__)
 
@@ -43,30 +51,6 @@ def _as_list(value):
     return [value]
 
 
-def _enable_compilation_cache():
-    """Shares compiled JAX steps between the worker processes of this machine.
-
-    Every worker compiles the same training step; with the cache on disk only the first
-    one pays for it.
-    """
-    import keras
-
-    if keras.backend.backend() != "jax":
-        return
-    import tempfile
-
-    import jax
-
-    folder = os.environ.get("DISTKERAS_JAX_CACHE",
-                            os.path.join(tempfile.gettempdir(), "distkeras-jax-cache"))
-    try:
-        jax.config.update("jax_compilation_cache_dir", folder)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    except (AttributeError, ValueError) as error:  # an older JAX without these options
-        logger.info("JAX compilation cache not enabled: %s", error)
-
-
 def unretryable_error(error):
     """The `UnretryableError` that caused ``error`` (itself, or one it was raised from),
     or None."""
@@ -86,181 +70,6 @@ def one_line(error):
     codes)."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(error).__name__}: {error}")
     return " ".join(text.split())
-
-
-def _import_backend(backend):
-    """Imports Keras on the ``backend`` just selected, or says which backend this
-    executor lacks: a bare "No module named 'torch'" from deep in Keras, retried by Spark
-    up to 4 times, did not say that the driver's ``KERAS_BACKEND`` chose it."""
-    import importlib
-
-    try:
-        importlib.import_module("keras")  # loads the backend KERAS_BACKEND names
-    except ImportError as error:
-        raise BackendUnavailableError(
-            f"The driver trains with Keras's {backend!r} backend (KERAS_BACKEND={backend}) "
-            f"but this executor's Python cannot load it: {error}. Install {backend} in the "
-            "executors' Python environment (the one spark.pyspark.python or PYSPARK_PYTHON "
-            "names), or set KERAS_BACKEND on the driver, before importing distkeras, to a "
-            "backend the executors have (jax, the default).") from error
-
-
-def _ensure_backend(backend):
-    """Selects the driver's Keras backend on this executor, before Keras is imported."""
-    import sys
-
-    if backend is None:
-        return
-    if "keras" not in sys.modules:
-        os.environ["KERAS_BACKEND"] = backend
-        _import_backend(backend)
-        return
-    import keras
-
-    if keras.backend.backend() != backend:
-        raise RuntimeError(
-            f"This executor's Keras runs the {keras.backend.backend()!r} backend but the "
-            f"driver's runs {backend!r}. Set KERAS_BACKEND={backend} for the executors too "
-            f"(for example --conf spark.executorEnv.KERAS_BACKEND={backend})."
-        )
-
-
-class HistoryLog:
-    """Per-step training records, kept as columns of numbers (compact, JSON-able).
-
-    Values may arrive as JAX scalars, or as JAX arrays holding a whole window of steps,
-    still being computed; they are turned into floats in groups (one transfer per array),
-    so recording a step never waits for that step to finish.
-
-    ``metric_sums`` adds up the steps' metric state per epoch, for the exact epoch logs
-    (see `distkeras.epoch_metrics`); it travels with the records (`drain_metric_sums`).
-    """
-
-    MATERIALIZE_EVERY = 64
-
-    def __init__(self):
-        self.columns = {}
-        self.size = 0
-        self._materialized = 0
-        self.metric_sums = EpochMetricSums()
-
-    def append(self, record):
-        """Adds one step's record (a dict of numbers)."""
-        self.extend(record, 1)
-
-    def extend(self, record, count):
-        """Adds ``count`` steps: values that are arrays of ``count`` give one per step,
-        other values are shared by all of them."""
-        for key in record:
-            if key not in self.columns:
-                self.columns[key] = [None] * self.size
-        for key, column in self.columns.items():
-            value = record.get(key)
-            if count == 1 or value is None or np.ndim(value) == 0:
-                column.extend([value] * count)
-            else:
-                block = _StepBlock(value)
-                column.extend(_BlockItem(block, index) for index in range(count))
-        self.size += count
-        if self.size - self._materialized >= self.MATERIALIZE_EVERY:
-            self._materialize(keep_last=count)
-
-    def _materialize(self, keep_last=0):
-        end = self.size - keep_last
-        for column in self.columns.values():
-            for index in range(self._materialized, end):
-                value = column[index]
-                if isinstance(value, _BlockItem):
-                    column[index] = value.get()
-                elif value is not None and not isinstance(value, (int, float)):
-                    column[index] = _to_float(value)
-        self._materialized = max(self._materialized, end)
-
-    def drain(self):
-        """Returns the records so far as columns and forgets them."""
-        self._materialize()
-        columns, self.columns, self.size, self._materialized = self.columns, {}, 0, 0
-        return columns
-
-    def drain_metric_sums(self):
-        """The metric state added up since the last call, as message fields (see
-        `EpochMetricSums.drain`); drained with the records, it covers their steps."""
-        return self.metric_sums.drain()
-
-
-class _StepBlock:
-    """A window's values for one key: fetched to the host once, when first read."""
-
-    def __init__(self, values):
-        self.values = values
-        self._host = None
-
-    def host(self):
-        if self._host is None:
-            values = np.asarray(self.values).reshape(-1)
-            if not np.issubdtype(values.dtype, np.integer):
-                values = values.astype(np.float64)
-            self._host = values.tolist()  # Python ints and floats, as JSON wants them
-            self.values = None
-        return self._host
-
-
-class _BlockItem:
-    def __init__(self, block, index):
-        self.block = block
-        self.index = index
-
-    def get(self):
-        return self.block.host()[self.index]
-
-
-def _to_float(value):
-    from distkeras.jax_steps import to_float
-
-    return to_float(value)
-
-
-def pack_history(columns):
-    """History columns as message fields whose numbers travel as arrays, not JSON.
-
-    A run of many steps would otherwise outgrow the frame's JSON header. Missing values
-    travel as NaN with a mask, so a loss that became NaN stays NaN.
-    """
-    keys = sorted(columns)
-    if not keys:
-        return {"history_keys": []}
-    arrays, missing = [], []
-    for key in keys:
-        values = columns[key]
-        missing.append(np.fromiter((value is None for value in values), dtype=np.uint8,
-                                   count=len(values)))
-        arrays.append(np.asarray([np.nan if value is None else value for value in values],
-                                 dtype=np.float64))
-    return {"history_keys": keys, "history_columns": arrays, "history_missing": missing}
-
-
-def unpack_history(message):
-    """Inverse of `pack_history` (counters back to ints)."""
-    keys = message.get("history_keys") or []
-    arrays = message.get("history_columns", [])
-    masks = message.get("history_missing", [])
-    columns = {}
-    for key, array, mask in zip(keys, arrays, masks):
-        integral = key in ("worker_id", "iteration", "batch_size", "epoch")
-        columns[key] = [None if absent else (int(value) if integral else float(value))
-                        for value, absent in zip(array.tolist(), mask.tolist())]
-    return columns
-
-
-def history_records(columns):
-    """Turns history columns back into a list of per-step dicts."""
-    if not columns:
-        return []
-    size = len(next(iter(columns.values())))
-    return [
-        {key: column[index] for key, column in columns.items() if column[index] is not None}
-        for index in range(size)
-    ]
 
 
 def _batch_size(x):
@@ -697,189 +506,6 @@ class Worker:
         raise NotImplementedError(f"{type(self).__name__} must implement optimize().")
 
 
-def _seed_variables(model):
-    """The state variables of ``model``'s random seed generators (Dropout's,
-    GaussianNoise's, RandomFlip's, ...): its variables that are neither weights nor
-    metrics, in the order of ``model.variables`` (the same for every copy of the model)."""
-    weights = {id(variable) for variable in model.weights}
-    return [variable for variable in model.variables if id(variable) not in weights]
-
-
-def seed_states(model):
-    """The states of ``model``'s random seed generators, as ``[seed, counter]`` lists.
-
-    A `.keras` archive does not hold them: a model loaded from one draws fresh seeds
-    from its process's ``random`` module, which on an executor neither
-    ``keras.utils.set_random_seed`` on the driver nor a layer's own ``seed`` reaches. The
-    trainer sends them to the workers with the model.
-    """
-    return [[int(value) for value in np.asarray(variable.value).reshape(-1)]
-            for variable in _seed_variables(model)]
-
-
-def worker_seed(seed, worker_id, steps_before):
-    """The seed worker ``worker_id`` draws from in a task that starts after
-    ``steps_before`` steps, for a random layer seeded ``seed`` on the driver.
-
-    Worker 0's first task keeps the seed, so one replica draws the masks the model's own
-    ``fit`` would; every other worker, and a later task of the same worker (a job per
-    epoch), gets a seed of its own: the same seed on every worker would draw the same
-    Dropout masks on all of them, step for step, and a job per epoch the same masks every
-    epoch. A retried task draws its attempt's masks again.
-    """
-    if worker_id == 0 and steps_before == 0:
-        return int(seed)
-    mixed = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(worker_id),
-                                    int(steps_before)]).generate_state(1)[0]
-    return int(mixed) & 0x7FFFFFFF  # fits every backend's seed dtype (int32 too)
-
-
-def seed_worker_generators(model, states, worker_id, steps_before):
-    """Starts ``model``'s seed generators from ``states`` (see `seed_states`), each seed
-    made this worker's own by `worker_seed`.
-
-    Raises:
-        ValueError: When ``states`` does not fit the model's seed generators.
-    """
-    variables = _seed_variables(model)
-    if len(states) != len(variables):
-        raise ValueError(f"The model has {len(variables)} seed generators; "
-                         f"{len(states)} seed states were given.")
-    for variable, state in zip(variables, states):
-        if len(state) != 2:
-            raise ValueError(f"Seed generator {variable.path} holds [seed, counter]; the "
-                             f"state given is {state!r}.")
-        seed, counter = state
-        variable.assign(np.asarray([worker_seed(seed, worker_id, steps_before), counter],
-                                   dtype=variable.dtype))
-
-
-def get_optimizer_state(model):
-    """The values of a compiled model's optimizer variables (its step count, moments)."""
-    return [np.array(variable.value) for variable in model.optimizer.variables]
-
-
-def finalize_weights(model):
-    """Ends training as `fit` does: an optimizer with ``use_ema=True`` leaves its moving
-    averages of the weights as the model's trainable weights (no-op otherwise).
-
-    Returns:
-        Whether it changed the weights.
-    """
-    optimizer = model.optimizer
-    if not getattr(optimizer, "use_ema", False):
-        return False
-    optimizer.finalize_variable_values(model.trainable_weights)
-    return True
-
-
-def set_optimizer_state(model, values):
-    """Gives a compiled model's optimizer the values `get_optimizer_state` returned for the
-    same model and optimizer, so training goes on as if it had never stopped.
-
-    Raises:
-        ValueError: When the values do not fit the optimizer's variables.
-    """
-    optimizer = model.optimizer
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    variables = optimizer.variables
-    if len(variables) != len(values):
-        raise ValueError(f"The optimizer has {len(variables)} variables; the state given "
-                         f"has {len(values)}.")
-    for variable, value in zip(variables, values):
-        if tuple(variable.shape) != tuple(np.shape(value)):
-            raise ValueError(f"Optimizer variable {variable.path} has shape "
-                             f"{tuple(variable.shape)}; the state given has "
-                             f"{tuple(np.shape(value))}.")
-        variable.assign(value)
-
-
-def learning_rate_field(data, key):
-    """A server reply's learning rate field as a float, or None when it has none.
-
-    Raises:
-        ProtocolError: When the field is not a finite number.
-    """
-    rate = data.get(key)
-    if rate is None:
-        return None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
-        raise networking.ProtocolError(f"The server's {key} is not a finite number.")
-    return float(rate)
-
-
-def checked_update(update, weight_spec, where):
-    """Checks a commit's update against the model's weights before it is sent.
-
-    The parameter server closes the connection of a worker whose update does not match the
-    model, and the worker then sees only a closed connection: checked here, the error says
-    what was wrong. Floating-point layers of another precision (float64 from numpy
-    arithmetic) are cast to the weight's dtype, as Keras's ``set_weights`` casts them.
-
-    Args:
-        update: The update: a list (or object array) of per-layer arrays.
-        weight_spec: Per weight, ``(shape, dtype)``; None skips the check.
-        where: Who sent it, for the error (``"MyWorker.commit()"``).
-
-    Returns:
-        The update as an object array of arrays of the weights' dtypes.
-
-    Raises:
-        InvalidUpdateError: If the update is not one array per weight, shaped like it.
-    """
-    if weight_spec is None:
-        return update
-    if isinstance(update, np.ndarray) and update.dtype != object or \
-            not isinstance(update, (list, tuple, np.ndarray)):
-        raise InvalidUpdateError(
-            f"{where} takes one array per weight of the model ({len(weight_spec)}, as "
-            f"self.model.get_weights() returns them). Received: {_describe(update)}.")
-    if len(update) != len(weight_spec):
-        raise InvalidUpdateError(
-            f"{where} takes one array per weight of the model: it has {len(weight_spec)}, "
-            f"the update holds {len(update)}.")
-    layers = []
-    for index, (layer, (shape, dtype)) in enumerate(zip(update, weight_spec)):
-        layer = np.asarray(layer)
-        if layer.shape != shape:
-            raise InvalidUpdateError(
-                f"{where}: the update's array {index} is {_describe(layer)}; the model's "
-                f"weight {index} is {dtype}{list(shape)}. Compute the update from "
-                "self.model.get_weights() and self.center_variable, which are shaped "
-                "like the model.")
-        if layer.dtype != dtype:
-            if not (_floating(layer.dtype) and _floating(dtype)):
-                raise InvalidUpdateError(
-                    f"{where}: the update's array {index} is {_describe(layer)}; the "
-                    f"model's weight {index} is {dtype}{list(shape)}.")
-            layer = layer.astype(dtype)
-        layers.append(layer)
-    return weights_array(layers)
-
-
-def _floating(dtype):
-    """Whether ``dtype`` holds floating-point numbers, bfloat16 (which numpy knows only
-    as ml_dtypes' type, not a subtype of ``np.floating``) included."""
-    return np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"
-
-
-def _describe(value):
-    """``float64[784, 16]`` for an array, the type's name otherwise."""
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype}{list(value.shape)}"
-    return type(value).__name__
-
-
-def send_history_columns(sock, columns, metric_sums=None):
-    """Sends drained history columns, and the metric sums drained with them (see
-    `HistoryLog.drain_metric_sums`), to the driver's server (nothing when there are
-    none)."""
-    if columns or metric_sums:
-        networking.send_action(sock, networking.ACTION_HISTORY)
-        networking.send_data(sock, {"history": columns, **(metric_sums or {})})
-
-
 def send_failure(sock, error, worker_id):
     """Tells the driver's server on ``sock`` of the error that stops worker ``worker_id``
     (`SocketParameterServer.handle_failure`); the server then closes the connection. A
@@ -889,50 +515,6 @@ def send_failure(sock, error, worker_id):
         networking.send_data(sock, {"error": one_line(error)})
     except OSError as cause:
         logger.warning("Worker %s could not report its failure: %s", worker_id, cause)
-
-
-class ProgressReporter:
-    """Sends a worker's step records to the driver's `HistoryServer` every
-    ``every_seconds`` and at the end, for the progress bar of a trainer whose workers
-    exchange no weights.
-
-    Args:
-        host, port: The server's address.
-        token: The run's token.
-        every_seconds: Seconds between two reports.
-    """
-
-    def __init__(self, host, port, token, every_seconds=0.5):
-        self.host, self.port, self.token = host, port, token
-        self.every_seconds = every_seconds
-        self.socket = None
-        self._last = float("-inf")
-
-    def open(self, worker_id, timeout=60.0):
-        self.socket = networking.connect(self.host, self.port, timeout=timeout)
-        networking.authenticate(self.socket, self.token, worker_id,
-                                networking.task_attempt_id())
-
-    def report(self, history, force=False):
-        """Sends (and forgets) the records of ``history``, a `HistoryLog`, when due."""
-        if not force and time.monotonic() - self._last < self.every_seconds:
-            return
-        self._last = time.monotonic()
-        send_history_columns(self.socket, history.drain(), history.drain_metric_sums())
-
-    def close(self, history, timeout=10.0):
-        """Sends the last records, says goodbye and waits until the server has closed the
-        connection: it has then read every record before this worker's task ends. A
-        failure only logs (the training's result does not depend on it)."""
-        try:
-            self.report(history, force=True)
-            networking.send_action(self.socket, networking.ACTION_QUIT)
-            self.socket.settimeout(timeout)
-            self.socket.recv(1)  # b"" once the server has closed its side
-        except OSError as error:
-            logger.warning("Could not send the last progress report: %s", error)
-        networking.close_socket(self.socket)
-        self.socket = None
 
 
 class SequentialWorker(Worker):

@@ -55,9 +55,9 @@ def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
     (tmp_path / "torch" / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'torch'\")\n")
     code = (
-        "from distkeras import workers\n"
+        "from distkeras import executor_backend, workers\n"
         "try:\n"
-        "    workers._ensure_backend('torch')\n"
+        "    executor_backend._ensure_backend('torch')\n"
         "except ImportError as error:\n"
         "    print(workers.unretryable_error(error) is not None, workers.one_line(error))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -234,7 +234,7 @@ def test_a_misshaped_delta_names_the_worker_and_the_shapes(fashion_train):
 
 
 def test_checked_update_wants_one_array_per_weight():
-    from distkeras.workers import checked_update
+    from distkeras.exchange_checks import checked_update
 
     spec = [((2, 3), np.dtype("float32")), ((3,), np.dtype("float32"))]
     layers = [np.ones((2, 3)), np.ones(3, "float32")]

@@ -88,7 +88,8 @@ def test_worker_memory_does_not_grow_with_steps():
 
 
 def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(spark):
-    from distkeras.trainers import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, _feed_batch_rows
+    from distkeras.training_jobs import (ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH,
+                                         _feed_batch_rows)
 
     def _batch_rows(record_batches):  # defined here: shipped to the executor by value
         import pyarrow as pa
@@ -585,7 +586,8 @@ def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
     import keras
     import pytest
 
-    from distkeras.trainers import ARROW_BATCH_KEY, SingleTrainer, TrainingError
+    from distkeras.trainers import SingleTrainer, TrainingError
+    from distkeras.training_jobs import ARROW_BATCH_KEY
 
     rows = [([0.5] * 3, float("nan") if index == 750 else 1.0) for index in range(1000)]
     frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)

@@ -28,7 +28,8 @@ def test_a_model_of_20_million_parameters_comes_back_trained(spark):
 
 
 def test_a_reply_missing_from_the_collected_rows_is_an_error():
-    from distkeras.trainers import TrainingError, _joined_replies, _reply_chunks
+    from distkeras.trainers import TrainingError
+    from distkeras.training_jobs import _joined_replies, _reply_chunks
 
     replies = [bytes([index]) * 20 for index in range(2)]
     rows = [{"worker_id": worker_id, "chunk": index, "chunks": len(chunks), "payload": chunk}

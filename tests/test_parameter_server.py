@@ -853,7 +853,7 @@ def test_history_server_takes_progress_reports_and_refuses_weights(model):
     server.start()
     try:
         before = center_copy(server)
-        from distkeras.workers import HistoryLog, ProgressReporter
+        from distkeras.step_history import HistoryLog, ProgressReporter
 
         reporter = ProgressReporter("127.0.0.1", server.port, server.token)
         reporter.open(worker_id=0)

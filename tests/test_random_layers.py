@@ -101,20 +101,20 @@ def test_set_random_seed_repeats_a_run_with_fits_masks(ones):
 def test_seed_states_travel_unchanged_to_worker_zero_only():
     import keras
 
-    from distkeras import workers
+    from distkeras import model_state
 
     model = _model(seed=42)
-    states = workers.seed_states(model)
+    states = model_state.seed_states(model)
     assert states == [[42, 0]]
     copy = keras.models.clone_model(model)
-    workers.seed_worker_generators(copy, [[42, 5]], worker_id=0, steps_before=0)
-    assert workers.seed_states(copy) == [[42, 5]]
+    model_state.seed_worker_generators(copy, [[42, 5]], worker_id=0, steps_before=0)
+    assert model_state.seed_states(copy) == [[42, 5]]
     seeds = set()
     for worker_id, steps_before in ((1, 0), (0, 8), (1, 8)):
-        workers.seed_worker_generators(copy, [[42, 5]], worker_id, steps_before)
-        seed, counter = workers.seed_states(copy)[0]
+        model_state.seed_worker_generators(copy, [[42, 5]], worker_id, steps_before)
+        seed, counter = model_state.seed_states(copy)[0]
         assert counter == 5 and seed != 42
         seeds.add(seed)
     assert len(seeds) == 3
     with pytest.raises(ValueError, match="1 seed generators; 2 seed states"):
-        workers.seed_worker_generators(copy, [[1, 0], [2, 0]], 0, 0)
+        model_state.seed_worker_generators(copy, [[1, 0], [2, 0]], 0, 0)

@@ -7,7 +7,7 @@ import numpy as np
 from pyspark import SparkConf
 
 import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
-from distkeras import trainers
+from distkeras import trainers, training_jobs
 
 
 def _context(master, **conf):
@@ -19,11 +19,11 @@ def _context(master, **conf):
 def test_speculation_on_a_cluster_is_warned_of(caplog):
     cluster = _context("spark://master:7077", **{"spark.speculation": "true"})
     with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
-        assert trainers.warn_if_speculative(cluster, "ADAG")
+        assert training_jobs.warn_if_speculative(cluster, "ADAG")
     assert "spark.speculation=true" in caplog.text and "spark.speculation=false" in caplog.text
     # Off, or on one host (Spark never runs a speculative copy where the task runs).
-    assert not trainers.warn_if_speculative(_context("spark://master:7077"), "ADAG")
-    assert not trainers.warn_if_speculative(
+    assert not training_jobs.warn_if_speculative(_context("spark://master:7077"), "ADAG")
+    assert not training_jobs.warn_if_speculative(
         _context("local[2]", **{"spark.speculation": "true"}), "ADAG")
 
 

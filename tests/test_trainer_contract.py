@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras import trainers
+from distkeras import trainers, training_jobs
 
 # A model that learned nothing scores about 0.10; one pass over 3,000 images takes a working
 # trainer well past 0.45 (EAMSGD's momentum on top of Adam is the slowest, about 0.55).
@@ -204,12 +204,12 @@ def test_even_enough_partitions_get_no_warning(caplog):
     import logging
 
     with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
-        assert not trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000},
-                                            {"worker_id": 1, "samples": 1100}])
-        assert not trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000}])
-        assert not trainers.warn_if_uneven([{"worker_id": 0}, {"worker_id": 1}])
-        assert trainers.warn_if_uneven([{"worker_id": 0, "samples": 1000},
-                                        {"worker_id": 1, "samples": 1101}])
+        assert not training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+                                                 {"worker_id": 1, "samples": 1100}])
+        assert not training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000}])
+        assert not training_jobs.warn_if_uneven([{"worker_id": 0}, {"worker_id": 1}])
+        assert training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+                                             {"worker_id": 1, "samples": 1101}])
     assert len(caplog.records) == 1
 
 

@@ -10,7 +10,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from distkeras import networking, parameter_servers, workers  # noqa: E402
+from distkeras import exchange_checks, networking, parameter_servers, workers  # noqa: E402
 from distkeras.utils import serialize_model  # noqa: E402
 from worker_support import make_worker, record_batches, small_model  # noqa: E402
 
@@ -93,5 +93,5 @@ def test_an_overlapped_worker_takes_it_one_window_later():
 def test_a_rate_that_is_not_a_finite_number_is_a_protocol_error(rate):
     with pytest.raises(networking.ProtocolError, match="optimizer_learning_rate is not a "
                                                        "finite number"):
-        workers.learning_rate_field({"optimizer_learning_rate": rate},
-                                    "optimizer_learning_rate")
+        exchange_checks.learning_rate_field({"optimizer_learning_rate": rate},
+                                            "optimizer_learning_rate")
