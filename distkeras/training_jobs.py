@@ -28,22 +28,38 @@ ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
 FEED_RECORDS_PER_BATCH = 2048
 
 
+# The trainings in this process that set the rows per Arrow batch on a session and have not
+# ended, counted by session: the last of them to end unsets it (see `_feed_batch_rows`).
+_FEED_LOCK = threading.Lock()
+_FEED_SETTERS = {}
+
+
 @contextlib.contextmanager
 def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
     """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own.
 
-    The setting is the session's: a training started in another thread meanwhile sees it
-    as the session's own and may run with Spark's default when this one ends first (only
-    its speed changes).
+    The setting is the session's, and several trainings may run at once on one session
+    (threads): the first to start sets it, the last to end unsets it, and a value the
+    session had before any of them is left alone.
     """
-    if spark.conf.get(ARROW_BATCH_KEY, None) is not None:
-        yield
-        return
-    spark.conf.set(ARROW_BATCH_KEY, str(rows))
+    key = id(spark)
+    with _FEED_LOCK:
+        if key in _FEED_SETTERS:
+            _FEED_SETTERS[key] += 1
+        elif spark.conf.get(ARROW_BATCH_KEY, None) is not None:
+            key = None  # the session's own setting
+        else:
+            spark.conf.set(ARROW_BATCH_KEY, str(rows))
+            _FEED_SETTERS[key] = 1
     try:
         yield
     finally:
-        spark.conf.unset(ARROW_BATCH_KEY)
+        if key is not None:
+            with _FEED_LOCK:
+                _FEED_SETTERS[key] -= 1
+                if not _FEED_SETTERS[key]:
+                    del _FEED_SETTERS[key]
+                    spark.conf.unset(ARROW_BATCH_KEY)
 
 
 # The trainings in progress in this process (several threads may train at once, as a

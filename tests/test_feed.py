@@ -114,6 +114,21 @@ def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(
         spark.conf.unset(ARROW_BATCH_KEY)
 
 
+def test_overlapping_trainings_keep_the_small_arrow_batches_until_the_last_ends(spark):
+    """Two trainings in threads on one session: the second to start used to read the first's
+    setting as the session's own, and the first to end unset it under the second."""
+    from distkeras.training_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, \
+        _feed_batch_rows
+
+    first, second = _feed_batch_rows(spark), _feed_batch_rows(spark)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert spark.conf.get(ARROW_BATCH_KEY, None) == str(FEED_RECORDS_PER_BATCH)
+    second.__exit__(None, None, None)
+    assert spark.conf.get(ARROW_BATCH_KEY, None) is None
+
+
 def test_class_indices_are_checked_against_the_number_of_classes():
     import pytest
 
