@@ -602,10 +602,9 @@ def precache(dataframe, num_workers=None):
             None keeps its partitions.
     """
     if num_workers is not None:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or \
-                num_workers < 1:
-            raise ValueError("`num_workers` must be an integer >= 1 or None. Received: "
-                             f"num_workers={num_workers!r}")
+        from distkeras.training_checks import _check_int
+
+        _check_int("num_workers", num_workers)
         dataframe = dataframe.repartition(num_workers)
     dataframe = dataframe.cache()
     dataframe.count()
