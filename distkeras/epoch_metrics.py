@@ -18,6 +18,7 @@ Metrics of the user's own classes are not known to add up: they keep the steps' 
 """
 
 import logging
+import math
 
 import numpy as np
 
@@ -220,12 +221,20 @@ def unpack(message, worker_id):
             shapes = [tuple(int(size) for size in shape) for shape in entry["shapes"]]
         except (KeyError, TypeError, ValueError) as error:
             raise ProtocolError(f"Bad metric state entry: {error}") from error
+        if any(size < 0 for shape in shapes for size in shape):
+            raise ProtocolError("A metric state report names a negative dimension.")
         state = []
         for shape in shapes:
-            size = int(np.prod(shape, dtype=np.int64))
-            if size < 0 or offset + size > len(values):
+            # Python's integers: an int64 product wraps (2**62 * 4 is 0), and reshape
+            # then failed as a bug of the server's rather than a bad report.
+            size = math.prod(shape)
+            if offset + size > len(values):
                 raise ProtocolError("A metric state report holds fewer values than it says.")
-            state.append(values[offset:offset + size].reshape(shape))
+            try:
+                state.append(values[offset:offset + size].reshape(shape))
+            except ValueError as error:  # an empty state whose other dimensions overflow
+                raise ProtocolError(f"Bad metric state shape {list(shape)}: {error}") \
+                    from error
             offset += size
         reports.append({"worker_id": worker_id, "epoch": epoch, "name": name, "spec": spec,
                         "state": state})

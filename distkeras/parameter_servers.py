@@ -33,6 +33,39 @@ _EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.
 _ABORTED_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 
+# Step record fields the server and the driver's monitor count with (`int()` of them):
+# whole numbers, as a worker's `_record_step` writes them.
+_INTEGRAL_HISTORY_FIELDS = frozenset({"worker_id", "iteration", "batch_size", "epoch"})
+
+
+def _history_records(columns):
+    """The step records of a history message's columns, checked as they arrive.
+
+    A worker sends one list per field, one number (or None) per step, all as long; any
+    other value used to fail in the handler (counted as a bug of the server's, which
+    stops the run) or, once kept, in every later report's epoch count.
+
+    Raises:
+        ProtocolError: If the columns are not such lists.
+    """
+    from distkeras.step_history import history_records
+
+    if not isinstance(columns, dict):
+        raise networking.ProtocolError("A history message must carry a dict of columns.")
+    for key, column in columns.items():
+        integral = key in _INTEGRAL_HISTORY_FIELDS
+        if not isinstance(column, list) or not all(
+                value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                  if integral else isinstance(value, (int, float)))
+                for value in column):
+            raise networking.ProtocolError(
+                f"History column {key!r} must be a list of "
+                f"{'integers' if integral else 'numbers'} or None.")
+    if len({len(column) for column in columns.values()}) > 1:
+        raise networking.ProtocolError("A history message's columns differ in length.")
+    return history_records(columns)
+
+
 class RefusedUpdate(Exception):
     """A well-formed commit that is not applied (for example NaN or infinite values)."""
 
@@ -622,13 +655,11 @@ class SocketParameterServer(ParameterServer):
     def handle_history(self, conn, addr):
         """Receives a worker's per-step records."""
         data = recv_data(conn)
-        columns = data.get("history")
-        if not isinstance(columns, dict):
-            raise networking.ProtocolError("A history message must carry a dict of columns.")
         from distkeras.epoch_metrics import unpack
-        from distkeras.step_history import history_records
 
-        records = history_records(columns)
+        # Both checked before anything is kept: a malformed report closes the connection
+        # and leaves the history as it was.
+        records = _history_records(data.get("history"))
         reports = unpack(data, conn.worker_id)
         attempt = getattr(conn, "attempt", 0)
         index = getattr(conn, "attempt_index", 0)

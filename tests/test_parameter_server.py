@@ -328,6 +328,51 @@ def test_history_with_missing_values(servers):
 
 
 
+def _metric_report(shape):
+    return {"metric_state_index": [{"epoch": 0, "name": "m", "spec": {"mean": True},
+                                    "shapes": [shape]}],
+            "metric_state_values": np.zeros(4, np.float32)}
+
+
+MALFORMED_HISTORY = {
+    "column_not_a_list": {"history": {"loss": 5}},
+    "columns_of_different_lengths": {"history": {"loss": [0.5, 0.4], "epoch": [0]}},
+    "epoch_not_a_number": {"history": {"epoch": ["one"], "batch_size": [4]}},
+    "epoch_nan": {"history": {"epoch": [float("nan")], "batch_size": [4]}},
+    "batch_size_not_a_number": {"history": {"epoch": [0], "batch_size": ["four"]}},
+    "loss_a_dict": {"history": {"loss": [{"a": 1}]}},
+    "metric_state_negative_shape": {"history": {}, **_metric_report([-2, -2])},
+    "metric_state_shape_overflowing_int64": {"history": {}, **_metric_report([2**62, 4])},
+    "metric_state_shape_beyond_int64": {"history": {}, **_metric_report([2**70])},
+    "metric_state_empty_shape_too_big": {"history": {}, **_metric_report([0, 2**70])},
+    "metric_state_one_negative_dimension": {"history": {}, **_metric_report([-1])},
+}
+
+
+@pytest.mark.parametrize("message", MALFORMED_HISTORY.values(), ids=MALFORMED_HISTORY)
+def test_malformed_history_closes_the_connection_and_keeps_nothing(servers, message):
+    """A malformed history frame is the peer's fault, not a bug of the server's (which
+    stops the run): it closes that connection and no record of it is kept (a stored bad
+    record failed every later report's epoch count)."""
+    server = servers()
+    server.track_epochs(2, 3)
+    honest = Client(server, 1)
+    honest.send_history({"worker_id": [1], "epoch": [0], "batch_size": [4], "loss": [0.5]})
+    honest.pull()
+    client = Client(server, 0)
+    networking.send_action(client.sock, networking.ACTION_HISTORY)
+    send_data(client.sock, message)
+    expect_closed_by_server(client.sock)
+    assert server.errors == []
+    assert server.history == [{"worker_id": 1, "epoch": 0, "batch_size": 4, "loss": 0.5}]
+    assert server.metric_states == []
+    # the reports after it are still counted
+    honest.send_history({"worker_id": [1], "epoch": [1], "batch_size": [4], "loss": [0.4]})
+    honest.pull()
+    honest.quit()
+    assert len(server.history) == 2 and server.errors == []
+
+
 def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
     """Worker 1 runs late: epoch 1 ends when it records a step of epoch 2, after worker 0
     has trained on. The samples kept are those trained then (the center's), not those the
