@@ -941,8 +941,12 @@ class Punchcard:
         if process is None:
             return
         self.store.update(job["id"], pid=process.pid)
-        if self.store.by_secret(job["secret_hash"])["state"] != "running":
-            self._stop_process(job["id"])  # cancelled while it was being started
+        current = self.store.by_secret(job["secret_hash"])
+        # Cancelled while it was being started (that cancel found no process to stop), and
+        # perhaps destroyed since: no row, or the secret's next job's. Either way the
+        # process is this server's to stop, or it runs on, owned by nobody.
+        if current is None or current["id"] != job["id"] or current["state"] != "running":
+            self._stop_process(job["id"])
             return
         logger.info("Job %s started, pid %s", job["id"], process.pid)
 

@@ -989,3 +989,44 @@ def test_one_secret_has_one_submission_checked_at_a_time(secrets, tmp_path, data
         assert _raw(running.url, "/api/submit", third, payload)[0] == 200
     finally:
         running.stop()
+
+
+class _SlowStartPunchcard(Punchcard):
+    """Starts, instead of training, a process that sleeps (the job id in its argv), 1 s
+    after marking the job running and 1 s before telling the scheduler it started: the
+    windows in which a client's cancel, then its destroy, land."""
+
+    def command(self, job):
+        time.sleep(1.0)
+        return [sys.executable, "-c", "import time; time.sleep(60)", job["id"]]
+
+    def _launch(self, job):
+        process = super()._launch(job)
+        time.sleep(1.0)
+        return process
+
+
+def test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process(secrets, tmp_path):
+    """A cancel that came before the job's process existed stopped nothing, and a destroy
+    right after deleted the row: the scheduler then read no row, failed, and left the
+    process running, owned by nobody."""
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            punchcard_class=_SlowStartPunchcard)
+    process = None
+    try:
+        secret = secrets[1][3]
+        Job(secret, "starting", str(tmp_path), 1, 1, _trainer()).send(running.url)
+        store = running.punchcard.store
+        assert _wait_for(lambda: store.by_secret(secret_hash(secret))["state"] == "running",
+                         timeout=10, interval=0.02)
+        assert _raw(running.url, "/api/cancel", secret)[0] == 200
+        processes = running.punchcard._processes
+        assert _wait_for(lambda: processes, timeout=10, interval=0.02)
+        process = next(iter(processes.values()))
+        assert _raw(running.url, "/api/destroy", secret)[0] == 200
+        assert _wait_for(lambda: process.poll() is not None, timeout=15)
+        assert not processes
+    finally:
+        running.stop()
+        if process is not None and process.poll() is None:
+            _kill_tree(process.pid, process)
