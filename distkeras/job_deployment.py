@@ -45,6 +45,10 @@ SECRET_HEADER = "X-Punchcard-Secret"
 JOB_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_WORKERS = 1024
 MAX_PARALLELISM_FACTOR = 64
+# Lists and objects in a submission: a trainer's settings nest a few levels (a loss per
+# output, a learning-rate schedule in an optimizer's config). Deeper, the checks that
+# recurse into them (copies, Keras's getters) would run out of stack.
+MAX_JSON_DEPTH = 100
 # Hadoop glob syntax ({a,b}, [ab], *, ?, and \ escapes) and Spark's comma-separated path
 # lists: Spark expands them when it reads, so a path made of them could name files outside
 # the allowed roots whatever its literal prefix is.
@@ -352,6 +356,18 @@ def _check_data_path(path, allowed_roots, name="data_path"):
     return path
 
 
+def _nesting_depth(value):
+    """How deep lists and objects nest in ``value`` (a loop: recursing is what fails)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1)
+                           for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _check_count(body, name):
     value = body.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
@@ -375,6 +391,8 @@ def validate_submission(body, allowed_roots=()):
 
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    if _nesting_depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest("The request body is JSON nested too deeply.")
     name = body.get("job_name")
     if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "

@@ -1030,3 +1030,16 @@ def test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process(secret
         running.stop()
         if process is not None and process.poll() is None:
             _kill_tree(process.pid, process)
+
+
+@pytest.mark.parametrize("field", ["loss", "metrics"])
+def test_a_trainer_config_nested_too_deeply_is_a_bad_request(server, secrets, tmp_path, field):
+    """Parsed, the body was fine; the checks of its loss and metrics recurse into them, and
+    ran out of stack: a 500 saying the server failed, for the client's mistake."""
+    secret = secrets[1][4]
+    payload = Job(secret, "deep", str(tmp_path), 1, 1, _trainer()).payload()
+    payload["trainer"]["config"][field] = json.loads("[" * 900 + "]" * 900)
+    status, answer = _raw(server.url, "/api/submit", secret, payload)
+    assert status == 400 and answer["error"] == "The request body is JSON nested too deeply."
+    assert server.punchcard.store.by_secret(secret_hash(secret)) is None
+    assert not os.path.exists(os.path.join(server.punchcard.work_dir, "jobs"))
