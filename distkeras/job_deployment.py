@@ -1032,6 +1032,10 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             body = request.get_json(silent=True)
         except RecursionError:  # silent covers ValueError only: nesting too deep is not one
             return error(400, "The request body is JSON nested too deeply.")
+        if body is None and not request.is_json:
+            # Flask reads no body of another type: it may be JSON, sent as a form.
+            return error(400, "The request body must be JSON, sent with the header "
+                              "Content-Type: application/json.")
         if body is None:
             return error(400, "The request body must be JSON.")
         try:

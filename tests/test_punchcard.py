@@ -1043,3 +1043,15 @@ def test_a_trainer_config_nested_too_deeply_is_a_bad_request(server, secrets, tm
     assert status == 400 and answer["error"] == "The request body is JSON nested too deeply."
     assert server.punchcard.store.by_secret(secret_hash(secret)) is None
     assert not os.path.exists(os.path.join(server.punchcard.work_dir, "jobs"))
+
+
+def test_a_json_body_without_its_content_type_is_told_so(server, secrets):
+    """`curl -d @job.json` sends JSON as a form: the answer said the body was not JSON."""
+    request = urllib.request.Request(
+        server.url + "/api/submit", data=b'{"job_name": "x"}', method="POST",
+        headers={SECRET_HEADER: secrets[1][5],
+                 "Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400
+    assert "Content-Type: application/json" in json.loads(refused.value.read())["error"]
