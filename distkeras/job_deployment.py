@@ -902,9 +902,17 @@ class Punchcard:
         }
 
     def reconcile(self):
-        """After a restart: running jobs whose process is gone are finished or failed."""
+        """After a restart: running jobs whose process is gone are finished or failed, and
+        cancelled jobs whose process still runs are stopped."""
         for job in self.store.by_state("running"):
             self._refresh(job)
+        for job in self.store.by_state("cancelled"):
+            # `cancel` marks the job, then stops its process: a server stopped in between
+            # left it training, for a job nobody follows (and that no limit counts).
+            if _process_alive(job["pid"], job["id"]):
+                logger.warning("Job %s was cancelled, but its process %s still runs: "
+                               "stopping it", job["id"], job["pid"])
+                _kill_tree(job["pid"])
 
     def _schedule_loop(self):
         while not self._stop.is_set():

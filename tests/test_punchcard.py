@@ -15,7 +15,8 @@ import pytest
 from conftest import accuracy, build_mlp
 
 from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, ServerUnreachable,
-                                      _check_data_path, _kill_tree, make_server)
+                                      _check_data_path, _kill_tree, _process_alive,
+                                      make_server)
 from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 NUM_SECRETS = 24
@@ -1055,3 +1056,30 @@ def test_a_json_body_without_its_content_type_is_told_so(server, secrets):
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 400
     assert "Content-Type: application/json" in json.loads(refused.value.read())["error"]
+
+
+def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp_path):
+    """Cancelling marks the job cancelled, then stops its process: a server stopped between
+    the two left the process training on after the restart, for a job nobody follows."""
+    work = str(tmp_path / "work")
+    running = RunningServer(secrets[0], work, max_running=0)
+    secret = secrets[1][6]
+    Job(secret, "cancelled", str(tmp_path), 1, 1, _trainer()).send(running.url)
+    row = running.punchcard.store.by_secret(secret_hash(secret))
+    # The job's process, as the scheduler starts it: its own session, the job id in argv.
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                row["id"]], start_new_session=True)
+    try:
+        assert _wait_for(lambda: _process_alive(process.pid, row["id"]), timeout=10)
+        running.punchcard.store.update(row["id"], state="cancelled", pid=process.pid,
+                                       error="cancelled by the client")
+        running.stop()
+        restarted = RunningServer(secrets[0], work, max_running=0)
+        try:
+            assert _wait_for(lambda: process.poll() is not None, timeout=15)
+            assert _raw(restarted.url, "/api/state", secret)[1]["state"] == "cancelled"
+        finally:
+            restarted.stop()
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid, process)
