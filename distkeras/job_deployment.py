@@ -794,8 +794,10 @@ class Punchcard:
                 return None
             self._destroying.add(job["id"])
         try:
-            # The row read before the claim may be of a job another request has deleted.
-            if self.store.by_secret(job["secret_hash"]) is None:
+            # The row read before the claim may be of a job another request has deleted,
+            # and the secret may have its next job since: that one is not this request's.
+            current = self.store.by_secret(job["secret_hash"])
+            if current is None or current["id"] != job["id"]:
                 return None
             result = {"model": None, "history": None, "validation_history": None}
             if job["state"] == "finished":

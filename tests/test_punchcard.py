@@ -1083,3 +1083,19 @@ def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp
     finally:
         if process.poll() is None:
             _kill_tree(process.pid, process)
+
+
+def test_a_stale_destroy_after_the_secrets_next_job_was_sent_gives_none(secrets, tmp_path):
+    """A destroy that read its job before another request destroyed it, and acts once the
+    secret has its next job: it went on to read the deleted job's files (a 500)."""
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        secret = secrets[1][7]
+        _finished_job(running, secret, str(tmp_path))
+        stale = running.punchcard.job_of(secret_hash(secret))  # as the destroy read it
+        assert _raw(running.url, "/api/destroy", secret)[0] == 200
+        Job(secret, "next", str(tmp_path), 1, 1, _trainer()).send(running.url)
+        assert running.punchcard.destroy(stale) is None
+        assert running.punchcard.store.by_secret(secret_hash(secret))["name"] == "next"
+    finally:
+        running.stop()
