@@ -45,6 +45,10 @@ SECRET_HEADER = "X-Punchcard-Secret"
 JOB_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_WORKERS = 1024
 MAX_PARALLELISM_FACTOR = 64
+# Lists and objects in a submission: a trainer's settings nest a few levels (a loss per
+# output, a learning-rate schedule in an optimizer's config). Deeper, the checks that
+# recurse into them (copies, Keras's getters) would run out of stack.
+MAX_JSON_DEPTH = 100
 # Hadoop glob syntax ({a,b}, [ab], *, ?, and \ escapes) and Spark's comma-separated path
 # lists: Spark expands them when it reads, so a path made of them could name files outside
 # the allowed roots whatever its literal prefix is.
@@ -352,6 +356,18 @@ def _check_data_path(path, allowed_roots, name="data_path"):
     return path
 
 
+def _nesting_depth(value):
+    """How deep lists and objects nest in ``value`` (a loop: recursing is what fails)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1)
+                           for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _check_count(body, name):
     value = body.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
@@ -375,6 +391,8 @@ def validate_submission(body, allowed_roots=()):
 
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    if _nesting_depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest("The request body is JSON nested too deeply.")
     name = body.get("job_name")
     if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
@@ -776,8 +794,10 @@ class Punchcard:
                 return None
             self._destroying.add(job["id"])
         try:
-            # The row read before the claim may be of a job another request has deleted.
-            if self.store.by_secret(job["secret_hash"]) is None:
+            # The row read before the claim may be of a job another request has deleted,
+            # and the secret may have its next job since: that one is not this request's.
+            current = self.store.by_secret(job["secret_hash"])
+            if current is None or current["id"] != job["id"]:
                 return None
             result = {"model": None, "history": None, "validation_history": None}
             if job["state"] == "finished":
@@ -884,9 +904,17 @@ class Punchcard:
         }
 
     def reconcile(self):
-        """After a restart: running jobs whose process is gone are finished or failed."""
+        """After a restart: running jobs whose process is gone are finished or failed, and
+        cancelled jobs whose process still runs are stopped."""
         for job in self.store.by_state("running"):
             self._refresh(job)
+        for job in self.store.by_state("cancelled"):
+            # `cancel` marks the job, then stops its process: a server stopped in between
+            # left it training, for a job nobody follows (and that no limit counts).
+            if _process_alive(job["pid"], job["id"]):
+                logger.warning("Job %s was cancelled, but its process %s still runs: "
+                               "stopping it", job["id"], job["pid"])
+                _kill_tree(job["pid"])
 
     def _schedule_loop(self):
         while not self._stop.is_set():
@@ -941,8 +969,12 @@ class Punchcard:
         if process is None:
             return
         self.store.update(job["id"], pid=process.pid)
-        if self.store.by_secret(job["secret_hash"])["state"] != "running":
-            self._stop_process(job["id"])  # cancelled while it was being started
+        current = self.store.by_secret(job["secret_hash"])
+        # Cancelled while it was being started (that cancel found no process to stop), and
+        # perhaps destroyed since: no row, or the secret's next job's. Either way the
+        # process is this server's to stop, or it runs on, owned by nobody.
+        if current is None or current["id"] != job["id"] or current["state"] != "running":
+            self._stop_process(job["id"])
             return
         logger.info("Job %s started, pid %s", job["id"], process.pid)
 
@@ -1010,6 +1042,10 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             body = request.get_json(silent=True)
         except RecursionError:  # silent covers ValueError only: nesting too deep is not one
             return error(400, "The request body is JSON nested too deeply.")
+        if body is None and not request.is_json:
+            # Flask reads no body of another type: it may be JSON, sent as a form.
+            return error(400, "The request body must be JSON, sent with the header "
+                              "Content-Type: application/json.")
         if body is None:
             return error(400, "The request body must be JSON.")
         try:

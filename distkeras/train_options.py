@@ -11,7 +11,8 @@ import numbers
 import re
 
 KEYS = ("shuffle", "validation", "sample_weight_col", "class_weight")
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")
+# Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 
 
 def normalize(options, check_path=None):
@@ -60,7 +61,7 @@ def _validation(value, check_path):
 def _column(value):
     if value is None:
         return None
-    if not isinstance(value, str) or not _COLUMN.match(value):
+    if not isinstance(value, str) or not _COLUMN.fullmatch(value):
         raise ValueError("'sample_weight_col' must be a column name (letters, digits, '_', "
                          f"'.'). Received: {value!r}")
     return value

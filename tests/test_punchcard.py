@@ -15,7 +15,8 @@ import pytest
 from conftest import accuracy, build_mlp
 
 from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, ServerUnreachable,
-                                      _check_data_path, _kill_tree, make_server)
+                                      _check_data_path, _kill_tree, _process_alive,
+                                      make_server)
 from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 NUM_SECRETS = 24
@@ -987,5 +988,114 @@ def test_one_secret_has_one_submission_checked_at_a_time(secrets, tmp_path, data
         third = secrets[1][23]
         assert _raw(running.url, "/api/submit", third, {**payload, "model": None})[0] == 400
         assert _raw(running.url, "/api/submit", third, payload)[0] == 200
+    finally:
+        running.stop()
+
+
+class _SlowStartPunchcard(Punchcard):
+    """Starts, instead of training, a process that sleeps (the job id in its argv), 1 s
+    after marking the job running and 1 s before telling the scheduler it started: the
+    windows in which a client's cancel, then its destroy, land."""
+
+    def command(self, job):
+        time.sleep(1.0)
+        return [sys.executable, "-c", "import time; time.sleep(60)", job["id"]]
+
+    def _launch(self, job):
+        process = super()._launch(job)
+        time.sleep(1.0)
+        return process
+
+
+def test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process(secrets, tmp_path):
+    """A cancel that came before the job's process existed stopped nothing, and a destroy
+    right after deleted the row: the scheduler then read no row, failed, and left the
+    process running, owned by nobody."""
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            punchcard_class=_SlowStartPunchcard)
+    process = None
+    try:
+        secret = secrets[1][3]
+        Job(secret, "starting", str(tmp_path), 1, 1, _trainer()).send(running.url)
+        store = running.punchcard.store
+        assert _wait_for(lambda: store.by_secret(secret_hash(secret))["state"] == "running",
+                         timeout=10, interval=0.02)
+        assert _raw(running.url, "/api/cancel", secret)[0] == 200
+        processes = running.punchcard._processes
+        assert _wait_for(lambda: processes, timeout=10, interval=0.02)
+        process = next(iter(processes.values()))
+        assert _raw(running.url, "/api/destroy", secret)[0] == 200
+        assert _wait_for(lambda: process.poll() is not None, timeout=15)
+        assert not processes
+    finally:
+        running.stop()
+        if process is not None and process.poll() is None:
+            _kill_tree(process.pid, process)
+
+
+@pytest.mark.parametrize("field", ["loss", "metrics"])
+def test_a_trainer_config_nested_too_deeply_is_a_bad_request(server, secrets, tmp_path, field):
+    """Parsed, the body was fine; the checks of its loss and metrics recurse into them, and
+    ran out of stack: a 500 saying the server failed, for the client's mistake."""
+    secret = secrets[1][4]
+    payload = Job(secret, "deep", str(tmp_path), 1, 1, _trainer()).payload()
+    payload["trainer"]["config"][field] = json.loads("[" * 900 + "]" * 900)
+    status, answer = _raw(server.url, "/api/submit", secret, payload)
+    assert status == 400 and answer["error"] == "The request body is JSON nested too deeply."
+    assert server.punchcard.store.by_secret(secret_hash(secret)) is None
+    assert not os.path.exists(os.path.join(server.punchcard.work_dir, "jobs"))
+
+
+def test_a_json_body_without_its_content_type_is_told_so(server, secrets):
+    """`curl -d @job.json` sends JSON as a form: the answer said the body was not JSON."""
+    request = urllib.request.Request(
+        server.url + "/api/submit", data=b'{"job_name": "x"}', method="POST",
+        headers={SECRET_HEADER: secrets[1][5],
+                 "Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400
+    assert "Content-Type: application/json" in json.loads(refused.value.read())["error"]
+
+
+def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp_path):
+    """Cancelling marks the job cancelled, then stops its process: a server stopped between
+    the two left the process training on after the restart, for a job nobody follows."""
+    work = str(tmp_path / "work")
+    running = RunningServer(secrets[0], work, max_running=0)
+    secret = secrets[1][6]
+    Job(secret, "cancelled", str(tmp_path), 1, 1, _trainer()).send(running.url)
+    row = running.punchcard.store.by_secret(secret_hash(secret))
+    # The job's process, as the scheduler starts it: its own session, the job id in argv.
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                row["id"]], start_new_session=True)
+    try:
+        assert _wait_for(lambda: _process_alive(process.pid, row["id"]), timeout=10)
+        running.punchcard.store.update(row["id"], state="cancelled", pid=process.pid,
+                                       error="cancelled by the client")
+        running.stop()
+        restarted = RunningServer(secrets[0], work, max_running=0)
+        try:
+            assert _wait_for(lambda: process.poll() is not None, timeout=15)
+            assert _raw(restarted.url, "/api/state", secret)[1]["state"] == "cancelled"
+        finally:
+            restarted.stop()
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid, process)
+
+
+def test_a_stale_destroy_after_the_secrets_next_job_was_sent_gives_none(secrets, tmp_path):
+    """A destroy that read its job before another request destroyed it, and acts once the
+    secret has its next job: it went on to read the deleted job's files (a 500)."""
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        secret = secrets[1][7]
+        _finished_job(running, secret, str(tmp_path))
+        stale = running.punchcard.job_of(secret_hash(secret))  # as the destroy read it
+        assert _raw(running.url, "/api/destroy", secret)[0] == 200
+        Job(secret, "next", str(tmp_path), 1, 1, _trainer()).send(running.url)
+        assert running.punchcard.destroy(stale) is None
+        assert running.punchcard.store.by_secret(secret_hash(secret))["name"] == "next"
     finally:
         running.stop()

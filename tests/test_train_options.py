@@ -30,6 +30,8 @@ def test_a_validation_path_goes_through_the_given_check():
     ({"validation": 1.0}, "'validation' must be a fraction"),
     ({"validation": True}, "'validation' must be a fraction"),
     ({"sample_weight_col": "w; DROP"}, "'sample_weight_col' must be a column name"),
+    # A pattern ending in `$` lets a trailing newline through, to a job that then fails.
+    ({"sample_weight_col": "w\n"}, "'sample_weight_col' must be a column name"),
     ({"class_weight": {}}, "non-empty object"),
     ({"class_weight": {"-1": 2}}, "keys must be class indices"),
     ({"class_weight": {"1": "2"}}, "of class 1 must be a number"),
