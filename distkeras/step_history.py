@@ -156,13 +156,30 @@ def history_records(columns):
     ]
 
 
+# The numbers of a history message travel as JSON in its frame's header, which may hold
+# at most `networking.MAX_HEADER_BYTES` (1 MiB): a number takes up to about 25 bytes, so a
+# frame carries at most this many. A long window's steps (they go with its commit) take
+# several frames.
+HISTORY_VALUES_PER_FRAME = 32768
+
+
 def send_history_columns(sock, columns, metric_sums=None):
     """Sends drained history columns, and the metric sums drained with them (see
     `HistoryLog.drain_metric_sums`), to the driver's server (nothing when there are
-    none)."""
-    if columns or metric_sums:
+    none), in as many frames as their size needs. The sums go with the first: the driver
+    ends an epoch when records show it over, and reads the epoch's metric state then."""
+    if not (columns or metric_sums):
+        return
+    steps = len(next(iter(columns.values()))) if columns else 0
+    per_frame = max(1, HISTORY_VALUES_PER_FRAME // max(1, len(columns)))
+    starts = range(0, steps, per_frame) if steps > per_frame else [0]
+    for start in starts:
+        chunk = columns if len(starts) == 1 else {
+            key: column[start:start + per_frame] for key, column in columns.items()}
+        first = start == starts[0]
         networking.send_action(sock, networking.ACTION_HISTORY)
-        networking.send_data(sock, {"history": columns, **(metric_sums or {})})
+        networking.send_data(sock, {"history": chunk,
+                                    **((metric_sums or {}) if first else {})})
 
 
 class ProgressReporter:

@@ -373,6 +373,31 @@ def test_malformed_history_closes_the_connection_and_keeps_nothing(servers, mess
     assert len(server.history) == 2 and server.errors == []
 
 
+def test_a_long_windows_history_reaches_the_server_whole(servers):
+    """A window of 20,000 steps sends its records with its commit: as one frame their
+    numbers outgrew the frame header's 1 MiB and the server closed the connection (the
+    training failed). They travel in several frames, the epoch's metric state first."""
+    from distkeras.step_history import send_history_columns
+
+    server = servers()
+    server.track_epochs(1, 1)
+    steps = 20_000
+    columns = {"worker_id": [0] * steps, "iteration": list(range(1, steps + 1)),
+               "batch_size": [32] * steps, "epoch": [0] * steps,
+               "timestamp": [1796178445.1237721 + step for step in range(steps)],
+               "loss": [0.123456789012345 + step * 1e-9 for step in range(steps)],
+               "accuracy": [0.8765432109876543] * steps}
+    client = Client(server, 0)
+    send_history_columns(client.sock, columns, _metric_report([2, 2]))
+    client.pull()  # answered after every history frame before it was handled
+    client.quit()
+    assert server.errors == []
+    assert len(server.history) == steps
+    assert [record["iteration"] for record in server.history] == columns["iteration"]
+    assert server.history[-1]["loss"] == columns["loss"][-1]
+    assert len(server.metric_states) == 1
+
+
 def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
     """Worker 1 runs late: epoch 1 ends when it records a step of epoch 2, after worker 0
     has trained on. The samples kept are those trained then (the center's), not those the
