@@ -19,6 +19,7 @@ archive loaded with ``safe_mode=True``.
 import argparse
 import base64
 import functools
+import http.client
 import io
 import json
 import logging
@@ -57,6 +58,15 @@ _GLOB_CHARACTERS = set("{}[]*?\\,")
 
 class JobError(RuntimeError):
     """The server refused a request, or the job failed, was cancelled or was lost."""
+
+
+def _error_message(error):
+    """The ``error`` field of an error answer's JSON object, else the HTTP reason."""
+    try:
+        body = json.loads(error.read().decode("utf-8"))
+    except (ValueError, OSError, http.client.HTTPException):
+        return error.reason
+    return body.get("error", "") if isinstance(body, dict) else error.reason
 
 
 class ServerUnreachable(JobError):
@@ -110,16 +120,23 @@ class Job:
             headers={SECRET_HEADER: self.secret, "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read().decode("utf-8"))
+                raw = response.read()
         except urllib.error.HTTPError as error:
-            try:
-                message = json.loads(error.read().decode("utf-8")).get("error", "")
-            except ValueError:
-                message = error.reason
-            raise JobError(f"Punchcard answered {error.code}: {message}") from error
-        except (urllib.error.URLError, OSError) as error:
+            raise JobError(f"Punchcard answered {error.code}: {_error_message(error)}") \
+                from error
+        # HTTPException: the connection was cut mid-answer (IncompleteRead), as in a
+        # restart: transient, as an unreachable server is (wait_completion polls on).
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
             raise ServerUnreachable(
                 f"Cannot reach the Punchcard server at {self.url}: {error}") from error
+        try:
+            answer = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is one
+            answer = None
+        if not isinstance(answer, dict):
+            raise JobError(f"{self.url} answered {path} with something other than a JSON "
+                           f"object ({raw[:80]!r}): is it a Punchcard server's address?")
+        return answer
 
     def _settled_trainer(self):
         """The trainer, its optimizer, loss and metrics not given taken from its compiled

@@ -175,6 +175,62 @@ def test_readme_client_example_runs_as_printed(server, secrets, data_path, fashi
     assert os.listdir(os.path.join(server.punchcard.work_dir, "jobs")) == []
 
 
+class _MisbehavingHandler:
+    """Answers of a server that is not (or no longer) a well-behaved Punchcard."""
+
+    ANSWERS = {
+        "/html": (200, b"<html>a proxy's login page</html>", None),
+        "/list": (200, b"[1, 2]", None),
+        "/error-list": (500, b"[1, 2]", None),
+        "/cut": (200, b'{"state": "runn', 100),  # says 100 bytes, sends 15, closes
+    }
+
+
+@pytest.fixture
+def misbehaving_url():
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            code, body, claimed = _MisbehavingHandler.ANSWERS[self.path.split("/api")[0]]
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(claimed or len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_client_names_answers_that_are_not_punchcards(misbehaving_url):
+    """An answer that is not a JSON object was a raw ValueError or AttributeError, and a
+    connection cut mid-answer (a restart) an http.client.IncompleteRead, which
+    `wait_completion` did not take for the outage it is."""
+    def job_at(path):
+        job = Job("secret", "probe", "/data/x.parquet", 1, 1, None)
+        job.url = misbehaving_url + path
+        return job
+
+    for path in ("/html", "/list"):
+        with pytest.raises(JobError, match="other than a JSON object.*Punchcard server"):
+            job_at(path).get_state()
+    with pytest.raises(JobError, match="Punchcard answered 500: Internal Server Error"):
+        job_at("/error-list").get_state()
+    with pytest.raises(ServerUnreachable, match="IncompleteRead"):
+        job_at("/cut").get_state()
+    with pytest.raises(JobError, match="unreachable for"):
+        job_at("/cut").wait_completion(poll_interval=0.05, max_outage=0.2)
+
+
 def test_refusals(secrets, tmp_path, data_path):
     import keras
 
