@@ -60,6 +60,10 @@ class JobError(RuntimeError):
     """The server refused a request, or the job failed, was cancelled or was lost."""
 
 
+class ServerUnreachable(JobError):
+    """The server could not be reached (down, restarting, or a network problem)."""
+
+
 def _error_message(error):
     """The ``error`` field of an error answer's JSON object, else the HTTP reason."""
     try:
@@ -67,10 +71,6 @@ def _error_message(error):
     except (ValueError, OSError, http.client.HTTPException):
         return error.reason
     return body.get("error", "") if isinstance(body, dict) else error.reason
-
-
-class ServerUnreachable(JobError):
-    """The server could not be reached (down, restarting, or a network problem)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -785,6 +785,12 @@ class Punchcard:
         self._stop_process(job["id"], job["pid"])
         return True
 
+    def _current_row(self, job):
+        """``job``'s row as the store has it now, or None if it was deleted (the secret
+        may hold its next job's row since)."""
+        current = self.store.by_secret(job["secret_hash"])
+        return current if current is not None and current["id"] == job["id"] else None
+
     def _stop_process(self, job_id, pid=None):
         with self._lock:
             process = self._processes.pop(job_id, None)
@@ -813,8 +819,7 @@ class Punchcard:
         try:
             # The row read before the claim may be of a job another request has deleted,
             # and the secret may have its next job since: that one is not this request's.
-            current = self.store.by_secret(job["secret_hash"])
-            if current is None or current["id"] != job["id"]:
+            if self._current_row(job) is None:
                 return None
             result = {"model": None, "history": None, "validation_history": None}
             if job["state"] == "finished":
@@ -986,11 +991,11 @@ class Punchcard:
         if process is None:
             return
         self.store.update(job["id"], pid=process.pid)
-        current = self.store.by_secret(job["secret_hash"])
+        current = self._current_row(job)
         # Cancelled while it was being started (that cancel found no process to stop), and
-        # perhaps destroyed since: no row, or the secret's next job's. Either way the
-        # process is this server's to stop, or it runs on, owned by nobody.
-        if current is None or current["id"] != job["id"] or current["state"] != "running":
+        # perhaps destroyed since. Either way the process is this server's to stop, or it
+        # runs on, owned by nobody.
+        if current is None or current["state"] != "running":
             self._stop_process(job["id"])
             return
         logger.info("Job %s started, pid %s", job["id"], process.pid)
