@@ -37,7 +37,7 @@ import urllib.request
 import uuid
 import zipfile
 
-from distkeras import train_options
+from distkeras import data_roots, train_options
 
 logger = logging.getLogger(__name__)
 
@@ -165,19 +165,32 @@ class Job:
             "train_options": self.train_options,
         }
 
-    def send(self, url):
+    def send(self, url, timeout=600):
         """Submits the job to the server at ``url``.
+
+        Args:
+            url: The server's address (``http://host:8000``).
+            timeout: Seconds to wait for the answer: the server checks the model (builds
+                it, and the trainer) before it answers, minutes for a model of hundreds
+                of layers.
 
         Raises:
             JobError: With the server's message (403: unknown secret or a job already
                 submitted with it; 400: a malformed job; 413, or the connection closed
-                while the job was sent: a job larger than the server accepts).
+                while the job was sent: a job larger than the server accepts); or no
+                answer within ``timeout`` seconds.
         """
         self.url = url
         payload = self.payload()
         try:
-            answer = self._request("POST", "/api/submit", payload)
+            answer = self._request("POST", "/api/submit", payload, timeout=timeout)
         except ServerUnreachable as error:
+            if _timed_out(error):
+                raise JobError(
+                    f"The Punchcard server at {url} did not answer the submission of job "
+                    f"{self.job_name!r} within {timeout} s. It may still be checking the "
+                    "model and then queue the job: follow it with job.attach(url) in a "
+                    "while, or send it with a longer timeout=.") from error
             if not _closed_while_sending(error) or not self._reachable():
                 raise
             megabytes = len(json.dumps(payload)) / (1 << 20)
@@ -332,6 +345,12 @@ def _restore_optimizer_state(model, model_bytes):
         logger.warning("The trained model's optimizer starts afresh: %s", error)
 
 
+def _timed_out(error):
+    """Whether a request failed because its answer did not come within its timeout."""
+    cause = error.__cause__
+    return isinstance(getattr(cause, "reason", cause), TimeoutError)
+
+
 def _closed_while_sending(error):
     """Whether a request failed because the server closed the connection under it (as
     waitress does on a body larger than its limit, while the client still sends it)."""
@@ -370,6 +389,11 @@ def _check_data_path(path, allowed_roots, name="data_path"):
     if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
                                  for root in allowed_roots):
         raise BadRequest(f"'{name}' must be under one of: {', '.join(allowed_roots)}.")
+    if allowed_roots:
+        try:
+            data_roots.check_resolves_under(path, allowed_roots)
+        except data_roots.OutsideRoots as error:
+            raise BadRequest(f"'{name}': {error}") from error
     return path
 
 
@@ -631,6 +655,26 @@ def _process_alive(pid, job_id):
         return False
 
 
+def _find_job_process(job_id):
+    """The pid of a running process whose command line is job ``job_id``'s (`command`),
+    or None: after a restart, for a job whose server stopped between starting its
+    process and recording its pid."""
+    marker = b"\0--job-id\0" + job_id.encode() + b"\0"
+    try:
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:  # no /proc (not Linux): such a process cannot be found
+        return None
+    for name in names:
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                command_line = handle.read()
+        except OSError:  # it ended meanwhile, or is not ours to read
+            continue
+        if marker in command_line + b"\0":
+            return int(name)
+    return None
+
+
 _ERROR_LINE = re.compile(r"\bERROR\b|^Traceback |^[\w.]*(Error|Exception)\b")
 
 
@@ -700,7 +744,13 @@ class Punchcard:
 
         self.checker = SecretChecker(load_secrets(secrets_path))
         self.work_dir = os.path.abspath(work_dir)
-        os.makedirs(self.work_dir, exist_ok=True)
+        # Owner only: it holds the job table (secret hashes) and every job's model, data
+        # path and log, which no other user of this machine should read.
+        os.makedirs(self.work_dir, mode=0o700, exist_ok=True)
+        if os.stat(self.work_dir).st_mode & 0o077:
+            logger.warning("The work folder %s may be read by other users of this machine "
+                           "(mode %o): its job table and models are private; chmod 700 it.",
+                           self.work_dir, os.stat(self.work_dir).st_mode & 0o777)
         self.store = JobStore(os.path.join(self.work_dir, "jobs.sqlite"))
         self.master = master
         self.max_running = max_running
@@ -756,7 +806,8 @@ class Punchcard:
             body, self.allowed_data_roots)
         job_id = uuid.uuid4().hex
         job_dir = os.path.join(self.work_dir, "jobs", job_id)  # never derived from input
-        os.makedirs(job_dir)
+        os.makedirs(os.path.dirname(job_dir), mode=0o700, exist_ok=True)
+        os.makedirs(job_dir, mode=0o700)
         with open(os.path.join(job_dir, "model.keras"), "wb") as handle:
             handle.write(model_bytes)
         with open(os.path.join(job_dir, "trainer.json"), "w", encoding="utf-8") as handle:
@@ -928,6 +979,15 @@ class Punchcard:
     def reconcile(self):
         """After a restart: running jobs whose process is gone are finished or failed, and
         cancelled jobs whose process still runs are stopped."""
+        for job in self.store.by_state("running", "cancelled"):
+            if not job["pid"] and job["started"]:
+                # Stopped between starting the process and recording its pid: find it
+                # by its command line, to follow it (or stop it), not leave it orphaned.
+                pid = _find_job_process(job["id"])
+                if pid is not None:
+                    logger.warning("Job %s: found its process %s, whose pid was not recorded",
+                                   job["id"], pid)
+                    self.store.update(job["id"], pid=pid)
         for job in self.store.by_state("running"):
             self._refresh(job)
         for job in self.store.by_state("cancelled"):

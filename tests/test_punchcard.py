@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras.job_deployment import (SECRET_HEADER, Job, JobError, Punchcard, ServerUnreachable,
-                                      _check_data_path, _kill_tree, _process_alive,
+from distkeras.job_deployment import (SECRET_HEADER, BadRequest, Job, JobError, Punchcard,
+                                      ServerUnreachable, _check_data_path, _kill_tree, _process_alive,
                                       make_server)
 from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
@@ -231,6 +232,29 @@ def test_the_client_names_answers_that_are_not_punchcards(misbehaving_url):
         job_at("/cut").wait_completion(poll_interval=0.05, max_outage=0.2)
 
 
+class _SlowCheckingPunchcard(Punchcard):
+    """Checks each submission for 3 s, as a model of hundreds of layers takes minutes."""
+
+    def _queue(self, secret_hash, identity, body):
+        time.sleep(3)
+        return super()._queue(secret_hash, identity, body)
+
+
+def test_a_submission_that_outlasts_the_clients_timeout_can_be_followed(secrets, tmp_path,
+                                                                      data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            punchcard_class=_SlowCheckingPunchcard)
+    try:
+        job = Job(secrets[1][9], "slow", data_path, 1, 1, _trainer())
+        with pytest.raises(JobError, match="did not answer the submission.*within 1 s.*attach"):
+            job.send(running.url, timeout=1)
+        # The server queued it all the same, and the job follows it.
+        assert _wait_for(lambda: running.punchcard.store.by_state("queued"), timeout=30)
+        assert job.attach(running.url)["state"] == "queued"
+    finally:
+        running.stop()
+
+
 def test_refusals(secrets, tmp_path, data_path):
     import keras
 
@@ -357,6 +381,45 @@ def test_twenty_concurrent_clients_then_cancel_mid_training(server, secrets, dat
         client.wait_completion(timeout=10, poll_interval=0.1)
 
 
+class _StoppedBeforeThePidPunchcard(Punchcard):
+    """Starts a job's process and stops there, as a server killed before it records the
+    pid would: the scheduler starts nothing more."""
+
+    def _start(self, job):
+        process = self._launch(job)
+        if process is not None:
+            self.launched = process
+            self._stop.set()
+
+
+def test_a_restart_finds_a_job_whose_pid_was_not_recorded(secrets, tmp_path, data_path):
+    work = str(tmp_path / "work")
+    first = RunningServer(secrets[0], work, punchcard_class=_StoppedBeforeThePidPunchcard)
+    secret = secrets[1][10]
+    job = Job(secret, "unrecorded", data_path, 1, 2, _trainer())
+    job.send(first.url)
+    assert _wait_for(lambda: hasattr(first.punchcard, "launched"))
+    process = first.punchcard.launched
+    first.stop()
+    [row] = first.punchcard.store.by_state("running")
+    assert row["pid"] is None
+    second = RunningServer(secrets[0], work)
+    try:
+        # Found by its command line and followed, not failed as "ended without a result"
+        # while it trains on, owned by nobody.
+        [row] = second.punchcard.store.by_state("running")
+        assert row["pid"] == process.pid
+        job.url = second.url
+        assert job.cancel()["state"] == "cancelled"
+        assert process.wait(timeout=30) is not None
+        assert not _group_alive(process.pid)
+    finally:
+        second.stop()
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait(timeout=30)
+
+
 def test_restart_mid_job_loses_nothing(secrets, tmp_path, data_path, fashion_test):
     work = str(tmp_path / "work")
     first = RunningServer(secrets[0], work)
@@ -420,6 +483,54 @@ def test_allowed_data_roots_refuse_glob_patterns(secrets, tmp_path, data_path):
     # A Hadoop URL under its root is still fine.
     assert _check_data_path("hdfs://nn/data/x.parquet", ["hdfs://nn/data"]) == \
         "hdfs://nn/data/x.parquet"
+
+
+def test_allowed_data_roots_refuse_links_that_lead_out_of_them(secrets, tmp_path, data_path):
+    # The data itself, outside the root; a real Parquet folder inside it.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    shutil.copytree(data_path, outside / "fashion.parquet")
+    shutil.copytree(data_path, root / "fashion.parquet")
+    (root / "escape.parquet").symlink_to(outside / "fashion.parquet")
+    mixed = root / "mixed.parquet"
+    shutil.copytree(data_path, mixed)
+    part = sorted(name for name in os.listdir(mixed) if name.startswith("part-"))[0]
+    os.remove(mixed / part)
+    (mixed / part).symlink_to(outside / "fashion.parquet" / part)
+    nested = root / "nested.parquet"
+    shutil.copytree(data_path, nested / "year=2026")
+    (nested / "year=2025").symlink_to(outside / "fashion.parquet")
+    # Links that stay inside the root, and a cycle, are fine.
+    (root / "alias.parquet").symlink_to(root / "fashion.parquet")
+    (root / "fashion.parquet" / "loop").symlink_to(root / "fashion.parquet")
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
+                            allowed_data_roots=[str(root)])
+    try:
+        secret = secrets[1][8]
+        good = Job(secret, "linked", str(root / "alias.parquet"), 1, 1, _trainer()).payload()
+        for path in [root / "escape.parquet", mixed, nested]:
+            status, answer = _raw(running.url, "/api/submit", secret,
+                                  {**good, "data_path": str(path)})
+            assert status == 400 and "outside the allowed data roots" in answer["error"], \
+                (path, answer)
+            status, answer = _raw(running.url, "/api/submit", secret,
+                                  {**good, "train_options": {"validation": str(path)}})
+            assert status == 400 and "train_options.validation" in answer["error"], answer
+        assert running.punchcard.store.by_state("queued") == []
+        assert _raw(running.url, "/api/submit", secret, good)[0] == 200
+        # The job's files are private to the server's user (umask aside).
+        job_dir = running.punchcard.store.by_state("queued")[0]["job_dir"]
+        for folder in [running.punchcard.work_dir, os.path.dirname(job_dir), job_dir]:
+            assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+    finally:
+        running.stop()
+    # A root that is itself a link is resolved the same way as the paths under it.
+    (tmp_path / "root-link").symlink_to(root)
+    assert _check_data_path(f"{tmp_path}/root-link/fashion.parquet",
+                            [f"{tmp_path}/root-link"]) == f"{tmp_path}/root-link/fashion.parquet"
+    with pytest.raises(BadRequest, match="outside the allowed data roots"):
+        _check_data_path(f"{tmp_path}/root-link/escape.parquet", [f"{tmp_path}/root-link"])
+    with pytest.raises(BadRequest, match="outside the allowed data roots"):
+        _check_data_path(f"file://{root}/escape.parquet", [f"file://{root}"])
 
 
 def _free_port():

@@ -1,0 +1,101 @@
+"""Whether a data path a Punchcard client names stays under the server's allowed roots.
+
+A string prefix check alone lets a symbolic link under a root (``/data/x -> /etc``, or a
+link among a Parquet folder's part files) send Spark to read outside the roots, and the
+trained model would then carry what it learned from that data back to the client. So a
+local path (no scheme, or ``file:``) is also resolved, link by link, and so is every
+entry of the folder Spark would list; URLs of other file systems (``hdfs://``,
+``s3a://``) are checked by prefix only, as this server cannot see their links.
+
+What this cannot prevent: a user who may write under a root swapping a link between the
+check (at submission) and the job's read.
+"""
+
+import os
+import re
+import urllib.parse
+
+# A URL scheme (RFC 3986) followed by ':', as Hadoop reads one.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+# How many entries of a folder are resolved before the submission is refused: the check
+# runs in a request thread, and a data folder of more files than this is unusual.
+MAX_ENTRIES_CHECKED = 200_000
+
+
+class OutsideRoots(ValueError):
+    """A path that resolves outside the allowed roots (its message says which entry)."""
+
+
+def local_path(path):
+    """The local file system path that ``path`` names, or None for another file system.
+
+    Args:
+        path: A path as Spark reads it: ``/a/b``, ``file:///a/b``, ``hdfs://nn/a``.
+    """
+    if path.startswith("file:"):
+        return urllib.parse.unquote(urllib.parse.urlparse(path).path)
+    if _SCHEME.match(path):
+        return None
+    return path
+
+
+def local_roots(roots):
+    """The real (links resolved) paths of the roots that are local paths."""
+    return tuple(os.path.realpath(root) for root in map(local_path, roots) if root is not None)
+
+
+def _is_under(real_path, real_roots):
+    return any(real_path == root or real_path.startswith(root.rstrip("/") + "/")
+               for root in real_roots)
+
+
+def check_resolves_under(path, roots):
+    """Refuses a local ``path`` that is, or holds, a link to a place outside ``roots``.
+
+    Args:
+        path: The data path as the client gave it (already under a root by prefix).
+        roots: The allowed roots, as the administrator gave them.
+
+    Raises:
+        OutsideRoots: The path, or an entry of the folder it names (files and folders
+            at any depth, links followed), resolves outside every local root; or the
+            folder holds more than `MAX_ENTRIES_CHECKED` entries.
+    """
+    local = local_path(path)
+    real_roots = local_roots(roots)
+    if local is None or not real_roots:
+        return
+    real = os.path.realpath(local)
+    if not _is_under(real, real_roots):
+        raise OutsideRoots(f"{path!r} resolves to {real!r}, outside the allowed data roots "
+                           "(a symbolic link leads out of them).")
+    _check_entries_under(path, real, real_roots)
+
+
+def _check_entries_under(path, real_folder, real_roots):
+    """Resolves every entry below ``real_folder`` (a loop over folders, each seen once, so
+    a link cycle ends)."""
+    if not os.path.isdir(real_folder):
+        return
+    pending, seen, checked = [real_folder], {real_folder}, 0
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue  # unreadable here: Spark, as the same user, cannot read it either
+        for entry in entries:
+            checked += 1
+            if checked > MAX_ENTRIES_CHECKED:
+                raise OutsideRoots(
+                    f"{path!r} holds more than {MAX_ENTRIES_CHECKED:,} files and folders, more "
+                    "than this server checks against its allowed data roots: give a folder "
+                    "with fewer entries.")
+            real = os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+            if not _is_under(real, real_roots):
+                raise OutsideRoots(
+                    f"{entry.path!r} in {path!r} is a link to {real!r}, outside the allowed "
+                    "data roots.")
+            if os.path.isdir(real) and real not in seen:
+                seen.add(real)
+                pending.append(real)
