@@ -57,7 +57,15 @@ _GLOB_CHARACTERS = set("{}[]*?\\,")
 
 
 class JobError(RuntimeError):
-    """The server refused a request, or the job failed, was cancelled or was lost."""
+    """The server refused a request, or the job failed, was cancelled or was lost.
+
+    Attributes:
+        status: The HTTP status of the server's refusal, or None.
+    """
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
 
 
 class ServerUnreachable(JobError):
@@ -122,8 +130,8 @@ class Job:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as error:
-            raise JobError(f"Punchcard answered {error.code}: {_error_message(error)}") \
-                from error
+            raise JobError(f"Punchcard answered {error.code}: {_error_message(error)}",
+                           status=error.code) from error
         # HTTPException: the connection was cut mid-answer (IncompleteRead), as in a
         # restart: transient, as an unreachable server is (wait_completion polls on).
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
@@ -286,20 +294,37 @@ class Job:
     def destroy(self):
         """Deletes the job on the server, freeing the secret for another job.
 
-        A finished job's model and history are kept here (as by `wait_completion`);
-        returns ``{"state", "error"}`` of the job as it was.
+        A finished job's model and histories are fetched first and kept here (as by
+        `wait_completion`), so a connection cut on the way loses nothing: the job stays on
+        the server until its results are here. Returns ``{"state", "error"}`` of the job
+        as it was.
 
         Raises:
             JobError: If the job is still queued or running (cancel it first), or the
                 server has no job for this secret.
         """
-        answer = self._request("GET", "/api/destroy", timeout=300)
-        if answer.get("model") is not None:
-            self.model_bytes = base64.b64decode(answer["model"])
-            self.history = answer["history"]
-            self.validation_history = answer.get("validation_history") or []
+        if self.model_bytes is None:
+            self._fetch_result()
+        answer = self._request("GET", "/api/destroy?results=no")
         self.state = answer.get("state")
         return {"state": answer.get("state"), "error": answer.get("error")}
+
+    def _fetch_result(self):
+        """Keeps a finished job's model and histories; nothing for a job that did not
+        finish (the server answers 409)."""
+        try:
+            answer = self._request("GET", "/api/result", timeout=300)
+        except JobError as error:
+            if error.status == 409:
+                return
+            raise
+        if not isinstance(answer.get("model"), str) or not isinstance(answer.get("history"),
+                                                                      list):
+            raise JobError(f"{self.url} answered /api/result without a model and history: "
+                           "is it a Punchcard server's address?")
+        self.model_bytes = base64.b64decode(answer["model"])
+        self.history = answer["history"]
+        self.validation_history = answer.get("validation_history") or []
 
     def get_trained_model(self):
         """The trained model, compiled as the trainer compiles its result.
@@ -855,31 +880,35 @@ class Punchcard:
                 logger.warning("Job %s: process %s did not exit after SIGKILL", job_id, pid)
 
     def destroy(self, job):
-        """Returns the model and history of a finished job (None for the others), then
-        deletes the job.
+        """Deletes the job (its row and files).
 
         Returns:
-            ``{"model", "history", "validation_history"}``, or None when another request
-            destroyed the job first (two clients, or a retried request): the job is gone,
-            and reading its deleted files would fail.
+            Whether this call deleted it: False when another request destroyed the job
+            first (two clients, or a retried request).
         """
         with self._lock:
             if job["id"] in self._destroying:
-                return None
+                return False
             self._destroying.add(job["id"])
         try:
             # The row read before the claim may be of a job another request has deleted,
             # and the secret may have its next job since: that one is not this request's.
             if self._current_row(job) is None:
-                return None
-            result = {"model": None, "history": None, "validation_history": None}
-            if job["state"] == "finished":
-                result = self._results(job)
+                return False
             self.forget(job)
-            return result
+            return True
         finally:
             with self._lock:
                 self._destroying.discard(job["id"])
+
+    def results(self, job):
+        """A finished job's results (`_results`), or None if it was destroyed meanwhile."""
+        try:
+            return self._results(job)
+        except OSError:
+            if self._current_row(job) is None:
+                return None  # its files deleted under this read
+            raise
 
     @staticmethod
     def _results(job):
@@ -1104,7 +1133,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
     @app.errorhandler(404)
     def not_found(_error):
         return error(404, f"No such endpoint: {request.path}. The endpoints are POST "
-                          "/api/submit and GET /api/state, /api/cancel, /api/destroy.")
+                          "/api/submit and GET /api/state, /api/result, /api/cancel, /api/destroy.")
 
     @app.errorhandler(500)
     def internal_error(_error):
@@ -1174,20 +1203,36 @@ def create_app(punchcard, max_request_bytes=256 << 20):
                               "job can be cancelled.")
         return jsonify(punchcard.public_state(current))
 
+    @app.get("/api/result")
+    def result():
+        job, failure = own_job()
+        if failure:
+            return failure
+        if job["state"] != "finished":
+            return error(409, f"The job is {job['state']}: only a finished job has a "
+                              "trained model.")
+        results = punchcard.results(job)
+        if results is None:
+            return error(404, "This secret has no job: another request destroyed it.")
+        return jsonify({**results, "state": "finished"})
+
     @app.get("/api/destroy")
     def destroy():
+        # A finished job's model and histories come with the answer, unless the client
+        # says it has them (``?results=no``): distkeras's client fetches them from
+        # /api/result first, as they are deleted here before this answer is sent, and a
+        # cut connection would lose them.
         job, failure = own_job()
         if failure:
             return failure
         if job["state"] in ("queued", "running"):
             return error(409, "The job is still running: wait for it or cancel it first.")
-        results = punchcard.destroy(job)
-        if results is None:
+        results = {"model": None, "history": None, "validation_history": None}
+        if job["state"] == "finished" and request.args.get("results") != "no":
+            results = punchcard.results(job)
+        if results is None or not punchcard.destroy(job):
             return error(404, "This secret has no job: another request destroyed it.")
-        if job["state"] != "finished":
-            return jsonify({"model": None, "history": None, "state": job["state"],
-                            "error": job["error"]})
-        return jsonify({**results, "state": "finished", "error": None})
+        return jsonify({**results, "state": job["state"], "error": job["error"]})
 
     return app
 

@@ -184,7 +184,9 @@ class _MisbehavingHandler:
         "/list": (200, b"[1, 2]", None),
         "/error-list": (500, b"[1, 2]", None),
         "/cut": (200, b'{"state": "runn', 100),  # says 100 bytes, sends 15, closes
+        "/no-model": (200, b'{"state": "finished"}', None),
     }
+    REQUESTED = []
 
 
 @pytest.fixture
@@ -193,6 +195,7 @@ def misbehaving_url():
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
+            _MisbehavingHandler.REQUESTED.append(self.path)
             code, body, claimed = _MisbehavingHandler.ANSWERS[self.path.split("/api")[0]]
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -230,24 +233,24 @@ def test_the_client_names_answers_that_are_not_punchcards(misbehaving_url):
         job_at("/cut").get_state()
     with pytest.raises(JobError, match="unreachable for"):
         job_at("/cut").wait_completion(poll_interval=0.05, max_outage=0.2)
-
-
-class _SlowCheckingPunchcard(Punchcard):
-    """Checks each submission for 3 s, as a model of hundreds of layers takes minutes."""
-
-    def _queue(self, secret_hash, identity, body):
-        time.sleep(3)
-        return super()._queue(secret_hash, identity, body)
+    # A finished job's results cut on their way: the job is not destroyed, so a retry
+    # can still fetch them.
+    del _MisbehavingHandler.REQUESTED[:]
+    with pytest.raises(ServerUnreachable, match="IncompleteRead"):
+        job_at("/cut").destroy()
+    assert _MisbehavingHandler.REQUESTED == ["/cut/api/result"]
+    with pytest.raises(JobError, match="/api/result without a model and history"):
+        job_at("/no-model").destroy()
 
 
 def test_a_submission_that_outlasts_the_clients_timeout_can_be_followed(secrets, tmp_path,
                                                                       data_path):
     running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0,
-                            punchcard_class=_SlowCheckingPunchcard)
+                            punchcard_class=_SlowCheckPunchcard)
     try:
         job = Job(secrets[1][9], "slow", data_path, 1, 1, _trainer())
-        with pytest.raises(JobError, match="did not answer the submission.*within 1 s.*attach"):
-            job.send(running.url, timeout=1)
+        with pytest.raises(JobError, match="did not answer the submission.*within 0.3 s.*attach"):
+            job.send(running.url, timeout=0.3)
         # The server queued it all the same, and the job follows it.
         assert _wait_for(lambda: running.punchcard.store.by_state("queued"), timeout=30)
         assert job.attach(running.url)["state"] == "queued"
@@ -345,6 +348,8 @@ def test_refusals(secrets, tmp_path, data_path):
         # Another secret sees nothing of this job.
         assert _raw(url, "/api/state", secrets[1][4])[0] == 404
         assert _raw(url, "/api/destroy", secret)[0] == 409  # still running
+        status, answer = _raw(url, "/api/result", secret)
+        assert status == 409 and "only a finished job has a trained model" in answer["error"]
         assert _raw(url, "/api/cancel", secret)[0] == 200
         assert _raw(url, "/api/state", secret)[1]["state"] == "cancelled"
     finally:
@@ -1067,12 +1072,43 @@ def test_concurrent_destroys_of_a_finished_job_give_it_to_one(secrets, tmp_path,
     try:
         secret = secrets[1][20]
         _finished_job(running, secret, data_path)
+        # The results can be read as often as asked, until the job is destroyed.
+        for _ in range(2):
+            status, body = _raw(running.url, "/api/result", secret)
+            assert status == 200 and body["history"] == [{"loss": 1.0}]
+            assert base64.b64decode(body["model"]) == b"model"
         answers = _staggered(3, lambda: _raw(running.url, "/api/destroy", secret))
         assert sorted(status for status, _ in answers) == [200, 404, 404]
         assert all("another request destroyed it" in body["error"]
                    for status, body in answers if status == 404)
+        # As DESIGN.md has it, the destroy's answer holds the results too.
         assert [body["history"] for status, body in answers if status == 200] == \
             [[{"loss": 1.0}]]
+        assert _raw(running.url, "/api/result", secret)[0] == 404
+    finally:
+        running.stop()
+
+
+def test_the_client_fetches_the_results_before_it_destroys_the_job(secrets, tmp_path,
+                                                                    data_path):
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
+    try:
+        secret = secrets[1][23]
+        _finished_job(running, secret, data_path)
+        job = Job(secret, "done", data_path, 1, 1, None)
+        assert job.attach(running.url)["state"] == "finished"
+        assert job.destroy() == {"state": "finished", "error": None}
+        assert job.model_bytes == b"model" and job.get_history() == [{"loss": 1.0}]
+        assert running.punchcard.store.by_secret(secret_hash(secret)) is None
+        # A job that did not finish has no results to fetch: destroyed all the same.
+        Job(secret, "queued", data_path, 1, 1, _trainer()).send(running.url)
+        cancelled = Job(secret, "queued", data_path, 1, 1, None)
+        cancelled.attach(running.url)
+        cancelled.cancel()
+        assert cancelled.destroy()["state"] == "cancelled"
+        assert cancelled.model_bytes is None
+        status, answer = _raw(running.url, "/api/result", secret)
+        assert status == 404 and answer["error"] == "This secret has no job."
     finally:
         running.stop()
 
@@ -1252,7 +1288,7 @@ def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp
             _kill_tree(process.pid, process)
 
 
-def test_a_stale_destroy_after_the_secrets_next_job_was_sent_gives_none(secrets, tmp_path):
+def test_a_stale_destroy_after_the_secrets_next_job_was_sent_deletes_nothing(secrets, tmp_path):
     """A destroy that read its job before another request destroyed it, and acts once the
     secret has its next job: it went on to read the deleted job's files (a 500)."""
     running = RunningServer(secrets[0], str(tmp_path / "work"), max_running=0)
@@ -1262,7 +1298,8 @@ def test_a_stale_destroy_after_the_secrets_next_job_was_sent_gives_none(secrets,
         stale = running.punchcard.job_of(secret_hash(secret))  # as the destroy read it
         assert _raw(running.url, "/api/destroy", secret)[0] == 200
         Job(secret, "next", str(tmp_path), 1, 1, _trainer()).send(running.url)
-        assert running.punchcard.destroy(stale) is None
+        assert running.punchcard.results(stale) is None
+        assert running.punchcard.destroy(stale) is False
         assert running.punchcard.store.by_secret(secret_hash(secret))["name"] == "next"
     finally:
         running.stop()
