@@ -70,6 +70,12 @@ class RefusedUpdate(Exception):
     """A well-formed commit that is not applied (for example NaN or infinite values)."""
 
 
+# Floating-point errors that make a rule's new center non-finite from finite operands: a
+# float32 sum past 3.4e38 overflows to inf, and inf - inf or 0 * inf gives NaN. Raising
+# costs nothing: numpy reads the FPU's flags after every ufunc anyway (to warn by default).
+_NON_FINITE_ERRORS = {"over": "raise", "invalid": "raise"}
+
+
 class ParameterServer:
     """Holds the center variable and the update counter.
 
@@ -204,29 +210,56 @@ class SocketParameterServer(ParameterServer):
         logger.info("Parameter server %s listening on %s:%s",
                     type(self).__name__, self.host, self.port)
 
+    # The most stop() waits, in all, for the connections' threads once it shut them down.
+    STOP_JOIN_SECONDS = 10.0
+
     def stop(self, grace_seconds=1.0):
-        """Stops accepting, closes every connection and joins the threads.
+        """Stops accepting, ends every connection and joins the threads.
 
         Args:
             grace_seconds: How long connections may take to end on their own first, so
                 what finished workers sent last (their final history) is still read.
         """
         self._running = False
-        if self._server_socket is not None:
-            networking.close_socket(self._server_socket)
-        if self._accept_thread is not None:
-            # Once the accept loop has ended no connection can be added, so the snapshot
-            # below holds every one (a connection accepted during stop() is not left open).
-            self._accept_thread.join(timeout=10)
+        self._stop_accepting()
         if grace_seconds:
             self.wait_for_goodbyes(grace_seconds)
+        self._end_connections()
+
+    def _stop_accepting(self):
+        """Ends the accept loop, then closes the listening socket.
+
+        Shut down first and closed once the loop has ended: closed under a blocked
+        accept(), its descriptor's number could go to the next server's listening socket
+        (a trainer's next run), whose connections this loop would then take.
+        """
+        if self._server_socket is not None:
+            networking.shutdown_socket(self._server_socket)  # wakes accept()
+        if self._accept_thread is not None:
+            # Once the accept loop has ended no connection can be added, so the snapshot
+            # in `_end_connections` holds every one (none accepted during stop() is left).
+            self._accept_thread.join(timeout=10)
+        if self._server_socket is not None:
+            self._server_socket.close()
+
+    def _end_connections(self):
+        """Shuts every connection down and waits for its thread, which closes it.
+
+        Only shut down here: a handler may be between two reads of a frame, or reading
+        the commits already buffered, and a socket closed under it leaves it reading or
+        writing a descriptor whose number the OS may have given to a file opened since.
+        Shut down, its next read or write ends at once.
+        """
         with self._history_lock:
             connections = list(self._connections)
-            threads = list(self._threads)
         for conn in connections:
-            conn.close()
-        for thread in threads:
-            thread.join(timeout=10)
+            conn.shutdown()
+        if not self.wait_for_goodbyes(self.STOP_JOIN_SECONDS):
+            with self._history_lock:
+                running = len(self._threads)
+            logger.warning("%s connection threads of the parameter server on port %s did "
+                           "not end within %s s of stop(); each closes its connection as "
+                           "it ends.", running, self.port, self.STOP_JOIN_SECONDS)
 
     def finished(self):
         """The ids of the workers that said goodbye (a copy)."""
@@ -605,6 +638,33 @@ class SocketParameterServer(ParameterServer):
             raise RefusedUpdate("it holds NaN or infinite values")
         return update
 
+    def apply_rule(self, rule, *args):
+        """Replaces the center with ``rule(center, *args)``; call under ``self.mutex``.
+
+        A finite update can still make the center infinite (3e38 added to a center near
+        3e38 in float32), and every worker would pull that center from then on: such an
+        update is refused as a non-finite one is, and the center stays as it was (rules
+        return a new center, they never modify it in place).
+
+        Args:
+            rule: An `update_rules` function of the center and ``args``.
+            *args: The rule's other arguments (the commit's update, ...).
+
+        Raises:
+            RefusedUpdate: If the rule's arithmetic overflowed or gave NaN (unless
+                ``allow_nonfinite``).
+        """
+        if self.allow_nonfinite:
+            self.center_variable = rule(self.center_variable, *args)
+            return
+        try:
+            with np.errstate(**_NON_FINITE_ERRORS):
+                center = rule(self.center_variable, *args)
+        except FloatingPointError as error:
+            raise RefusedUpdate(f"applying it would make the center non-finite ({error})") \
+                from None
+        self.center_variable = center
+
     def handle_pull(self, conn, addr):
         """Sends the center variable and the update count read under one lock."""
         with self.mutex:
@@ -714,7 +774,7 @@ class DeltaParameterServer(SocketParameterServer):
         data = recv_data(conn)
         delta = self.model_update(data.get("delta"))
         with self.mutex:
-            self.center_variable = update_rules.add_update(self.center_variable, delta)
+            self.apply_rule(update_rules.add_update, delta)
             self.next_update(conn)
 
 
@@ -727,7 +787,7 @@ class ADAGParameterServer(SocketParameterServer):
         data = recv_data(conn)
         residual = self.model_update(data["residual"] if "residual" in data else data.get("delta"))
         with self.mutex:
-            self.center_variable = update_rules.add_update(self.center_variable, residual)
+            self.apply_rule(update_rules.add_update, residual)
             self.next_update(conn)
 
 
@@ -748,8 +808,8 @@ class DynSGDParameterServer(SocketParameterServer):
         with self.mutex:
             # A worker cannot have seen more updates than were made; clamp a lying count.
             last_update = min(max(last_update, 0), self.num_updates)
-            self.center_variable = update_rules.dynsgd_update(
-                self.center_variable, delta, self.num_updates, last_update, self.trainable)
+            self.apply_rule(update_rules.dynsgd_update, delta, self.num_updates, last_update,
+                            self.trainable)
             self.next_update(conn)
 
 
@@ -776,9 +836,8 @@ class ExperimentalParameterServer(SocketParameterServer):
         residual = self.model_update(data.get("delta"))
         stale_center = self.model_update(data.get("center"))
         with self.mutex:
-            self.center_variable = update_rules.experimental_update(
-                self.center_variable, residual, stale_center, self.learning_rate,
-                self.trainable)
+            self.apply_rule(update_rules.experimental_update, residual, stale_center,
+                            self.learning_rate, self.trainable)
             self.next_update(conn)
 
 

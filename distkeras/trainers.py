@@ -1289,8 +1289,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         if num_updates and refused:
             by_worker = getattr(server, "refused_by_worker", {})
             logger.warning(
-                "%s: the parameter server refused %d commits (NaN or infinite values) from "
-                "workers %s; the returned model holds the other %d, so it lacks those "
+                "%s: the parameter server refused %d commits (NaN or infinite values, or "
+                "values that would make the center infinite) from workers %s; the "
+                "returned model holds the other %d, so it lacks those "
                 "workers' training since their first refusal. A NaN loss usually means a "
                 "learning rate too high or values too large for float32 in that worker's "
                 "data (NaN or infinite values stop the training as they are fed); Keras's "

@@ -133,7 +133,10 @@ def experimental_update(center, residual, stale_center, learning_rate, trainable
         trainable: Optional flags, one per weight: where False (a non-trainable weight),
             the residual is added undamped.
     """
-    damping = (1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0
+    # A disagreement too large to square in float32 damps its weight's residual to 0, the
+    # rule's limit: that overflow is no error (the server raises on the sum's).
+    with np.errstate(over="ignore"):
+        damping = (1.0 / learning_rate) * (center - stale_center) ** 2 + 1.0
     return _in_dtypes(center + _divided(residual, damping, trainable), center)
 
 

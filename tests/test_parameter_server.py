@@ -1,5 +1,6 @@
 """Update rules and the socket parameter servers, over real loopback TCP; no Spark."""
 
+import errno
 import socket
 import struct
 import threading
@@ -17,6 +18,7 @@ from distkeras.parameter_servers import (
     ADAGParameterServer,
     DeltaParameterServer,
     DynSGDParameterServer,
+    ExperimentalParameterServer,
     SocketParameterServer,
 )
 from ps_support import BIAS, KERNEL, make_model
@@ -758,6 +760,69 @@ def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, 
     assert "Too many open files" in caplog.text and "ulimit -n" in caplog.text
 
 
+# -- commits that would overflow the center --------------------------------------------------
+
+# float32's largest is 3.4e38: a center near it plus a commit near it is inf.
+LARGE = np.float32(3e38)
+LARGE_KERNEL = np.where(KERNEL > 0, LARGE, KERNEL)  # large where KERNEL is positive
+
+# Every server whose rule adds a commit into the center, with what its commit carries
+# besides the update: DynSGD's last update seen, Experimental's stale center (the center
+# itself: no disagreement, so the residual is added whole).
+ADDING_SERVERS = [
+    (DeltaParameterServer, {}),
+    (ADAGParameterServer, {}),
+    (DynSGDParameterServer, {"last_update": 0}),
+    (ExperimentalParameterServer, {"center": [LARGE_KERNEL, BIAS]}),
+]
+
+
+@pytest.mark.parametrize("server_cls, extra", ADDING_SERVERS,
+                         ids=[cls.__name__ for cls, _ in ADDING_SERVERS])
+def test_a_finite_commit_that_would_overflow_the_center_is_refused(servers, server_cls,
+                                                                   extra):
+    server = servers(server_cls, model=make_model(kernel=LARGE_KERNEL))
+    client = Client(server, 4)
+    # Finite, so it passes the NaN check; the bias alone would add fine.
+    client.commit([np.full((3, 2), LARGE), np.full(2, 1.0, np.float32)], **extra)
+    reply = client.pull()  # the connection stays open, as after a NaN commit
+    assert reply["num_updates"] == 0
+    assert_weights_equal(reply["center"], [LARGE_KERNEL, BIAS])
+    assert server.refused == 1 and server.refused_by_worker == {4: 1}
+    assert server.staleness == [] and server.errors == []
+    client.commit(layers(0.0, 1.0), **extra)  # an update that fits is applied
+    reply = client.pull()
+    client.quit()
+    assert reply["num_updates"] == 1
+    assert_weights_equal(reply["center"], [LARGE_KERNEL, BIAS + 1])
+    assert all(np.isfinite(layer).all() for layer in center_copy(server))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in add:RuntimeWarning")
+def test_allow_nonfinite_applies_a_commit_that_overflows(servers):
+    server = servers(model=make_model(kernel=LARGE_KERNEL))
+    server.allow_nonfinite = True
+    client = Client(server, 0)
+    client.commit([np.full((3, 2), LARGE), np.zeros(2, np.float32)])
+    reply = client.pull()
+    client.quit()
+    assert server.refused == 0 and reply["num_updates"] == 1
+    assert_weights_equal(reply["center"], [np.where(KERNEL > 0, np.inf, KERNEL + LARGE), BIAS])
+
+
+def test_an_experimental_damping_that_overflows_is_no_refusal(servers):
+    """A disagreement too large to square in float32 damps its residual to nothing: the
+    overflow is the rule's, not the center's, and the commit is applied."""
+    server = servers(ExperimentalParameterServer, learning_rate=1.0)
+    client = Client(server, 0)
+    stale = [KERNEL + np.float32(2e19), BIAS]  # (C - C_stale)**2 = 4e38: inf
+    client.commit(layers(1.0, 1.0), center=stale)
+    reply = client.pull()
+    client.quit()
+    assert server.refused == 0 and reply["num_updates"] == 1
+    assert_weights_equal(reply["center"], [KERNEL, BIAS + 1])
+
+
 # -- life cycle ------------------------------------------------------------------------------
 
 
@@ -841,6 +906,82 @@ def test_stop_while_clients_keep_connecting(model):
         for sock in opened:
             sock.close()
         assert leaked == [], "a connection accepted during stop() was left open"
+
+
+def spy_on_closed_descriptors(monkeypatch):
+    """Records each read or write of a connection whose socket was closed under it (EBADF):
+    by then the OS may have given its number to a file or socket opened since."""
+    bad = []
+
+    def spied(name):
+        original = getattr(networking.Connection, name)
+
+        def call(self, *args):
+            try:
+                return original(self, *args)
+            except OSError as error:
+                if error.errno == errno.EBADF:
+                    bad.append(name)
+                raise
+        monkeypatch.setattr(networking.Connection, name, call)
+
+    spied("recv_into")
+    spied("sendall")
+    return bad
+
+
+def busy_clients(server, frame):
+    """Nine clients caught mid-exchange: three mid-frame in a commit, three streaming
+    commits (the server reads the ones buffered), three that pull and do not read (the
+    server is blocked sending weights larger than the socket buffers)."""
+    clients, streaming = [], threading.Event()
+
+    def stream(sock):
+        while not streaming.is_set():
+            try:
+                networking.send_action(sock, networking.ACTION_COMMIT)
+                sock.sendall(frame)
+            except OSError:
+                return
+
+    for worker_id in range(9):
+        client = Client(server, worker_id)
+        kind = worker_id % 3
+        if kind == 0:
+            networking.send_action(client.sock, networking.ACTION_COMMIT)
+            client.sock.sendall(frame[:len(frame) // 2])
+        elif kind == 1:
+            threading.Thread(target=stream, args=(client.sock,), daemon=True).start()
+        else:
+            for _ in range(3):
+                networking.send_action(client.sock, networking.ACTION_PULL)
+        clients.append(client)
+    return clients, streaming
+
+
+def test_stop_with_clients_mid_frame_closes_no_socket_under_its_reader(monkeypatch, caplog):
+    """stop() used to close every socket while its handler could still be reading or
+    writing it: a handler between two reads of a frame, or reading the commits already
+    buffered, then used a closed descriptor, one the OS may have reused meanwhile."""
+    bad = spy_on_closed_descriptors(monkeypatch)
+    model = keras.Sequential([keras.Input((500,)), keras.layers.Dense(1000)])  # 2 MB
+    server = DeltaParameterServer(model, 0)
+    server.start()
+    delta = weights_array(np.zeros(w.shape, w.dtype) for w in server.center_variable)
+    frame = networking.encode_message({"delta": delta})
+    clients, streaming = busy_clients(server, frame)
+    time.sleep(0.3)  # every handler in its read or its send
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+        server.stop()
+    took = time.monotonic() - started
+    streaming.set()
+    for client in clients:
+        expect_closed_by_server(client.sock, within=2.0)
+    assert bad == []
+    assert server_threads() == [] and server.errors == []
+    assert caplog.records == []
+    assert took < 5  # the grace second, then every handler wakes at once
 
 
 # -- pulls that skip the weights when only the asker's commits changed the center --------
