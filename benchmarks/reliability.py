@@ -53,7 +53,9 @@ LARGE_MODELS = (
     "that names `spark.driver.memory`.")
 
 REFUSALS = (
-    'A refused commit (NaN or infinite values) is logged as it happens, and at the end of '
+    'A refused commit (NaN or infinite values, or finite ones whose sum with the center '
+    'would overflow float32: 3e38 added to a center near 3e38, which would otherwise make '
+    'every later pull infinite) is logged as it happens, and at the end of '
     '`train()` one warning counts the refusals per worker: the returned model lacks those '
     "workers' training since their first refusal. A step that diverges (a learning rate too"
     ' high, values too large for float32) refuses every later commit of its worker, where '
