@@ -284,23 +284,52 @@ def exact_logs(reports):
 
 
 def _result(spec, state):
-    """A metric's result from its summed state, or None where it cannot be computed."""
+    """A metric's result from its summed state, or None where it cannot be computed.
+
+    ``spec`` and ``state`` come from the workers' reports, over the network: a spec that is
+    not what `metric_slots` sends (a mean of other than two parts, a config that is not one
+    of Keras's own metrics, or one that does not build) leaves the steps' mean standing
+    rather than failing the driver's epoch end.
+    """
     if spec.get("mean"):
+        if len(state) != 2:
+            logger.warning("A metric's mean was reported with %d parts, not 2; its epoch "
+                           "value stays the mean of its steps.", len(state))
+            return None
         total, count = (float(np.sum(part)) for part in state)
         return total / count if count else 0.0  # Keras's divide_no_nan
     import keras
 
+    metric_class = _keras_metric_class(spec.get("config"))
+    if metric_class is None:
+        logger.warning("A metric state was reported for %r, not one of Keras's metrics; its "
+                       "epoch value stays the mean of its steps.", spec.get("config"))
+        return None
     try:
         metric = keras.metrics.deserialize(spec["config"])
         _build_like(metric, state)
         for variable, value in zip(metric.variables, state):
             variable.assign(np.asarray(value).astype(variable.dtype))
         result = np.asarray(keras.ops.convert_to_numpy(metric.result()))
-    except (KeyError, TypeError, ValueError) as error:
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as error:
         logger.info("The epoch's %s stays the mean of its steps: %s",
-                    spec.get("config", {}).get("class_name"), error)
+                    metric_class.__name__, error)
         return None
     return float(result) if result.ndim == 0 else None
+
+
+def _keras_metric_class(config):
+    """The class of Keras's own metrics that a reported ``config`` names, or None: the
+    only ones `metric_slots` reports (`additive`)."""
+    import keras
+
+    if not isinstance(config, dict) or not isinstance(config.get("class_name"), str) or \
+            config.get("module") != "keras.metrics":
+        return None
+    metric_class = getattr(keras.metrics, config["class_name"], None)
+    if isinstance(metric_class, type) and issubclass(metric_class, keras.metrics.Metric):
+        return metric_class
+    return None
 
 
 def _build_like(metric, state):

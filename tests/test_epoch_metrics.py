@@ -134,6 +134,29 @@ def test_exact_logs_add_the_workers_states():
     assert exact_logs(reports)["auc"] == pytest.approx(float(whole.result()), rel=1e-6)
 
 
+@pytest.mark.parametrize("spec, state", [
+    ({"mean": True}, [np.ones(1), np.ones(1), np.ones(1)]),  # a mean of three parts
+    ({"config": {"module": "keras.layers", "class_name": "Dense",
+                 "config": {"units": 1}}}, [np.ones(1)]),  # not a metric
+    ({"config": {"module": "keras.metrics", "class_name": "AUC",
+                 "config": {"num_thresholds": "many"}}}, [np.ones(1)]),  # does not build
+    ({"config": {"module": "keras.metrics", "class_name": "AUC",
+                 "config": {}}}, [np.ones(3)]),  # state shaped unlike its variables
+    ({"config": "AUC"}, [np.ones(1)]),
+    ({}, [np.ones(1)]),
+])
+def test_a_report_the_driver_cannot_use_leaves_the_steps_mean(spec, state):
+    """A worker's report is read off the network: one whose spec is not what workers send
+    failed the driver's epoch end (a ValueError unpacking a mean of three parts, an
+    AttributeError building a layer's config), stopping the training."""
+    from distkeras.epoch_metrics import exact_logs
+
+    good = {"worker_id": 0, "epoch": 0, "name": "loss", "spec": {"mean": True},
+            "state": [np.asarray(6.0), np.asarray(3.0)]}
+    bad = {"worker_id": 1, "epoch": 0, "name": "odd", "spec": spec, "state": state}
+    assert exact_logs([good, bad]) == {"loss": 2.0}
+
+
 def test_a_window_returns_only_the_metric_state_the_epoch_adds_up():
     # A MeanIoU over 300 classes keeps the steps' mean (its state is too large to report):
     # the compiled window must not stack a copy of its 300 x 300 state per step.
