@@ -120,9 +120,13 @@ class Connection:
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.sock.settimeout(seconds)
 
-    def shutdown(self):
-        """Ends the connection both ways, waking a thread blocked reading it."""
-        shutdown_socket(self.sock)
+    def shutdown(self, how=socket.SHUT_RDWR):
+        """Ends the connection (both ways unless ``how`` says otherwise), waking a thread
+        blocked reading it; a peer already gone is no error."""
+        try:
+            self.sock.shutdown(how)
+        except OSError:
+            pass
 
     def close(self):
         close_socket(self.sock)

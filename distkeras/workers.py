@@ -12,6 +12,7 @@ optimizer state by `distkeras.model_state`, its exchanges with the server checke
 """
 
 import logging
+import math
 import re
 import time
 
@@ -587,6 +588,12 @@ class SequentialWorker(Worker):
         return message
 
 
+def _variables_bytes(variables):
+    """The bytes of Keras variables' values, from their shapes and dtypes."""
+    return sum(math.prod(variable.shape) * np.dtype(variable.dtype).itemsize
+               for variable in variables)
+
+
 class NetworkWorker(Worker):
     """A worker that talks to the parameter server with `pull()` and `commit()`.
 
@@ -621,10 +628,25 @@ class NetworkWorker(Worker):
 
     def setup(self):
         self._failure_reported = False
-        self.socket = networking.connect(self.master_host, self.master_port,
-                                         timeout=self.connect_timeout)
+        self.socket = networking.Connection(
+            networking.connect(self.master_host, self.master_port,
+                               timeout=self.connect_timeout),
+            max_frame_bytes=self._reply_limit_bytes())
         networking.authenticate(self.socket, self.token, self.worker_id,
                                 networking.task_attempt_id())
+
+    def _reply_limit_bytes(self):
+        """The largest frame this worker reads from its server: room for the weights
+        twice and the optimizer's state (an epoch server's reply), so a model past 2 GiB
+        comes back whole, while a lying length field is still refused."""
+        keras_model = getattr(self.model, "_model", self.model)
+        weights = _variables_bytes(keras_model.weights)
+        optimizer = getattr(keras_model, "optimizer", None)
+        if optimizer is not None and getattr(optimizer, "built", False):
+            state = _variables_bytes(optimizer.variables)
+        else:  # built at the first step: room for Adam's two moments and AMSGrad's third
+            state = 3 * weights
+        return max(networking.DEFAULT_MAX_FRAME_BYTES, 2 * weights + state + (1 << 20))
 
     def teardown(self):
         if self.socket is None:

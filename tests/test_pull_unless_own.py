@@ -102,3 +102,29 @@ def test_two_workers_commit_everything_and_the_last_holds_the_final_center():
     last = max(trained, key=lambda worker: worker.last_update)
     for center, pulled in zip(server.center_variable, last.center_variable):
         np.testing.assert_array_equal(pulled, center)
+
+
+def test_a_worker_reads_replies_as_large_as_its_model(monkeypatch):
+    """A worker read its server's frames under a fixed limit (2 GiB) while the server's
+    grows with the model, so a model past it (SingleTrainer's epoch server sends about
+    180M float32 weights with Adam's state in 2 GiB) could not come back. Here that fixed
+    limit is 1 KiB and the model's weights 1.4 MB: pulled whole every window."""
+    from distkeras import networking
+
+    monkeypatch.setattr(networking, "DEFAULT_MAX_FRAME_BYTES", 1024)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(600, activation="relu"),
+                              keras.layers.Dense(600, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    assert sum(weight.nbytes for weight in model.get_weights()) > (1 << 20) + 1024
+    server = CountingADAGServer(model)
+    server.start()
+    try:
+        worker = make_worker(AlwaysSendingWorker, server, serialize_model(model), window=8)
+        worker.run(0, record_batches(rows=256), [(3,)])
+        assert server.wait_for_goodbyes(timeout=10)
+        assert server.weights_sent == server.num_updates + 1 == 3  # 16 steps, window 8
+        for pulled, center in zip(worker.center_variable, server.center_variable):
+            np.testing.assert_array_equal(pulled, center)
+    finally:
+        server.stop()
