@@ -158,6 +158,23 @@ def _getter(param_name):
     return get_value
 
 
+def _set_params(self, **values):
+    """Sets the Params named (``setParams(inputCol="pixels", outputCol="features")``) and
+    returns the stage, as the ``setParams`` of Spark's own stages does.
+
+    Raises:
+        ValueError: For a name that is no Param of the stage (a constructor's
+            ``input_col``, say), listing those there are.
+    """
+    unknown = [name for name in values if not self.hasParam(name)]
+    if unknown:
+        raise ValueError(
+            f"{type(self).__name__} has no Param {unknown[0]!r}; its Params are "
+            f"{sorted(param.name for param in self.params)} (setParams takes the Params' "
+            "names, as Spark's stages do: inputCol=..., not the constructor's input_col=...).")
+    return self._set(**values)
+
+
 def _require(instance, param):
     """The value of a Param, or a ValueError saying that it must be set."""
     if not instance.isDefined(param):
@@ -224,6 +241,7 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
                          DefaultParamsWritable):
     """Base of the transformers here: one input column in, one output column added."""
 
+    setParams = _set_params
     setInputCol = _setter("inputCol")
     setOutputCol = _setter("outputCol")
 
@@ -427,6 +445,7 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
         output_col: Name of the column the fitted transformer adds.
     """
 
+    setParams = _set_params
     setInputCol = _setter("inputCol")
     setOutputCol = _setter("outputCol")
 

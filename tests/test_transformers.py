@@ -462,3 +462,18 @@ def test_packing_a_null_row_names_the_column_and_what_to_do(spark):
                                         r"arrays.*dropna\(subset=\['pixels'\]\)"):
         PackedTensorTransformer("pixels", "packed").transform(frame).collect()
     assert issubclass(InvalidDataError, ValueError)
+
+
+@pytest.mark.parametrize("stage_class", _stage_classes(), ids=lambda cls: cls.__name__)
+def test_every_stage_sets_params_with_set_params_as_spark_stages_do(stage_class):
+    """Spark's stages take ``stage.setParams(inputCol=..., outputCol=...)``; distkeras's
+    raised AttributeError. It sets the Params named (Spark's names), returns the stage, and
+    a name that is no Param of it is refused, listing those there are."""
+    stage = stage_class()
+    values = {param.name: _PARAM_VALUES[param.name] for param in stage.params}
+    assert stage.setParams(**values) is stage
+    for name, value in values.items():
+        assert stage.getOrDefault(name) == value, name
+    with pytest.raises(ValueError, match=f"{stage_class.__name__} has no Param 'input_col'; "
+                                         "its Params are \\["):
+        stage.setParams(input_col="x")
