@@ -100,9 +100,21 @@ def _settle():
         _CACHE["settled"] = True
 
 
+def _call_size(rows, batch_size):
+    """The rows of each model call for a batch of ``rows``: ``batch_size``, or for a batch
+    with fewer rows, the smallest power of two that holds them.
+
+    Padding such a batch to ``batch_size`` ran the model on, and allocated, up to
+    ``batch_size`` rows for a few (a million for 37 with ``batch_size=10**6``); powers of
+    two keep the shapes a compiling backend sees to a few.
+    """
+    return min(batch_size, 1 << max(rows - 1, 0).bit_length())
+
+
 def _predict_in_chunks(model, inputs, batch_size):
     """Predicts ``batch_size`` rows per call; the last chunk is padded to ``batch_size`` rows,
-    so a compiling backend (JAX) compiles one input shape only.
+    so a compiling backend (JAX) compiles one input shape only (a batch of fewer rows: to
+    `_call_size`'s).
 
     Returns:
         One ``(rows, values)`` float32 matrix per model output.
@@ -112,6 +124,7 @@ def _predict_in_chunks(model, inputs, batch_size):
     from distkeras.feed import input_names, model_inputs
 
     rows = len(inputs[0])
+    batch_size = _call_size(rows, batch_size)
     chunks = []  # per call, the list of its outputs
     for start in range(0, rows, batch_size):
         chunk = [array[start:start + batch_size] for array in inputs]
