@@ -358,7 +358,9 @@ class ModelPredictor:
         kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
         # What would fail every task is refused here, from the first row (None: no rows).
-        row = dataframe.select(*map(column, features)).first()
+        # A stream has none to read before it runs (Spark refuses `first()` on it): its
+        # tasks check every row, as they check a DataFrame's rows after the first.
+        row = None if dataframe.isStreaming else dataframe.select(*map(column, features)).first()
         if row is not None:
             check_first_row(row, self.model, features)
         return features, kinds, outputs, row
@@ -386,7 +388,8 @@ class ModelPredictor:
         """Returns ``dataframe`` with the prediction column (``array<float>``) added.
 
         Args:
-            dataframe: A Spark DataFrame holding the feature column(s).
+            dataframe: A Spark DataFrame holding the feature column(s); a streaming one
+                too, whose rows are all checked by its tasks (none is read here).
 
         Returns:
             A new DataFrame (lazy, like any Spark transformation).

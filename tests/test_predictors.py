@@ -274,6 +274,32 @@ def test_a_batch_smaller_than_batch_size_is_padded_to_a_power_of_two_not_to_batc
     assert calls == [8]
 
 
+def test_predicts_a_streaming_dataframe_as_spark_models_transform_one(spark, tmp_path):
+    """Spark's models transform a streaming DataFrame; KerasModel and ModelPredictor read
+    its first row on the driver (``first()``), which Spark refuses for a stream ("Queries
+    with streaming sources must be executed with writeStream.start()"). A stream's rows
+    are now checked by the tasks, as a batch DataFrame's later rows are."""
+    from pyspark.ml.linalg import Vectors
+
+    from distkeras.estimators import KerasModel
+    from distkeras.transformers import LabelIndexTransformer
+
+    model = _mlp((4,), seed=9)
+    x = _features(9, 4)
+    rows = [(i, Vectors.dense(row.tolist())) for i, row in enumerate(x)]
+    spark.createDataFrame(rows, ["id", "features"]).write.parquet(str(tmp_path / "in"))
+    batch = spark.read.parquet(str(tmp_path / "in"))
+    stream = spark.readStream.schema(batch.schema).parquet(str(tmp_path / "in"))
+    predicted = LabelIndexTransformer(3).transform(KerasModel(model).transform(stream))
+    query = predicted.writeStream.format("memory").queryName("streamed_predictions").start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    _, predictions = _predictions(spark.table("streamed_predictions"))
+    np.testing.assert_allclose(predictions, model.predict(x, verbose=0), atol=1e-5)
+
+
 def test_predictor_errors_name_the_column(spark):
     from distkeras.predictors import ModelPredictor
 
