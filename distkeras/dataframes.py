@@ -480,7 +480,7 @@ def sparse_vector_columns(dataframe, names, first_row=None):
     """
     vectors = [name for name in names
                if isinstance(dataframe.schema[name].dataType, VectorUDT)]
-    if not vectors:
+    if not vectors or dataframe.isStreaming:  # a stream's rows cannot be read before it runs
         return set()
     # ``first_row``: that row, already read by the caller (holding ``names``).
     row = first_row if first_row is not None else \

@@ -31,7 +31,8 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.predictors import ModelPredictor, _check_batch_size
-from distkeras.transformers import _getter, _set_given, _setter, _to_int, _to_number
+from distkeras.transformers import (_getter, _set_given, _set_params, _setter, _to_int,
+                                    _to_number)
 from distkeras.validation import as_callback_list
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ def _load_keras_model(spark, path, compile=False):
 class _HasKerasParams(HasPredictionCol):
     batchSize = Param(Params._dummy(), "batchSize", "rows per model call when predicting",
                       typeConverter=TypeConverters.toInt)
+    setParams = _set_params
     setPredictionCol = _setter("predictionCol")
     setBatchSize = _setter("batchSize")
     getBatchSize = _getter("batchSize")

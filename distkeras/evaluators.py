@@ -27,7 +27,8 @@ from pyspark.sql import types as T
 
 from distkeras import transformers
 from distkeras.dataframes import column
-from distkeras.transformers import _argmax, _double_array, _getter, _kind, _set_given, _setter
+from distkeras.transformers import (_argmax, _double_array, _getter, _kind, _set_given,
+                                    _set_params, _setter)
 
 logger = logging.getLogger(__name__)
 
@@ -449,6 +450,7 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
                        "score multi-hot labels element by element (Keras's binary "
                        "accuracy, threshold 0.5) instead of by their argmax",
                        typeConverter=TypeConverters.toBoolean)
+    setParams = _set_params
     setPredictionCol = _setter("predictionCol")
     setLabelCol = _setter("labelCol")
     fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits "
@@ -575,6 +577,7 @@ class LossEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
     fromLogits = Param(Params._dummy(), "fromLogits", "whether the predictions are logits "
                        "(the cross-entropies' from_logits)",
                        typeConverter=TypeConverters.toBoolean)
+    setParams = _set_params
     setLoss = _setter("loss")
     getLoss = _getter("loss")
     setFromLogits = _setter("fromLogits")

@@ -100,9 +100,21 @@ def _settle():
         _CACHE["settled"] = True
 
 
+def _call_size(rows, batch_size):
+    """The rows of each model call for a batch of ``rows``: ``batch_size``, or for a batch
+    with fewer rows, the smallest power of two that holds them.
+
+    Padding such a batch to ``batch_size`` ran the model on, and allocated, up to
+    ``batch_size`` rows for a few (a million for 37 with ``batch_size=10**6``); powers of
+    two keep the shapes a compiling backend sees to a few.
+    """
+    return min(batch_size, 1 << max(rows - 1, 0).bit_length())
+
+
 def _predict_in_chunks(model, inputs, batch_size):
     """Predicts ``batch_size`` rows per call; the last chunk is padded to ``batch_size`` rows,
-    so a compiling backend (JAX) compiles one input shape only.
+    so a compiling backend (JAX) compiles one input shape only (a batch of fewer rows: to
+    `_call_size`'s).
 
     Returns:
         One ``(rows, values)`` float32 matrix per model output.
@@ -112,6 +124,7 @@ def _predict_in_chunks(model, inputs, batch_size):
     from distkeras.feed import input_names, model_inputs
 
     rows = len(inputs[0])
+    batch_size = _call_size(rows, batch_size)
     chunks = []  # per call, the list of its outputs
     for start in range(0, rows, batch_size):
         chunk = [array[start:start + batch_size] for array in inputs]
@@ -345,7 +358,9 @@ class ModelPredictor:
         kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
         # What would fail every task is refused here, from the first row (None: no rows).
-        row = dataframe.select(*map(column, features)).first()
+        # A stream has none to read before it runs (Spark refuses `first()` on it): its
+        # tasks check every row, as they check a DataFrame's rows after the first.
+        row = None if dataframe.isStreaming else dataframe.select(*map(column, features)).first()
         if row is not None:
             check_first_row(row, self.model, features)
         return features, kinds, outputs, row
@@ -373,7 +388,8 @@ class ModelPredictor:
         """Returns ``dataframe`` with the prediction column (``array<float>``) added.
 
         Args:
-            dataframe: A Spark DataFrame holding the feature column(s).
+            dataframe: A Spark DataFrame holding the feature column(s); a streaming one
+                too, whose rows are all checked by its tasks (none is read here).
 
         Returns:
             A new DataFrame (lazy, like any Spark transformation).

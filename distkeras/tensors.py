@@ -62,7 +62,14 @@ def _binary_array(flat_values, byte_offsets):
         [None, pa.py_buffer(byte_offsets.astype(np.int32)), pa.py_buffer(flat_values)])
 
 
-def _row_bounds(column):
+def _null_error(name, what, fix):
+    """The error for nulls met while packing: naming the column when known, as the feed
+    does, and an `InvalidDataError` (a ValueError), which Spark's retries would meet again."""
+    column_name = "The column" if name is None else f"Column {name!r}"
+    return InvalidDataError(f"{column_name} holds {what}; {fix}")
+
+
+def _row_bounds(column, name=None):
     """The flat values of a (nested) list array and each row's ``[start, end)`` into them."""
     bounds = np.arange(len(column) + 1, dtype=np.int64)
     values = column
@@ -75,25 +82,31 @@ def _row_bounds(column):
         else:
             return values, bounds
         if values.null_count:
-            raise ValueError("The column holds null arrays; drop or fill them before packing.")
+            subset = "" if name is None else f" (for example `df.dropna(subset=[{name!r}])`)"
+            raise _null_error(name, "null arrays", f"drop or fill them before packing{subset}.")
         bounds = offsets[bounds]
         values = values.values  # the whole child array: `offsets` index into it
 
 
-def pack_arrow_column(column):
+def pack_arrow_column(column, name=None):
     """An Arrow column of (nested) lists of numbers as packed float32 rows.
 
     Rows may differ in length; training and prediction check each row's length against the
     model's input.
 
+    Args:
+        column: The Arrow list array.
+        name: The Spark column it holds, named in the errors (None: not named).
+
     Raises:
-        ValueError: For null arrays or null values, or a column that is not lists.
+        ValueError: For a column that is not lists; `InvalidDataError` (a ValueError) for
+            null arrays or null values.
     """
     if not is_list_type(column.type):
         raise ValueError(f"Only arrays of numbers can be packed; got Arrow type {column.type}.")
-    values, bounds = _row_bounds(column)
+    values, bounds = _row_bounds(column, name)
     if values.null_count:
-        raise ValueError("The column holds null values inside its arrays; fill them first.")
+        raise _null_error(name, "null values inside its arrays", "fill them first.")
     flat = values.to_numpy(zero_copy_only=False)[bounds[0]:bounds[-1]]
     flat = np.ascontiguousarray(flat, dtype=PACKED_DTYPE)
     return _binary_array(flat, (bounds - bounds[0]) * PACKED_DTYPE.itemsize)
@@ -146,8 +159,12 @@ def packed_size(value):
     return len(value) // PACKED_DTYPE.itemsize
 
 
-def pack_udf():
-    """A Spark Arrow UDF that packs an array column (``array<...<number>>``) into binary."""
+def pack_udf(name=None):
+    """A Spark Arrow UDF that packs an array column (``array<...<number>>``) into binary.
+
+    Args:
+        name: The column it packs, named in its errors (None: not named).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -155,6 +172,6 @@ def pack_udf():
         from distkeras.tensors import pack_arrow_column
 
         for column in batches:
-            yield pack_arrow_column(column)
+            yield pack_arrow_column(column, name)
 
     return F.arrow_udf(pack, T.BinaryType())

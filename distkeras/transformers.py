@@ -158,6 +158,23 @@ def _getter(param_name):
     return get_value
 
 
+def _set_params(self, **values):
+    """Sets the Params named (``setParams(inputCol="pixels", outputCol="features")``) and
+    returns the stage, as the ``setParams`` of Spark's own stages does.
+
+    Raises:
+        ValueError: For a name that is no Param of the stage (a constructor's
+            ``input_col``, say), listing those there are.
+    """
+    unknown = [name for name in values if not self.hasParam(name)]
+    if unknown:
+        raise ValueError(
+            f"{type(self).__name__} has no Param {unknown[0]!r}; its Params are "
+            f"{sorted(param.name for param in self.params)} (setParams takes the Params' "
+            "names, as Spark's stages do: inputCol=..., not the constructor's input_col=...).")
+    return self._set(**values)
+
+
 def _require(instance, param):
     """The value of a Param, or a ValueError saying that it must be set."""
     if not instance.isDefined(param):
@@ -179,9 +196,13 @@ def _to_number(value):
 
 
 def _to_int(value):
-    """TypeConverter: a whole number, numpy's included (booleans are refused)."""
+    """TypeConverter: a whole number, numpy's included (booleans are refused).
+
+    Only a TypeError names the Param (Spark's ``_set`` adds its name to those alone), so
+    infinities and NaN, which ``int()`` meets with an OverflowError or a ValueError, are
+    refused before it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
-            float(value) != int(value):
+            not math.isfinite(value) or float(value) != int(value):
         raise TypeError(f"Expected an integer. Received: {value!r}")
     return int(value)
 
@@ -220,6 +241,7 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
                          DefaultParamsWritable):
     """Base of the transformers here: one input column in, one output column added."""
 
+    setParams = _set_params
     setInputCol = _setter("inputCol")
     setOutputCol = _setter("outputCol")
 
@@ -423,6 +445,7 @@ class StandardEstimator(Estimator, HasInputCol, HasOutputCol, DefaultParamsReada
         output_col: Name of the column the fitted transformer adds.
     """
 
+    setParams = _set_params
     setInputCol = _setter("inputCol")
     setOutputCol = _setter("outputCol")
 
@@ -527,8 +550,8 @@ class ReshapeTransformer(_ColumnTransformer):
 
     def __init__(self, input_col=None, output_col=None, shape=None):
         super().__init__()
-        _set_given(self, inputCol=input_col, outputCol=output_col,
-                   shape=list(shape) if shape is not None else None)
+        # The Param's converter takes any sequence (and names a value that is none).
+        _set_given(self, inputCol=input_col, outputCol=output_col, shape=shape)
 
     def _expression(self, dataset, input_col):
         shape = _require(self, self.shape)
@@ -579,7 +602,7 @@ class PackedTensorTransformer(_ColumnTransformer):
                 f"Column {input_col!r} holds single numbers; PackedTensorTransformer packs "
                 "arrays of numbers or vectors.")
         values = vector_values(input_col) if kind == "vector" else column(input_col)
-        return pack_udf()(values)
+        return pack_udf(input_col)(values)
 
 
 class LabelIndexTransformer(_ColumnTransformer):
@@ -633,6 +656,8 @@ class LabelIndexTransformer(_ColumnTransformer):
 
     def _expression(self, dataset, input_col):
         size = _require(self, self.outputDim)
+        if size < 1:  # else every row would fail the job as of the wrong length
+            raise ValueError(f"`output_dim` must be an integer >= 1. Received: output_dim={size}")
         values = _double_array(dataset, input_col)
         threshold = self.getOrDefault(self.activationThreshold)
         first_above = F.array_position(F.transform(values, lambda v: v >= threshold), True)

@@ -242,6 +242,64 @@ def test_cached_model_is_rebuilt_only_for_another_key():
         predictors._CACHE.update(saved)
 
 
+def test_a_batch_smaller_than_batch_size_is_padded_to_a_power_of_two_not_to_batch_size():
+    """Every Arrow batch was padded to ``batch_size`` rows: ModelPredictor(batch_size=10**6)
+    on batches of 37 rows ran the model on, and allocated, a million rows per batch (3 GB
+    for 784 features). Keras's predict never pads beyond the data; here a batch smaller
+    than ``batch_size`` is padded to the next power of two (few shapes to compile), and a
+    larger one still to ``batch_size`` (one shape)."""
+    import keras
+
+    from distkeras.predictors import _predict_in_chunks
+
+    calls = []
+
+    class Recording(keras.Sequential):
+        def predict_on_batch(self, x):
+            calls.append(len(x))
+            return super().predict_on_batch(x)
+
+    keras.utils.set_random_seed(3)
+    model = Recording([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+    x = _features(8, 6)
+    expected = model.predict(x, verbose=0)
+    for batch_size, shapes in [(10 ** 6, [64]), (64, [64]), (37, [37]), (16, [16, 16, 16]),
+                               (1, [1] * ROWS)]:
+        calls.clear()
+        (predicted,) = _predict_in_chunks(model, [x], batch_size)
+        assert calls == shapes, batch_size
+        np.testing.assert_allclose(predicted, expected, atol=1e-6)
+    calls.clear()
+    _predict_in_chunks(model, [x[:5]], 1024)
+    assert calls == [8]
+
+
+def test_predicts_a_streaming_dataframe_as_spark_models_transform_one(spark, tmp_path):
+    """Spark's models transform a streaming DataFrame; KerasModel and ModelPredictor read
+    its first row on the driver (``first()``), which Spark refuses for a stream ("Queries
+    with streaming sources must be executed with writeStream.start()"). A stream's rows
+    are now checked by the tasks, as a batch DataFrame's later rows are."""
+    from pyspark.ml.linalg import Vectors
+
+    from distkeras.estimators import KerasModel
+    from distkeras.transformers import LabelIndexTransformer
+
+    model = _mlp((4,), seed=9)
+    x = _features(9, 4)
+    rows = [(i, Vectors.dense(row.tolist())) for i, row in enumerate(x)]
+    spark.createDataFrame(rows, ["id", "features"]).write.parquet(str(tmp_path / "in"))
+    batch = spark.read.parquet(str(tmp_path / "in"))
+    stream = spark.readStream.schema(batch.schema).parquet(str(tmp_path / "in"))
+    predicted = LabelIndexTransformer(3).transform(KerasModel(model).transform(stream))
+    query = predicted.writeStream.format("memory").queryName("streamed_predictions").start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    _, predictions = _predictions(spark.table("streamed_predictions"))
+    np.testing.assert_allclose(predictions, model.predict(x, verbose=0), atol=1e-5)
+
+
 def test_predictor_errors_name_the_column(spark):
     from distkeras.predictors import ModelPredictor
 

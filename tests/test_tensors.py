@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from distkeras.errors import InvalidDataError
 from distkeras.feed import MinibatchFeed, column_to_numpy
 from distkeras.tensors import (pack_arrow_column, pack_rows, packed_size,
                                unpack_column)
@@ -65,6 +66,13 @@ def test_pack_arrow_column_keeps_rows_of_different_lengths_and_refuses_nulls():
         pack_arrow_column(pa.array([[1.0], None], pa.list_(pa.float32())))
     with pytest.raises(ValueError, match="null values"):
         pack_arrow_column(pa.array([[1.0, None]], pa.list_(pa.float32())))
+    # Named, as the feed names a null row's column (the pack used to name none).
+    with pytest.raises(InvalidDataError, match=r"Column 'pixels' holds null arrays.*"
+                                               r"dropna\(subset=\['pixels'\]\)"):
+        pack_arrow_column(pa.array([[1.0], None], pa.list_(pa.float32())), "pixels")
+    with pytest.raises(InvalidDataError, match="Column 'pixels' holds null values inside"):
+        pack_arrow_column(pa.array([[[1.0, None]]], pa.list_(pa.list_(pa.float32()))),
+                          "pixels")
     with pytest.raises(ValueError, match="not a whole number of float32"):
         packed_size(b"12345")
 

@@ -415,3 +415,65 @@ def test_every_param_of_every_stage_has_a_getter_as_spark_stages_do(stage_class)
         assert hasattr(stage, getter), f"{stage_class.__name__} has no {getter}()"
         stage.set(param, _PARAM_VALUES[param.name])
         assert getattr(stage, getter)() == _PARAM_VALUES[param.name], getter
+
+
+def test_integer_params_refuse_infinite_and_nan_values_naming_the_param():
+    """``OneHotTransformer(float("inf"))`` raised a bare OverflowError ("cannot convert
+    float infinity to integer") and NaN a bare ValueError, naming no Param: the converter
+    let them reach ``int()``. ``ReshapeTransformer(shape=784)`` raised "'int' object is
+    not iterable" from its constructor, before the Param's converter could say what
+    `shape` takes."""
+    from distkeras.transformers import (LabelIndexTransformer, OneHotTransformer,
+                                        ReshapeTransformer)
+
+    for value in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(TypeError, match='param "outputDim". Expected an integer'):
+            OneHotTransformer(value)
+        with pytest.raises(TypeError, match='param "outputDim". Expected an integer'):
+            LabelIndexTransformer().setOutputDim(value)
+        with pytest.raises(TypeError, match='param "shape". Expected an integer'):
+            ReshapeTransformer(shape=[28, value])
+    with pytest.raises(TypeError, match='param "shape". Expected a list of integers. '
+                                        'Received: 784'):
+        ReshapeTransformer("a", "b", 784)
+
+
+def test_label_index_refuses_an_output_dim_below_one_before_the_job(spark):
+    """``LabelIndexTransformer(0)`` (or -1) was taken, and every row then failed the
+    Spark job as "a prediction whose length is not output_dim=0", after Spark's retries:
+    OneHotTransformer refuses such a size on the driver, as this one now does."""
+    from distkeras.transformers import LabelIndexTransformer
+
+    frame = spark.createDataFrame([([0.1, 0.9],)], "p array<double>")
+    for size in (0, -1):
+        with pytest.raises(ValueError, match=f"`output_dim` must be an integer >= 1. "
+                                             f"Received: output_dim={size}"):
+            LabelIndexTransformer(size, "p", "o").transform(frame)
+
+
+def test_packing_a_null_row_names_the_column_and_what_to_do(spark):
+    """A null row (or a null inside an array) failed the pack with "The column holds null
+    arrays", naming no column, as a plain ValueError that Spark retried."""
+    from distkeras.errors import InvalidDataError
+    from distkeras.transformers import PackedTensorTransformer
+
+    frame = spark.createDataFrame([([1.0, 2.0],), (None,)], "pixels array<double>")
+    with pytest.raises(Exception, match=r"InvalidDataError: Column 'pixels' holds null "
+                                        r"arrays.*dropna\(subset=\['pixels'\]\)"):
+        PackedTensorTransformer("pixels", "packed").transform(frame).collect()
+    assert issubclass(InvalidDataError, ValueError)
+
+
+@pytest.mark.parametrize("stage_class", _stage_classes(), ids=lambda cls: cls.__name__)
+def test_every_stage_sets_params_with_set_params_as_spark_stages_do(stage_class):
+    """Spark's stages take ``stage.setParams(inputCol=..., outputCol=...)``; distkeras's
+    raised AttributeError. It sets the Params named (Spark's names), returns the stage, and
+    a name that is no Param of it is refused, listing those there are."""
+    stage = stage_class()
+    values = {param.name: _PARAM_VALUES[param.name] for param in stage.params}
+    assert stage.setParams(**values) is stage
+    for name, value in values.items():
+        assert stage.getOrDefault(name) == value, name
+    with pytest.raises(ValueError, match=f"{stage_class.__name__} has no Param 'input_col'; "
+                                         "its Params are \\["):
+        stage.setParams(input_col="x")
