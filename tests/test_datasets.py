@@ -157,3 +157,68 @@ def test_fashion_mnist_reads_unpacked_idx_files_and_names_a_folder_without_them(
     with pytest.raises(FileNotFoundError, match=r"train-images-idx3-ubyte.gz and "
                                                 r"train-labels-idx1-ubyte.gz"):
         load_fashion_mnist_numpy("train", data_dir=str(tmp_path))
+
+
+def _copy_test_split(folder):
+    import shutil
+
+    from distkeras.datasets import FASHION_MNIST_DIR
+
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        shutil.copy(f"{FASHION_MNIST_DIR}/{name}", folder / name)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "header only"])
+def test_a_damaged_idx_file_is_named_with_how_to_restore_it(tmp_path, damage):
+    import gzip
+
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    _copy_test_split(tmp_path)
+    images = tmp_path / "t10k-images-idx3-ubyte.gz"
+    packed = images.read_bytes()
+    if damage == "truncated":  # an interrupted copy: gzip's EOFError named no file
+        images.write_bytes(packed[:len(packed) // 2])
+    elif damage == "not gzip":
+        images.write_bytes(b"<html>not found</html>")
+    else:  # a header cut inside its dimensions: numpy's offset error named no file
+        images.write_bytes(gzip.compress(gzip.decompress(packed)[:6]))
+    with pytest.raises(ValueError, match=rf"{images}.*apt-get install --reinstall "
+                                         r"dataset-fashion-mnist"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+
+
+def test_images_and_labels_that_do_not_pair_up_are_refused(tmp_path):
+    import shutil
+
+    from distkeras.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
+
+    _copy_test_split(tmp_path)
+    # The training labels beside the test images: 60,000 labels for 10,000 images were
+    # returned as they were, to fail (or train on the wrong pairs) far from the cause.
+    shutil.copy(f"{FASHION_MNIST_DIR}/train-labels-idx1-ubyte.gz",
+                tmp_path / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(ValueError, match=r"10000 images of 28x28.*60000 labels"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+    # A labels file where the images go: 1-D "images".
+    shutil.copy(f"{FASHION_MNIST_DIR}/t10k-labels-idx1-ubyte.gz",
+                tmp_path / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz holds an array of "
+                                         r"shape \(10000,\)"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+
+
+def test_a_failed_download_says_which_package_to_install(tmp_path, monkeypatch):
+    import keras
+
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    def offline():  # what keras.utils.get_file raises without a network: a bare Exception
+        raise Exception("URL fetch failure on https://example/train-labels-idx1-ubyte.gz: "
+                        "None -- [Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(keras.datasets.fashion_mnist, "load_data", offline)
+    monkeypatch.setenv("DISTKERAS_FASHION_MNIST_DIR", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'empty'}.*URL fetch failure"
+                                                r".*apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist_numpy("test")
