@@ -105,6 +105,37 @@ def test_a_folder_where_a_file_goes_is_named(spark, parquet_data, model_file, tm
     assert os.listdir(folder) == ["inside"]
 
 
+@pytest.mark.parametrize("content, message", [
+    # Keras said "File not found: filepath=/tmp/distkeras-.../model.keras" of its own copy.
+    (b"", "not a .keras archive (not a zip file"),
+    ("half", "not a .keras archive (not a zip file"),
+    # A zip of something else: Keras's KeyError ended the command with a traceback.
+    ("zip", "not a .keras archive (it has no config.json"),
+])
+def test_a_model_file_that_is_no_keras_archive_is_named(spark, parquet_data, model_file,
+                                                        tmp_path, capsys, content, message):
+    import zipfile
+
+    from distkeras import cli
+
+    path = tmp_path / "model.keras"
+    if content == "half":  # an interrupted copy
+        whole = open(model_file, "rb").read()
+        path.write_bytes(whole[:len(whole) // 2])
+    elif content == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "not a model")
+    else:
+        path.write_bytes(content)
+    for argv in (["train", "--data", parquet_data, "--output", str(tmp_path / "out.keras")],
+                 ["predict", "--data", parquet_data, "--output", str(tmp_path / "out")]):
+        assert cli.main(argv + ["--model", str(path)]) == 1
+        error = capsys.readouterr().err.strip()
+        assert f"cannot load the model {path}: {message}" in error, error
+        assert len(error.splitlines()) == 1 and "distkeras-" not in error, error
+        assert os.listdir(tmp_path) == ["model.keras"]
+
+
 def test_data_that_is_not_parquet_is_named(spark, model_file, tmp_path, capsys):
     from distkeras import cli
 
