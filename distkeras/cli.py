@@ -381,14 +381,21 @@ def _train_options(args):
 
 
 def _check_outputs(args):
-    """Refuses output paths that are folders, before the training they would lose."""
+    """Refuses output paths that are folders, or under a file, before the training they
+    would lose."""
     from distkeras import storage
 
     for flag, path in (("--output", args.output), ("--history", args.history),
                        ("--validation-history", args.validation_history)):
-        if path is not None and storage.is_directory(path):
+        if path is None:
+            continue
+        try:
+            storage.check_writable(path)
+        except IsADirectoryError as error:
             raise CommandError(f"{flag} {path} is a folder: give the path of the file to "
-                               "write")
+                               "write") from error
+        except NotADirectoryError as error:
+            raise CommandError(f"{flag}: {error}") from error
 
 
 def _train(trainer_class, args):

@@ -83,26 +83,33 @@ def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, 
         assert "samples" not in error and time.monotonic() - started < 20  # no training
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--model", "cannot load the model {folder}: {folder} is a folder"),
-    ("--output", "--output {folder} is a folder"),  # before training, not after it
-    ("--history", "--history {folder} is a folder"),
+@pytest.mark.parametrize("flag, path, message", [
+    ("--model", "{folder}", "cannot load the model {folder}: {folder} is a folder"),
+    ("--output", "{folder}", "--output {folder} is a folder"),  # before training, not after
+    ("--history", "{folder}", "--history {folder} is a folder"),
+    # Under a file: refused before training, not once the trained model could not be saved.
+    ("--output", "{folder}/notes/x/out.keras",
+     "--output: cannot write {folder}/notes/x/out.keras: {folder}/notes is a file"),
+    ("--validation-history", "{folder}/notes/v.json",
+     "--validation-history: cannot write {folder}/notes/v.json: {folder}/notes is a file"),
 ])
 def test_a_folder_where_a_file_goes_is_named(spark, parquet_data, model_file, tmp_path,
-                                             capsys, flag, message):
+                                             capsys, flag, path, message):
     from distkeras import cli
 
     folder = tmp_path / "folder"
     (folder / "inside").mkdir(parents=True)
+    (folder / "notes").write_text("kept")
     arguments = {"--data": parquet_data, "--model": model_file,
-                 "--output": str(tmp_path / "out.keras"), flag: str(folder)}
+                 "--output": str(tmp_path / "out.keras"), flag: path.format(folder=folder)}
     argv = ["train"] + [item for pair in arguments.items() for item in pair]
     started = time.monotonic()
     assert cli.main(argv) == 1
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and message.format(folder=folder) in error, error
     assert time.monotonic() - started < 30  # refused before any training
-    assert os.listdir(folder) == ["inside"]
+    assert sorted(os.listdir(folder)) == ["inside", "notes"]
+    assert (folder / "notes").read_text() == "kept" and not os.listdir(folder / "inside")
 
 
 @pytest.mark.parametrize("content, message", [
