@@ -1,6 +1,7 @@
 """Real datasets as Spark DataFrames, and datasets written to Parquet through Spark."""
 
 import gzip
+import hashlib
 import logging
 import os
 import zlib
@@ -98,7 +99,7 @@ def load_fashion_mnist_numpy(split="train", data_dir=None):
     """
     if split not in _FILES:
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
-    folder = data_dir or os.environ.get("DISTKERAS_FASHION_MNIST_DIR", FASHION_MNIST_DIR)
+    folder = _source_folder(data_dir)
     paths = [_idx_file(folder, name) for name in _FILES[split]]
     if None not in paths:
         return _checked_pairs(paths, read_idx(paths[0]), read_idx(paths[1]))
@@ -111,6 +112,12 @@ def load_fashion_mnist_numpy(split="train", data_dir=None):
     logger.info("No Fashion-MNIST files in %s; using keras.datasets.fashion_mnist", folder)
     (x_train, y_train), (x_test, y_test) = _download_fashion_mnist(folder)
     return (x_train, y_train) if split == "train" else (x_test, y_test)
+
+
+def _source_folder(data_dir):
+    """The folder the IDX files are read from: ``data_dir``, else
+    ``$DISTKERAS_FASHION_MNIST_DIR``, else Debian's."""
+    return data_dir or os.environ.get("DISTKERAS_FASHION_MNIST_DIR", FASHION_MNIST_DIR)
 
 
 def _checked_pairs(paths, images, labels):
@@ -233,10 +240,17 @@ def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, da
         A DataFrame with ``features`` (array<float>, 784 values in [0, 1], or their packed
         bytes), ``label`` (array<float>, one-hot over 10 classes) and ``label_index``
         (bigint).
+
+    Raises:
+        ValueError: For a ``limit`` that is not None or an integer >= 1, and as
+            `load_fashion_mnist_numpy`.
     """
-    name = (f"fashion_mnist_{split}" + ("" if limit is None else f"_{int(limit)}")
-            + ("_packed" if packed else "") + "_v1.parquet")
-    path = os.path.join(cache_dir or default_cache_dir(), name)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(
+            limit, (int, np.integer)) or limit < 1):
+        # images[:-5] would keep all but 5 images, images[:0] none, images[:True] one.
+        raise ValueError(f"`limit` must be None or an integer >= 1. Received: limit={limit!r}")
+    path = os.path.join(cache_dir or default_cache_dir(),
+                        _cache_name(split, limit, packed, data_dir))
     if not os.path.exists(path):
         images, labels = load_fashion_mnist_numpy(split, data_dir)
         if limit is not None:
@@ -244,6 +258,19 @@ def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, da
         write_parquet(to_arrow_table(images, labels, packed=packed), path)
     dataframe = spark.read.parquet(path)
     return dataframe.repartition(num_partitions) if num_partitions else dataframe
+
+
+def _cache_name(split, limit, packed, data_dir):
+    """The Parquet file name of a split, as `load_fashion_mnist` caches it.
+
+    Files from another folder than the default one get a name of their own (a hash of the
+    folder): under the default name, they would be served the default folder's images.
+    """
+    source = os.path.abspath(_source_folder(data_dir))
+    origin = "" if source == FASHION_MNIST_DIR else \
+        "_" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+    return (f"fashion_mnist_{split}" + ("" if limit is None else f"_{int(limit)}")
+            + ("_packed" if packed else "") + origin + "_v1.parquet")
 
 
 # -- writing datasets through Spark --------------------------------------------------------

@@ -222,3 +222,40 @@ def test_a_failed_download_says_which_package_to_install(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'empty'}.*URL fetch failure"
                                                 r".*apt-get install dataset-fashion-mnist"):
         load_fashion_mnist_numpy("test")
+
+
+def _write_idx(path, array):
+    """An IDX file (gzipped) of a uint8 array, as the MNIST files are."""
+    import gzip
+
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(size).to_bytes(4, "big") for size in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_the_parquet_cache_keeps_each_folders_images_apart(spark, tmp_path):
+    from distkeras.datasets import load_fashion_mnist
+
+    for name, count, label in (("a", 3, 1), ("b", 4, 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        _write_idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((count, 28, 28)))
+        _write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.full(count, label))
+    cache = str(tmp_path / "cache")
+    first = load_fashion_mnist(spark, "test", data_dir=str(tmp_path / "a"), cache_dir=cache)
+    assert [row.label_index for row in first.collect()] == [1, 1, 1]
+    # The cache's name said split, limit and packing only: folder b got folder a's rows.
+    second = load_fashion_mnist(spark, "test", data_dir=str(tmp_path / "b"), cache_dir=cache)
+    assert [row.label_index for row in second.collect()] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("limit", [-5, 0, 2.5, True])
+def test_a_limit_that_is_no_count_of_images_is_refused(spark, tmp_path, limit):
+    from distkeras.datasets import load_fashion_mnist
+
+    # images[:-5] kept all but the last 5 images, and images[:0] none, silently.
+    with pytest.raises(ValueError, match=rf"`limit` must be None or an integer >= 1. "
+                                         rf"Received: limit={limit!r}"):
+        load_fashion_mnist(spark, "test", limit=limit, cache_dir=str(tmp_path))
+    assert not os.listdir(tmp_path)
