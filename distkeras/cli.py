@@ -358,6 +358,9 @@ def _train_options(args):
         except ValueError as error:  # the decoder's message names a line, not the file
             raise CommandError(f"--train-options {args.train_options} is not JSON: "
                                f"{error}") from error
+        except OSError as error:  # "[Errno 2] No such file or directory" named no option
+            raise CommandError(f"--train-options {args.train_options}: "
+                               f"{error.strerror or error}") from error
         if not isinstance(options, dict):
             raise CommandError(f"{args.train_options} must hold a JSON object")
     if args.shuffle:
@@ -378,6 +381,20 @@ def _train_options(args):
         return train_options.normalize(options)
     except ValueError as error:
         raise CommandError(str(error)) from error
+
+
+def _check_distinct_outputs(args):
+    """Refuses two outputs at one path: the later write would replace the earlier one (a
+    history written over the trained model)."""
+    seen = {}
+    for flag, path in (("--output", args.output), ("--history", args.history),
+                       ("--validation-history", args.validation_history)):
+        if path is None:
+            continue
+        key = os.path.abspath(path) if "://" not in path else path
+        if key in seen:
+            raise CommandError(f"{flag} {path} is also {seen[key]}: give each its own path")
+        seen[key] = flag
 
 
 def _check_outputs(args):
@@ -401,6 +418,7 @@ def _check_outputs(args):
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     options = _train_options(args)  # the flags' mistakes, before Spark starts
+    _check_distinct_outputs(args)
     if not args.trainer_config:  # a configuration file replaces the flags
         check_arguments(trainer_class, args)
     spark = _spark(args.master, args.spark_conf)

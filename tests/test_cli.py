@@ -448,6 +448,13 @@ def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
      "--loss: Keras does not know 'categorical_crossentropyy'"),
     (["--trainer", "SingleTrainer", "--window", "4"], "SingleTrainer has no communication"),
     (["--trainer", "SingleTrainer", "--workers", "2"], "SingleTrainer trains on one worker"),
+    # The history was written over the trained model, once training was done.
+    (["--history", "o.keras"], "--history o.keras is also --output: give each its own path"),
+    (["--history", "h.json", "--validation-history", "./h.json"],
+     "--validation-history ./h.json is also --history: give each its own path"),
+    # It said "[Errno 2] No such file or directory: '...'", naming no option.
+    (["--train-options", "/nonexistent/options.json"],
+     "--train-options /nonexistent/options.json: No such file or directory"),
 ])
 def test_train_settings_are_refused_before_spark_starts(flags, message, monkeypatch, capsys):
     from distkeras import cli
