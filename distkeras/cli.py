@@ -291,13 +291,22 @@ def build_trainer(trainer_class, model, args):
 
 
 def write_status(path, state, **details):
-    """Replaces the status file with ``{"state": ..., "time": ..., **details}``."""
+    """Replaces the status file with ``{"state": ..., "time": ..., **details}``.
+
+    Raises:
+        CommandError: Naming ``--status`` and its path (not the temporary file's), when
+            the file cannot be written.
+    """
     if path is None:
         return
     temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump({"state": state, "time": time.time(), **details}, handle)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump({"state": state, "time": time.time(), **details}, handle)
+        os.replace(temporary, path)
+    except OSError as error:
+        raise CommandError(f"--status {path}: cannot write it "
+                           f"({error.strerror or error})") from error
 
 
 def _warm_up(spark):

@@ -455,6 +455,9 @@ def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
     # It said "[Errno 2] No such file or directory: '...'", naming no option.
     (["--train-options", "/nonexistent/options.json"],
      "--train-options /nonexistent/options.json: No such file or directory"),
+    # It named the temporary file: "No such file or directory: '.../status.json.tmp'".
+    (["--status", "/nonexistent/status.json"],
+     "--status /nonexistent/status.json: cannot write it (No such file or directory)"),
 ])
 def test_train_settings_are_refused_before_spark_starts(flags, message, monkeypatch, capsys):
     from distkeras import cli
