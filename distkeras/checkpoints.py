@@ -38,15 +38,33 @@ def load_checkpoint(folder, weight_spec):
         the folder holds no checkpoint.
 
     Raises:
-        ValueError: If the checkpoint does not match the model.
+        ValueError: If the checkpoint does not match the model, or is damaged.
     """
+    path = checkpoint_path(folder)
     try:
-        data = storage.read_bytes(checkpoint_path(folder))
+        data = storage.read_bytes(path)
     except FileNotFoundError:
         return None
     try:
         return networking.decode_message(data, max_frame_bytes=len(data) + 1,
                                          weight_spec=weight_spec)
     except networking.ProtocolError as error:
+        _check_whole(path, data)
         raise ValueError(f"The checkpoint in {folder} does not fit this model: {error}") \
             from error
+
+
+def _check_whole(path, data):
+    """Refuses a checkpoint that is no whole frame, whatever the model: a file cut short
+    (by a copy; our writes are atomic) is no other model's checkpoint.
+
+    Raises:
+        ValueError: Naming the file, and what to do with it.
+    """
+    try:
+        networking.decode_message(data, max_frame_bytes=len(data) + 1)
+    except networking.ProtocolError as error:
+        raise ValueError(
+            f"The checkpoint {path} is damaged ({error}): it is cut short or no distkeras "
+            "checkpoint. Delete it to start from the model's weights, or put back a good "
+            "copy to resume from.") from error

@@ -291,13 +291,22 @@ def build_trainer(trainer_class, model, args):
 
 
 def write_status(path, state, **details):
-    """Replaces the status file with ``{"state": ..., "time": ..., **details}``."""
+    """Replaces the status file with ``{"state": ..., "time": ..., **details}``.
+
+    Raises:
+        CommandError: Naming ``--status`` and its path (not the temporary file's), when
+            the file cannot be written.
+    """
     if path is None:
         return
     temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump({"state": state, "time": time.time(), **details}, handle)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump({"state": state, "time": time.time(), **details}, handle)
+        os.replace(temporary, path)
+    except OSError as error:
+        raise CommandError(f"--status {path}: cannot write it "
+                           f"({error.strerror or error})") from error
 
 
 def _warm_up(spark):
@@ -358,6 +367,9 @@ def _train_options(args):
         except ValueError as error:  # the decoder's message names a line, not the file
             raise CommandError(f"--train-options {args.train_options} is not JSON: "
                                f"{error}") from error
+        except OSError as error:  # "[Errno 2] No such file or directory" named no option
+            raise CommandError(f"--train-options {args.train_options}: "
+                               f"{error.strerror or error}") from error
         if not isinstance(options, dict):
             raise CommandError(f"{args.train_options} must hold a JSON object")
     if args.shuffle:
@@ -380,20 +392,42 @@ def _train_options(args):
         raise CommandError(str(error)) from error
 
 
+def _check_distinct_outputs(args):
+    """Refuses two outputs at one path: the later write would replace the earlier one (a
+    history written over the trained model)."""
+    seen = {}
+    for flag, path in (("--output", args.output), ("--history", args.history),
+                       ("--validation-history", args.validation_history)):
+        if path is None:
+            continue
+        key = os.path.abspath(path) if "://" not in path else path
+        if key in seen:
+            raise CommandError(f"{flag} {path} is also {seen[key]}: give each its own path")
+        seen[key] = flag
+
+
 def _check_outputs(args):
-    """Refuses output paths that are folders, before the training they would lose."""
+    """Refuses output paths that are folders, or under a file, before the training they
+    would lose."""
     from distkeras import storage
 
     for flag, path in (("--output", args.output), ("--history", args.history),
                        ("--validation-history", args.validation_history)):
-        if path is not None and storage.is_directory(path):
+        if path is None:
+            continue
+        try:
+            storage.check_writable(path)
+        except IsADirectoryError as error:
             raise CommandError(f"{flag} {path} is a folder: give the path of the file to "
-                               "write")
+                               "write") from error
+        except NotADirectoryError as error:
+            raise CommandError(f"{flag}: {error}") from error
 
 
 def _train(trainer_class, args):
     write_status(args.status, "starting")
     options = _train_options(args)  # the flags' mistakes, before Spark starts
+    _check_distinct_outputs(args)
     if not args.trainer_config:  # a configuration file replaces the flags
         check_arguments(trainer_class, args)
     spark = _spark(args.master, args.spark_conf)

@@ -1,8 +1,10 @@
 """Real datasets as Spark DataFrames, and datasets written to Parquet through Spark."""
 
 import gzip
+import hashlib
 import logging
 import os
+import zlib
 
 import numpy as np
 
@@ -17,22 +19,49 @@ FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
                          "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
+# Said of every damaged IDX file: most are an interrupted copy or download.
+_RESTORE = ("copy it again (Debian's files: apt-get install --reinstall "
+            "dataset-fashion-mnist)")
+
+
 def read_idx(path):
-    """Reads an IDX file (the MNIST format), gzipped or not, into a numpy array."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
+    """Reads an IDX file (the MNIST format), gzipped or not, into a numpy array.
+
+    Raises:
+        ValueError: Naming the path, when the file is damaged: not gzip where it should
+            be, cut short, or not an IDX file.
+    """
+    data = _read_idx_bytes(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{path} is not an IDX file (bad magic number).")
+        raise ValueError(f"{path} is not an IDX file (bad magic number): {_RESTORE}.")
     dtype_code, ndim = data[2], data[3]
     dtypes = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
     if dtype_code not in dtypes:
-        raise ValueError(f"{path}: unknown IDX element type 0x{dtype_code:02x}.")
+        raise ValueError(f"{path}: unknown IDX element type 0x{dtype_code:02x}: {_RESTORE}.")
+    offset = 4 + 4 * ndim
+    if len(data) < offset:  # numpy's own error would name neither the file nor the cause
+        raise ValueError(f"{path} ends inside its header ({len(data)} bytes): {_RESTORE}.")
     shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    array = np.frombuffer(data, dtype=dtypes[dtype_code], offset=4 + 4 * ndim)
+    array = np.frombuffer(data, dtype=dtypes[dtype_code], offset=offset)
     if array.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: holds {array.size} values, its header says {shape}.")
+        raise ValueError(f"{path}: holds {array.size} values, its header says {shape}: "
+                         f"{_RESTORE}.")
     return array.reshape(shape).astype(dtypes[dtype_code][1:])
+
+
+def _read_idx_bytes(path):
+    """The bytes of an IDX file, unzipped where its name ends in ``.gz``."""
+    if not path.endswith(".gz"):
+        with open(path, "rb") as handle:
+            return handle.read()
+    try:
+        with gzip.open(path, "rb") as handle:
+            return handle.read()
+    # gzip's errors name no file: BadGzipFile (an OSError) for another format, EOFError
+    # for a file cut short, zlib.error for corrupt bytes.
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise ValueError(f"{path} is not a whole gzip file ({error}): {_RESTORE}.") \
+            from error
 
 
 def _idx_file(folder, name):
@@ -64,14 +93,16 @@ def load_fashion_mnist_numpy(split="train", data_dir=None):
         ``images`` uint8 of shape (n, 28, 28) and ``labels`` uint8 of shape (n,).
 
     Raises:
-        FileNotFoundError: ``data_dir`` lacks the split's IDX files.
+        FileNotFoundError: ``data_dir`` lacks the split's IDX files, or the default folder
+            lacks them and the download failed.
+        ValueError: An IDX file is damaged, or the images and labels do not pair up.
     """
     if split not in _FILES:
         raise ValueError(f"`split` must be 'train' or 'test'. Received: split={split!r}")
-    folder = data_dir or os.environ.get("DISTKERAS_FASHION_MNIST_DIR", FASHION_MNIST_DIR)
+    folder = _source_folder(data_dir)
     paths = [_idx_file(folder, name) for name in _FILES[split]]
     if None not in paths:
-        return read_idx(paths[0]), read_idx(paths[1])
+        return _checked_pairs(paths, read_idx(paths[0]), read_idx(paths[1]))
     if data_dir:
         # A folder the user named is what they mean to read: a download in its place would
         # train on other files (or fail on a URL error that names neither folder nor file).
@@ -79,10 +110,52 @@ def load_fashion_mnist_numpy(split="train", data_dir=None):
             f"`data_dir` lacks Fashion-MNIST's {split} files. Received: data_dir={data_dir!r}; "
             f"expected {' and '.join(_FILES[split])} (gzipped or not) in it.")
     logger.info("No Fashion-MNIST files in %s; using keras.datasets.fashion_mnist", folder)
+    (x_train, y_train), (x_test, y_test) = _download_fashion_mnist(folder)
+    return (x_train, y_train) if split == "train" else (x_test, y_test)
+
+
+def _source_folder(data_dir):
+    """The folder the IDX files are read from: ``data_dir``, else
+    ``$DISTKERAS_FASHION_MNIST_DIR``, else Debian's."""
+    return data_dir or os.environ.get("DISTKERAS_FASHION_MNIST_DIR", FASHION_MNIST_DIR)
+
+
+def _checked_pairs(paths, images, labels):
+    """``(images, labels)`` once they are known to pair up: n 28x28 images, n labels.
+
+    Raises:
+        ValueError: Naming the file that holds the wrong shape or count.
+    """
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise ValueError(f"{paths[0]} holds an array of shape {images.shape}, not images of "
+                         f"28x28: is it another data set's file? {_RESTORE}.")
+    if labels.shape != (len(images),):
+        raise ValueError(f"{paths[0]} holds {len(images)} images of 28x28 but {paths[1]} holds "
+                         f"{labels.shape[0] if labels.ndim else 0} labels"
+                         f"{'' if labels.ndim == 1 else f' of shape {labels.shape}'}: the two "
+                         f"files are from different splits or data sets; {_RESTORE}.")
+    return images, labels
+
+
+def _download_fashion_mnist(folder):
+    """Keras's download of Fashion-MNIST: ``((x_train, y_train), (x_test, y_test))``.
+
+    Raises:
+        FileNotFoundError: Naming ``folder`` and the package that fills it, when the
+            download fails.
+    """
     import keras
 
-    (x_train, y_train), (x_test, y_test) = keras.datasets.fashion_mnist.load_data()
-    return (x_train, y_train) if split == "train" else (x_test, y_test)
+    try:
+        return keras.datasets.fashion_mnist.load_data()
+    # keras.utils.get_file raises a plain Exception ("URL fetch failure on ...") for every
+    # network error, with nothing about the local files that would have made it needless.
+    except Exception as error:  # re-raised, with its cause, as the error it should be
+        raise FileNotFoundError(
+            f"No Fashion-MNIST files in {folder}, and Keras's download failed ({error}). "
+            "Install them with apt-get install dataset-fashion-mnist, or point "
+            "DISTKERAS_FASHION_MNIST_DIR (or data_dir) at a folder holding the IDX files.") \
+            from error
 
 
 def float_lists(matrix):
@@ -167,10 +240,17 @@ def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, da
         A DataFrame with ``features`` (array<float>, 784 values in [0, 1], or their packed
         bytes), ``label`` (array<float>, one-hot over 10 classes) and ``label_index``
         (bigint).
+
+    Raises:
+        ValueError: For a ``limit`` that is not None or an integer >= 1, and as
+            `load_fashion_mnist_numpy`.
     """
-    name = (f"fashion_mnist_{split}" + ("" if limit is None else f"_{int(limit)}")
-            + ("_packed" if packed else "") + "_v1.parquet")
-    path = os.path.join(cache_dir or default_cache_dir(), name)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(
+            limit, (int, np.integer)) or limit < 1):
+        # images[:-5] would keep all but 5 images, images[:0] none, images[:True] one.
+        raise ValueError(f"`limit` must be None or an integer >= 1. Received: limit={limit!r}")
+    path = os.path.join(cache_dir or default_cache_dir(),
+                        _cache_name(split, limit, packed, data_dir))
     if not os.path.exists(path):
         images, labels = load_fashion_mnist_numpy(split, data_dir)
         if limit is not None:
@@ -178,6 +258,19 @@ def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, da
         write_parquet(to_arrow_table(images, labels, packed=packed), path)
     dataframe = spark.read.parquet(path)
     return dataframe.repartition(num_partitions) if num_partitions else dataframe
+
+
+def _cache_name(split, limit, packed, data_dir):
+    """The Parquet file name of a split, as `load_fashion_mnist` caches it.
+
+    Files from another folder than the default one get a name of their own (a hash of the
+    folder): under the default name, they would be served the default folder's images.
+    """
+    source = os.path.abspath(_source_folder(data_dir))
+    origin = "" if source == FASHION_MNIST_DIR else \
+        "_" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+    return (f"fashion_mnist_{split}" + ("" if limit is None else f"_{int(limit)}")
+            + ("_packed" if packed else "") + origin + "_v1.parquet")
 
 
 # -- writing datasets through Spark --------------------------------------------------------

@@ -85,6 +85,13 @@ def _positive_int_value(name, value, optional=False):
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
+def _check_output_dir(output_dir, name="`output_dir`"):
+    """Refuses an ``output_dir`` that is a file: ``os.makedirs`` said "File exists"."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"{name} {output_dir} is a file: give a folder for results.csv "
+                         "and the plots.")
+
+
 def resolve_trainers(trainers):
     """``{name: class}`` for trainer names (see `distkeras.registry`) or Trainer classes.
 
@@ -337,6 +344,7 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
     if dataset not in DATASETS:
         raise ValueError(f"Unknown dataset {dataset!r}. Available datasets: "
                          f"{', '.join(sorted(DATASETS))}.")
+    _check_output_dir(output_dir)
     runs = plan(trainer_classes, workers, windows)
     parallelism = spark.sparkContext.defaultParallelism
     if max(count for _, _, count, _ in runs) > parallelism:
@@ -463,6 +471,7 @@ def _run_sweep(args):
     # Validate everything that needs no Spark first: a typo costs no Spark start-up.
     try:
         trainer_classes = resolve_trainers(args.trainer)
+        _check_output_dir(args.output_dir, "--output-dir")
     except ValueError as error:
         sys.stderr.write(f"python -m distkeras.experiments sweep: error: {error}\n")
         return 2

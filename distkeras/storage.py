@@ -124,6 +124,29 @@ def read_bytes(path):
         stream.close()
 
 
+def check_writable(path):
+    """Refuses, before any work, a path that a write could not create.
+
+    Local paths only are checked for a file in the way: a Hadoop filesystem's write finds
+    that itself.
+
+    Raises:
+        IsADirectoryError: Naming the path, when it is a folder.
+        NotADirectoryError: Naming the file that stands where a folder of the path goes
+            (``notes.txt/model.keras``), which ``os.makedirs`` reported as "File exists".
+    """
+    if is_directory(path):
+        raise _folder_error(path)
+    local = _local_file(path, _active_spark())
+    if local is None:
+        return
+    folder = os.path.dirname(os.path.abspath(local))
+    while not os.path.exists(folder):  # the folders that the write would make
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"cannot write {path}: {folder} is a file, not a folder.")
+
+
 @contextlib.contextmanager
 def atomic_writer(path):
     """A writable stream whose content replaces ``path`` only when the block succeeds.
@@ -134,9 +157,9 @@ def atomic_writer(path):
 
     Raises:
         IsADirectoryError: Naming the path, when it is a folder (before anything is written).
+        NotADirectoryError: Naming the file in the way, when the path is under a file.
     """
-    if is_directory(path):
-        raise _folder_error(path)
+    check_writable(path)
     spark = _active_spark()
     local = _local_file(path, spark)
     if local is not None:

@@ -545,11 +545,33 @@ def save_model(model, path):
 
 
 def load_model(path, compile=True, custom_objects=None):
-    """Loads a `.keras` archive from ``path`` (any Hadoop filesystem path), safe_mode=True."""
+    """Loads a `.keras` archive from ``path`` (any Hadoop filesystem path), safe_mode=True.
+
+    Raises:
+        FileNotFoundError: Naming the path, when it does not exist.
+        ValueError: When the file is no `.keras` archive (cut short, or another format).
+    """
     from distkeras import storage
 
-    return deserialize_model(storage.read_bytes(path), compile=compile,
-                             custom_objects=custom_objects)
+    data = storage.read_bytes(path)
+    _check_keras_archive(data)
+    return deserialize_model(data, compile=compile, custom_objects=custom_objects)
+
+
+def _check_keras_archive(data):
+    """Refuses bytes that are no `.keras` archive before Keras reads them: Keras's own
+    errors name its temporary copy ("File not found: filepath=/tmp/distkeras-...") or are
+    a bare KeyError ("There is no item named 'config.json'")."""
+    import io
+    import zipfile
+
+    how = "save the model with model.save('name.keras') or distkeras.utils.save_model"
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise ValueError(f"not a .keras archive (not a zip file: cut short, or another "
+                         f"format); {how}")
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        if "config.json" not in archive.namelist():
+            raise ValueError(f"not a .keras archive (it has no config.json); {how}")
 
 
 def save_history(history, path):

@@ -148,3 +148,36 @@ def test_resuming_another_trainers_checkpoint_warns(tmp_path, caplog):
         trainer._restore(server)
     assert server.num_updates == 7
     assert "written by ADAG; resuming it with DOWNPOUR" in caplog.text
+
+
+class _Center:
+    """What `save_checkpoint` reads of a parameter server."""
+
+    def __init__(self, center):
+        import threading
+
+        self.mutex, self.center_variable, self.num_updates = threading.Lock(), center, 7
+
+
+@pytest.mark.parametrize("damage", ["cut short", "garbage", "empty"])
+def test_a_damaged_checkpoint_is_called_damaged_not_another_models(tmp_path, damage):
+    from distkeras.checkpoints import save_checkpoint
+
+    center = [np.ones((3, 4), np.float32), np.zeros(4, np.float32)]
+    save_checkpoint(str(tmp_path), _Center(center), "ADAG")
+    path = checkpoint_path(str(tmp_path))
+    whole = open(path, "rb").read()
+    damaged = {"cut short": whole[:len(whole) // 2], "garbage": b"x" * 64, "empty": b""}
+    with open(path, "wb") as handle:
+        handle.write(damaged[damage])
+    # It said "does not fit this model: Frame of 247 bytes exceeds the limit of 132", for
+    # the very model that wrote it.
+    with pytest.raises(ValueError, match=rf"The checkpoint {path} is damaged .*Delete it"):
+        load_checkpoint(str(tmp_path), [(w.shape, w.dtype) for w in center])
+    with open(path, "wb") as handle:
+        handle.write(whole)
+    assert load_checkpoint(str(tmp_path), [(w.shape, w.dtype) for w in center])[
+        "num_updates"] == 7
+    with pytest.raises(ValueError, match="does not fit this model: Field 'center' array 0 is "
+                                         r"float32\[3, 4\]; the model expects float32\[3, 5\]"):
+        load_checkpoint(str(tmp_path), [((3, 5), np.float32), ((4,), np.float32)])

@@ -83,26 +83,64 @@ def test_bad_arguments_give_one_line(spark, parquet_data, model_file, tmp_path, 
         assert "samples" not in error and time.monotonic() - started < 20  # no training
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--model", "cannot load the model {folder}: {folder} is a folder"),
-    ("--output", "--output {folder} is a folder"),  # before training, not after it
-    ("--history", "--history {folder} is a folder"),
+@pytest.mark.parametrize("flag, path, message", [
+    ("--model", "{folder}", "cannot load the model {folder}: {folder} is a folder"),
+    ("--output", "{folder}", "--output {folder} is a folder"),  # before training, not after
+    ("--history", "{folder}", "--history {folder} is a folder"),
+    # Under a file: refused before training, not once the trained model could not be saved.
+    ("--output", "{folder}/notes/x/out.keras",
+     "--output: cannot write {folder}/notes/x/out.keras: {folder}/notes is a file"),
+    ("--validation-history", "{folder}/notes/v.json",
+     "--validation-history: cannot write {folder}/notes/v.json: {folder}/notes is a file"),
 ])
 def test_a_folder_where_a_file_goes_is_named(spark, parquet_data, model_file, tmp_path,
-                                             capsys, flag, message):
+                                             capsys, flag, path, message):
     from distkeras import cli
 
     folder = tmp_path / "folder"
     (folder / "inside").mkdir(parents=True)
+    (folder / "notes").write_text("kept")
     arguments = {"--data": parquet_data, "--model": model_file,
-                 "--output": str(tmp_path / "out.keras"), flag: str(folder)}
+                 "--output": str(tmp_path / "out.keras"), flag: path.format(folder=folder)}
     argv = ["train"] + [item for pair in arguments.items() for item in pair]
     started = time.monotonic()
     assert cli.main(argv) == 1
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and message.format(folder=folder) in error, error
     assert time.monotonic() - started < 30  # refused before any training
-    assert os.listdir(folder) == ["inside"]
+    assert sorted(os.listdir(folder)) == ["inside", "notes"]
+    assert (folder / "notes").read_text() == "kept" and not os.listdir(folder / "inside")
+
+
+@pytest.mark.parametrize("content, message", [
+    # Keras said "File not found: filepath=/tmp/distkeras-.../model.keras" of its own copy.
+    (b"", "not a .keras archive (not a zip file"),
+    ("half", "not a .keras archive (not a zip file"),
+    # A zip of something else: Keras's KeyError ended the command with a traceback.
+    ("zip", "not a .keras archive (it has no config.json"),
+])
+def test_a_model_file_that_is_no_keras_archive_is_named(spark, parquet_data, model_file,
+                                                        tmp_path, capsys, content, message):
+    import zipfile
+
+    from distkeras import cli
+
+    path = tmp_path / "model.keras"
+    if content == "half":  # an interrupted copy
+        whole = open(model_file, "rb").read()
+        path.write_bytes(whole[:len(whole) // 2])
+    elif content == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "not a model")
+    else:
+        path.write_bytes(content)
+    for argv in (["train", "--data", parquet_data, "--output", str(tmp_path / "out.keras")],
+                 ["predict", "--data", parquet_data, "--output", str(tmp_path / "out")]):
+        assert cli.main(argv + ["--model", str(path)]) == 1
+        error = capsys.readouterr().err.strip()
+        assert f"cannot load the model {path}: {message}" in error, error
+        assert len(error.splitlines()) == 1 and "distkeras-" not in error, error
+        assert os.listdir(tmp_path) == ["model.keras"]
 
 
 def test_data_that_is_not_parquet_is_named(spark, model_file, tmp_path, capsys):
@@ -410,6 +448,16 @@ def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
      "--loss: Keras does not know 'categorical_crossentropyy'"),
     (["--trainer", "SingleTrainer", "--window", "4"], "SingleTrainer has no communication"),
     (["--trainer", "SingleTrainer", "--workers", "2"], "SingleTrainer trains on one worker"),
+    # The history was written over the trained model, once training was done.
+    (["--history", "o.keras"], "--history o.keras is also --output: give each its own path"),
+    (["--history", "h.json", "--validation-history", "./h.json"],
+     "--validation-history ./h.json is also --history: give each its own path"),
+    # It said "[Errno 2] No such file or directory: '...'", naming no option.
+    (["--train-options", "/nonexistent/options.json"],
+     "--train-options /nonexistent/options.json: No such file or directory"),
+    # It named the temporary file: "No such file or directory: '.../status.json.tmp'".
+    (["--status", "/nonexistent/status.json"],
+     "--status /nonexistent/status.json: cannot write it (No such file or directory)"),
 ])
 def test_train_settings_are_refused_before_spark_starts(flags, message, monkeypatch, capsys):
     from distkeras import cli

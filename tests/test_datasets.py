@@ -157,3 +157,105 @@ def test_fashion_mnist_reads_unpacked_idx_files_and_names_a_folder_without_them(
     with pytest.raises(FileNotFoundError, match=r"train-images-idx3-ubyte.gz and "
                                                 r"train-labels-idx1-ubyte.gz"):
         load_fashion_mnist_numpy("train", data_dir=str(tmp_path))
+
+
+def _copy_test_split(folder):
+    import shutil
+
+    from distkeras.datasets import FASHION_MNIST_DIR
+
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        shutil.copy(f"{FASHION_MNIST_DIR}/{name}", folder / name)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "header only"])
+def test_a_damaged_idx_file_is_named_with_how_to_restore_it(tmp_path, damage):
+    import gzip
+
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    _copy_test_split(tmp_path)
+    images = tmp_path / "t10k-images-idx3-ubyte.gz"
+    packed = images.read_bytes()
+    if damage == "truncated":  # an interrupted copy: gzip's EOFError named no file
+        images.write_bytes(packed[:len(packed) // 2])
+    elif damage == "not gzip":
+        images.write_bytes(b"<html>not found</html>")
+    else:  # a header cut inside its dimensions: numpy's offset error named no file
+        images.write_bytes(gzip.compress(gzip.decompress(packed)[:6]))
+    with pytest.raises(ValueError, match=rf"{images}.*apt-get install --reinstall "
+                                         r"dataset-fashion-mnist"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+
+
+def test_images_and_labels_that_do_not_pair_up_are_refused(tmp_path):
+    import shutil
+
+    from distkeras.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
+
+    _copy_test_split(tmp_path)
+    # The training labels beside the test images: 60,000 labels for 10,000 images were
+    # returned as they were, to fail (or train on the wrong pairs) far from the cause.
+    shutil.copy(f"{FASHION_MNIST_DIR}/train-labels-idx1-ubyte.gz",
+                tmp_path / "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(ValueError, match=r"10000 images of 28x28.*60000 labels"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+    # A labels file where the images go: 1-D "images".
+    shutil.copy(f"{FASHION_MNIST_DIR}/t10k-labels-idx1-ubyte.gz",
+                tmp_path / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz holds an array of "
+                                         r"shape \(10000,\)"):
+        load_fashion_mnist_numpy("test", data_dir=str(tmp_path))
+
+
+def test_a_failed_download_says_which_package_to_install(tmp_path, monkeypatch):
+    import keras
+
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    def offline():  # what keras.utils.get_file raises without a network: a bare Exception
+        raise Exception("URL fetch failure on https://example/train-labels-idx1-ubyte.gz: "
+                        "None -- [Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(keras.datasets.fashion_mnist, "load_data", offline)
+    monkeypatch.setenv("DISTKERAS_FASHION_MNIST_DIR", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'empty'}.*URL fetch failure"
+                                                r".*apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist_numpy("test")
+
+
+def _write_idx(path, array):
+    """An IDX file (gzipped) of a uint8 array, as the MNIST files are."""
+    import gzip
+
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(size).to_bytes(4, "big") for size in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_the_parquet_cache_keeps_each_folders_images_apart(spark, tmp_path):
+    from distkeras.datasets import load_fashion_mnist
+
+    for name, count, label in (("a", 3, 1), ("b", 4, 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        _write_idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((count, 28, 28)))
+        _write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.full(count, label))
+    cache = str(tmp_path / "cache")
+    first = load_fashion_mnist(spark, "test", data_dir=str(tmp_path / "a"), cache_dir=cache)
+    assert [row.label_index for row in first.collect()] == [1, 1, 1]
+    # The cache's name said split, limit and packing only: folder b got folder a's rows.
+    second = load_fashion_mnist(spark, "test", data_dir=str(tmp_path / "b"), cache_dir=cache)
+    assert [row.label_index for row in second.collect()] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("limit", [-5, 0, 2.5, True])
+def test_a_limit_that_is_no_count_of_images_is_refused(spark, tmp_path, limit):
+    from distkeras.datasets import load_fashion_mnist
+
+    # images[:-5] kept all but the last 5 images, and images[:0] none, silently.
+    with pytest.raises(ValueError, match=rf"`limit` must be None or an integer >= 1. "
+                                         rf"Received: limit={limit!r}"):
+        load_fashion_mnist(spark, "test", limit=limit, cache_dir=str(tmp_path))
+    assert not os.listdir(tmp_path)

@@ -182,6 +182,16 @@ def test_sweep_checks_its_arguments_before_any_work(change, message, tmp_path):
     assert not output_dir.exists()
 
 
+def test_sweep_refuses_an_output_dir_that_is_a_file(tmp_path):
+    from distkeras.experiments import sweep
+
+    (tmp_path / "results").write_text("kept")
+    with pytest.raises(ValueError, match=rf"`output_dir` {tmp_path / 'results'} is a file: "
+                                         "give a folder"):
+        sweep(None, output_dir=str(tmp_path / "results"))  # no Spark needed to refuse
+    assert (tmp_path / "results").read_text() == "kept"
+
+
 def run_command(*arguments):
     # JAVA_HOME points nowhere: a command that starts Spark fails with a Java error instead.
     env = dict(os.environ, JAVA_HOME="/nonexistent-java", PYTHONPATH=REPO)
@@ -193,6 +203,8 @@ def run_command(*arguments):
     (["--trainer", "ADAG", "Nope", "--workers", "1"], "Unknown trainer 'Nope'. Available"),
     (["--workers", "0"], "--workers: expected an integer >= 1, got '0'"),
     (["--window", "two"], "--window: expected an integer >= 1, got 'two'"),
+    # "[Errno 17] File exists: 'README.md'", once Spark had started.
+    (["--output-dir", "README.md"], "--output-dir README.md is a file: give a folder"),
 ])
 def test_command_rejects_bad_arguments_before_spark(arguments, message):
     done = run_command("sweep", *arguments)

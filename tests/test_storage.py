@@ -85,6 +85,22 @@ def test_a_folder_is_no_file(spark, tmp_path):
     assert os.listdir(folder) == ["inside"] and os.listdir(tmp_path) == ["folder"]
 
 
+def test_a_path_under_a_file_is_refused_before_writing(spark, tmp_path):
+    from distkeras import storage
+
+    (tmp_path / "notes.txt").write_text("kept")
+    for path in (tmp_path / "notes.txt" / "model.keras",
+                 tmp_path / "notes.txt" / "deeper" / "model.keras"):
+        # It failed in os.makedirs with "[Errno 17] File exists: '.../notes.txt'".
+        with pytest.raises(NotADirectoryError, match=rf"{tmp_path / 'notes.txt'} is a file"):
+            storage.check_writable(str(path))
+        with pytest.raises(NotADirectoryError, match=rf"cannot write {path}"):
+            storage.write_bytes(str(path), b"bytes")
+    storage.check_writable(str(tmp_path / "absent" / "deeper" / "model.keras"))  # made
+    assert os.listdir(tmp_path) == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "kept"
+
+
 def test_lambda_layer_is_refused(spark, tmp_path):
     import keras
 
