@@ -343,6 +343,10 @@ def command_train(argv):
     except Exception as error:
         write_status(args.status, "failed", error=f"{type(error).__name__}: {_message(error)}")
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGINT: the status said "training" to whoever follows it, for good.
+        write_status(args.status, "failed", error="KeyboardInterrupt: interrupted")
+        raise
 
 
 def _check_one_model(trainer_class):

@@ -212,10 +212,12 @@ def write_parquet(table, path, row_group_size=2048, compression="none"):
     """
     import pyarrow.parquet as pq
 
+    from distkeras.storage import replacing_local_file
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    pq.write_table(table, temporary, row_group_size=row_group_size, compression=compression)
-    os.replace(temporary, path)
+    with replacing_local_file(path) as temporary:
+        pq.write_table(table, temporary, row_group_size=row_group_size,
+                       compression=compression)
 
 
 def load_fashion_mnist(spark, split="train", limit=None, num_partitions=None, data_dir=None,

@@ -230,13 +230,14 @@ def _cell(column, value):
 
 def write_csv(results, path):
     """Writes results (dicts with the `COLUMNS`) to ``path`` atomically."""
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+    from distkeras.storage import replacing_local_file
+
+    with replacing_local_file(path) as temporary, \
+            open(temporary, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(COLUMNS)
         for result in results:
             writer.writerow([_cell(column, result.get(column)) for column in COLUMNS])
-    os.replace(temporary, path)
 
 
 def read_csv(path):

@@ -148,6 +148,24 @@ def check_writable(path):
 
 
 @contextlib.contextmanager
+def replacing_local_file(path):
+    """A temporary path next to the local file ``path``, for a writer that needs a path
+    (pyarrow, csv): it replaces ``path`` when the block succeeds and is removed when it
+    fails (a full disk, a value that cannot be written), so nothing is left behind.
+
+    Yields:
+        The temporary path to write.
+    """
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+@contextlib.contextmanager
 def atomic_writer(path):
     """A writable stream whose content replaces ``path`` only when the block succeeds.
 

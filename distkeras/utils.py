@@ -1,6 +1,7 @@
 """Model transport (`.keras` bytes) and history helpers."""
 
 import logging
+import numbers
 import os
 import sys
 import tempfile
@@ -369,8 +370,17 @@ def _flat_metrics(metrics):
 
 
 def _check_loss_weights(loss, loss_weights):
-    """Keras takes a list of loss weights only with as many losses (its first step fails
-    otherwise, on every executor)."""
+    """Keras takes a number, a list of numbers (as many as losses) or a dict of numbers
+    by output name as loss weights; anything else fails its compile, on every executor."""
+    if loss_weights is None:
+        return
+    values = loss_weights.values() if isinstance(loss_weights, dict) else \
+        loss_weights if isinstance(loss_weights, (list, tuple)) else [loss_weights]
+    if any(isinstance(value, bool) or not isinstance(value, numbers.Real) for value in values):
+        raise ValueError(
+            "`loss_weights` must be a number (one output), a list of numbers (one per loss) "
+            "or a dict of numbers by output name, as in Keras's compile(). Received: "
+            f"{loss_weights!r}")
     if not isinstance(loss_weights, (list, tuple)):
         return
     losses = len(loss) if isinstance(loss, (list, tuple)) or (

@@ -42,6 +42,29 @@ def test_train_in_process(spark, parquet_data, model_file, tmp_path, fashion_tes
     assert sum(record["batch_size"] for record in records) == 1500
 
 
+def test_an_interrupted_training_leaves_a_failed_status(spark, parquet_data, model_file,
+                                                         tmp_path, monkeypatch):
+    """Ctrl-C (or the SIGINT a job server sends) left the status at "training" for good."""
+    from distkeras import cli
+    from distkeras.trainers import SingleTrainer
+
+    status_path = str(tmp_path / "status.json")
+    seen = []
+
+    def interrupted(self, *args, **kwargs):
+        seen.append(json.load(open(status_path))["state"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SingleTrainer, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["train", "--data", parquet_data, "--model", model_file, "--trainer",
+                  "SingleTrainer", "--output", str(tmp_path / "out.keras"),
+                  "--status", status_path])
+    assert seen == ["training"]
+    status = json.load(open(status_path))
+    assert status["state"] == "failed" and "KeyboardInterrupt" in status["error"]
+
+
 def test_train_options_validate_and_weigh(spark, parquet_data, model_file, tmp_path):
     from distkeras import cli
 

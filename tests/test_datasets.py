@@ -259,3 +259,27 @@ def test_a_limit_that_is_no_count_of_images_is_refused(spark, tmp_path, limit):
                                          rf"Received: limit={limit!r}"):
         load_fashion_mnist(spark, "test", limit=limit, cache_dir=str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_a_parquet_write_that_fails_leaves_the_last_file_and_nothing_else(tmp_path,
+                                                                           monkeypatch):
+    """A write that failed midway (a full disk) left its temporary file beside the cache."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distkeras.datasets import write_parquet
+
+    path = str(tmp_path / "images.parquet")
+    write_parquet(pa.table({"x": [1, 2, 3]}), path)
+
+    def disk_full(table, where, **kwargs):
+        with open(where, "wb") as handle:
+            handle.write(b"PAR1 cut short")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_parquet(pa.table({"x": [4]}), path)
+    monkeypatch.undo()
+    assert pq.read_table(path).column("x").to_pylist() == [1, 2, 3]
+    assert os.listdir(tmp_path) == ["images.parquet"]

@@ -326,3 +326,19 @@ def test_plot_history_leaves_out_superseded_steps():
     mean_line = plot_history(failed + retried).axes[0].get_lines()[-1]
     assert len(mean_line.get_xdata()) == len(retried)
     assert max(mean_line.get_ydata()) <= 1.0
+
+
+def test_a_results_file_that_fails_to_write_leaves_the_last_one_and_nothing_else(tmp_path):
+    """A write that failed midway (here a value no number; a full disk alike) left its
+    temporary file next to results.csv."""
+    from distkeras import experiments
+
+    path = str(tmp_path / "results.csv")
+    column = sorted(experiments._DECIMALS)[0]
+    experiments.write_csv([{"trainer": "ADAG", column: 1.5}], path)
+    before = open(path).read()
+    with pytest.raises(ValueError):
+        experiments.write_csv([{"trainer": "ADAG", column: 2.5},
+                               {"trainer": "DOWNPOUR", column: "not a number"}], path)
+    assert open(path).read() == before
+    assert os.listdir(tmp_path) == ["results.csv"]

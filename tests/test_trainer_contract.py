@@ -608,6 +608,11 @@ def test_metrics_follow_keras_for_several_outputs(two_target_frame):
     with pytest.raises(ValueError, match=r"`loss_weights` holds 2 weights for 1 loss\(es\)"):
         SingleTrainer(_two_outputs(), "adam", "mse", loss_weights=[1.0, 0.5],
                       **columns).train(two_target_frame, verbose=0)
+    # Not numbers (a JSON config's string, say): Keras's compile on each executor refused it.
+    for weights in ["{bad", [1.0, "0.5"], {"reg": None, "cls": 1.0}, [True, 1.0]]:
+        with pytest.raises(ValueError, match=r"`loss_weights` must be a number \(one output\)"):
+            SingleTrainer(_two_outputs(), "adam", losses, loss_weights=weights,
+                          **columns).train(two_target_frame, verbose=0)
     # A dict by output name, as Keras takes it.
     trainer = DOWNPOUR(_two_outputs(), "adam", {"reg": "mse", "cls": losses[1]},
                        metrics={"cls": "accuracy"}, num_workers=2, **columns)
