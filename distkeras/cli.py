@@ -297,13 +297,14 @@ def write_status(path, state, **details):
         CommandError: Naming ``--status`` and its path (not the temporary file's), when
             the file cannot be written.
     """
+    from distkeras.storage import replacing_local_file
+
     if path is None:
         return
-    temporary = f"{path}.tmp"
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
+        with replacing_local_file(path) as temporary, \
+                open(temporary, "w", encoding="utf-8") as handle:
             json.dump({"state": state, "time": time.time(), **details}, handle)
-        os.replace(temporary, path)
     except OSError as error:
         raise CommandError(f"--status {path}: cannot write it "
                            f"({error.strerror or error})") from error
@@ -396,14 +397,19 @@ def _train_options(args):
         raise CommandError(str(error)) from error
 
 
+def _output_flags(args):
+    """``(flag, path)`` of each output file that ``train`` was given."""
+    return [(flag, path) for flag, path in (("--output", args.output),
+                                            ("--history", args.history),
+                                            ("--validation-history", args.validation_history))
+            if path is not None]
+
+
 def _check_distinct_outputs(args):
     """Refuses two outputs at one path: the later write would replace the earlier one (a
     history written over the trained model)."""
     seen = {}
-    for flag, path in (("--output", args.output), ("--history", args.history),
-                       ("--validation-history", args.validation_history)):
-        if path is None:
-            continue
+    for flag, path in _output_flags(args):
         key = os.path.abspath(path) if "://" not in path else path
         if key in seen:
             raise CommandError(f"{flag} {path} is also {seen[key]}: give each its own path")
@@ -415,10 +421,7 @@ def _check_outputs(args):
     would lose."""
     from distkeras import storage
 
-    for flag, path in (("--output", args.output), ("--history", args.history),
-                       ("--validation-history", args.validation_history)):
-        if path is None:
-            continue
+    for flag, path in _output_flags(args):
         try:
             storage.check_writable(path)
         except IsADirectoryError as error:
