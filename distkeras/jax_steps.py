@@ -19,11 +19,81 @@ Two more costs are removed against a loop over Keras's train function:
   directly, without writing the optimizer and metric state back into Keras variables.
 """
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from distkeras.sample_weights import fit_data
+
+
+class CallLength:
+    """Chooses, by timing this model's steps, whether a window runs in one compiled call.
+
+    A window in one call (`jax.lax.scan`) saves Python's dispatch between steps, which
+    matters only when a step is short. It can also cost: on the JAX CPU backend a scan of
+    convolution or recurrent steps ran 2-4x slower than the same steps called one by one
+    (docs/benchmarks.md, "Steps per compiled call"). So the worker first runs single steps
+    and times a few; if they are short, it times windows in one call, and keeps the faster.
+    A model compiled with ``steps_per_execution`` > 1 always runs its windows in one call,
+    as its `fit` would.
+
+    Args:
+        one_call: True or False to fix the choice; None to choose by timing.
+    """
+
+    SETTLE_STEPS = 2  # steps after the first (which compiles) before the clock starts
+    TIMED_STEPS = 8
+    # Steps longer than this gain little from a scan (dispatch costs ~0.1 ms): no trial.
+    SHORT_STEP_SECONDS = 0.004
+    # A scan must save at least this share of the step time to be kept.
+    MIN_SAVING = 0.1
+
+    def __init__(self, one_call=None):
+        self.one_call = one_call
+        self.step_seconds = None  # a single step's measured time, once known
+        self.window_step_seconds = None
+        self._steps = 0
+        self._windows = 0
+        self._started = None
+
+    def wants_one_call(self):
+        """Whether the next window should run in one compiled call."""
+        if self.one_call is not None:
+            return self.one_call
+        return self.step_seconds is not None  # time windows once single steps are timed
+
+    def after_step(self, state):
+        """Times single steps while undecided (blocks twice on ``state``)."""
+        if self.one_call is not None or self.step_seconds is not None:
+            return
+        self._steps += 1
+        if self._steps == 1 + self.SETTLE_STEPS:
+            self._started = _ready_time(state)
+        elif self._steps == 1 + self.SETTLE_STEPS + self.TIMED_STEPS:
+            self.step_seconds = (_ready_time(state) - self._started) / self.TIMED_STEPS
+            if self.step_seconds >= self.SHORT_STEP_SECONDS:
+                self.one_call = False
+
+    def before_window(self, state):
+        """Starts the clock on the second window in one call (the first compiles)."""
+        if self.one_call is None and self.step_seconds is not None:
+            self._windows += 1
+            if self._windows == 2:
+                self._started = _ready_time(state)
+
+    def after_window(self, state, count):
+        """Keeps windows in one call if the timed one saved enough per step."""
+        if self.one_call is None and self._windows == 2:
+            self.window_step_seconds = (_ready_time(state) - self._started) / count
+            self.one_call = (self.window_step_seconds
+                             < (1 - self.MIN_SAVING) * self.step_seconds)
+
+
+def _ready_time(state):
+    jax.block_until_ready(state)
+    return time.perf_counter()
 
 
 class JaxTrainStep:
@@ -35,6 +105,8 @@ class JaxTrainStep:
 
     def __init__(self, model):
         self.model = model
+        self.call_length = CallLength(
+            True if (getattr(model, "steps_per_execution", 1) or 1) > 1 else None)
         self.state = None  # (trainable, non_trainable, optimizer) JAX arrays, or None
         self._step = None
         self._window = None
@@ -105,6 +177,7 @@ class JaxTrainStep:
         if self.state is None:
             self._load_state()
         (logs, self.metric_values), self.state = self._step(self.state, data)
+        self.call_length.after_step(self.state)
         return logs
 
     def run_window(self, batches):
@@ -122,7 +195,9 @@ class JaxTrainStep:
         if self.state is None:
             self._load_state()
         stacked = jax.tree_util.tree_map(lambda *arrays: stack(arrays), *batches)
+        self.call_length.before_window(self.state)
         (logs, self.metric_values), self.state = self._window(self.state, stacked)
+        self.call_length.after_window(self.state, len(batches))
         return logs
 
     def get_weights(self):

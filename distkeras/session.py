@@ -32,13 +32,14 @@ def local_spark_session(master="local[2]", app_name="distkeras", **conf):
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.executorEnv.KERAS_BACKEND",
-                       os.environ.get("KERAS_BACKEND", "jax"))
-               # One XLA thread per worker: local[N] already runs N workers on N cores, and
-               # more threads per worker only fight over them (measured: 2.1 against 2.5
-               # ms per step of the 784-500-500-10 MLP).
-               .config("spark.executorEnv.XLA_FLAGS", os.environ.get(
-                   "DISTKERAS_EXECUTOR_XLA_FLAGS",
-                   "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")))
+                       os.environ.get("KERAS_BACKEND", "jax")))
+    # XLA's CPU threads stay as JAX sets them: a lone worker (SingleTrainer) runs a
+    # convolution on every core, as `fit` does (one thread per worker made a CNN 1.3-1.5x
+    # slower), and several workers on one machine are each pinned to their own cores
+    # (`distkeras.affinity`). DISTKERAS_EXECUTOR_XLA_FLAGS sets the executors' XLA_FLAGS.
+    if os.environ.get("DISTKERAS_EXECUTOR_XLA_FLAGS"):
+        builder = builder.config("spark.executorEnv.XLA_FLAGS",
+                                 os.environ["DISTKERAS_EXECUTOR_XLA_FLAGS"])
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

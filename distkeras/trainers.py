@@ -705,7 +705,9 @@ class Trainer(compat.TrainerAccessors):
         (``jit_compile``, ``steps_per_execution``, ``run_eagerly``): the returned model keeps
         them, and the workers run their steps with its ``jit_compile`` and ``run_eagerly``
         (a Python side effect in ``train_step`` or a layer's ``call`` then happens at every
-        step, as in its `fit`; JAX's window of steps in one compiled call needs both on)."""
+        step, as in its `fit`; JAX's window of steps in one compiled call needs both on).
+        A ``steps_per_execution`` above 1 makes them run each window in one compiled call
+        (see `jax_steps.CallLength`)."""
         model = self.master_model
         if not getattr(model, "compiled", False):
             return {}
@@ -735,7 +737,7 @@ class Trainer(compat.TrainerAccessors):
             getattr(self, "_weighted_metrics", None))
         worker.execution_options = {
             name: value for name, value in self._execution_options().items()
-            if name in ("jit_compile", "run_eagerly")}
+            if name in ("jit_compile", "run_eagerly", "steps_per_execution")}
         worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
         # The `.keras` bytes leave them out: without them each worker's Dropout would draw
         # from its executor's own seed (see `model_state.seed_states`).
@@ -1036,13 +1038,18 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
-        self.communication_window = (self.default_window if communication_window is None
-                                     else communication_window)
+        self.communication_window = (self.default_window_for(num_workers)
+                                     if communication_window is None else communication_window)
         self.master_port = master_port
         self.learning_rate = learning_rate
         self.worker_timeout = worker_timeout
         self.overlap_communication = overlap_communication
         self.parameter_server = None
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        """The ``communication_window`` used when none is given, for ``num_workers``."""
+        return cls.default_window
 
     def get_config(self):
         config = super().get_config()
@@ -1335,10 +1342,25 @@ class ADAG(AsynchronousDistributedTrainer):
     """ADAG (asynchronous distributed adaptive gradients, Hermans 2017).
 
     Workers commit their change since the last pull divided by the window; the server adds
-    it. Robust to its hyperparameters; windows of 10 to 15 work well. Default 12.
+    it. Default window: the number of workers, at most 12.
+
+    Notes:
+        Each commit moves the center by about one step's worth of progress, however long
+        the window, so at equal epochs the center advances about ``num_workers / window``
+        times as far as one worker would. The original's window of 12 suits 12 or more
+        workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
+        points below `fit`'s (docs/benchmarks.md, "Model zoo"). So a window not given is
+        ``min(num_workers, 12)``.
     """
 
     default_window = 12
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        if isinstance(num_workers, int) and not isinstance(num_workers, bool) \
+                and num_workers >= 1:
+            return min(num_workers, cls.default_window)
+        return cls.default_window  # a bad num_workers is refused by train()
 
     def allocate_worker(self):
         return workers.ADAGWorker(self.master_model)

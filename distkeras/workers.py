@@ -210,6 +210,11 @@ class ModelReplica:
         sizes = {_batch_size(batch[0]) for batch in batches}
         return self._fast_step is not None and len(batches) >= 2 and len(sizes) == 1
 
+    def prefers_window(self, batches):
+        """Whether ``batches`` should run in one compiled call: it can (`runs_window`)
+        and, for this model, one call is faster than a call per step (`CallLength`)."""
+        return self.runs_window(batches) and self._fast_step.call_length.wants_one_call()
+
     def set_optimizer_state(self, values):
         """Sets the optimizer's variables (see `set_optimizer_state`)."""
         self._sync()
@@ -258,7 +263,7 @@ class Worker:
         self.backend = None
         self.custom_objects = {}  # set by the trainer: see `distkeras.custom_objects`
         self.weighted_metrics = None  # set by the trainer: a compiled model's
-        # Set by the trainer: a compiled model's jit_compile and run_eagerly.
+        # Set by the trainer: a compiled model's jit_compile, run_eagerly, steps_per_execution.
         self.execution_options = {}
         self.worker_id = 0
         self.iteration = 1
@@ -369,7 +374,8 @@ class Worker:
 
         Runs the steps in one compiled call unless a subclass defines its own `train_step`.
         """
-        whole = type(self).train_step is Worker.train_step and self.model.runs_window(batches)
+        whole = (type(self).train_step is Worker.train_step
+                 and self.model.prefers_window(batches))
         self._note_compiles(batches, whole)
         if not whole:
             for batch in batches:

@@ -1,0 +1,44 @@
+"""Defaults chosen for good models and full speed on every kind of model."""
+
+import pytest
+from conftest import build_mlp
+
+
+@pytest.mark.parametrize("workers, window", [(1, 1), (2, 2), (8, 8), (12, 12), (40, 12)])
+def test_adag_window_defaults_to_the_number_of_workers_up_to_12(workers, window):
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(), num_workers=workers)
+    assert trainer.communication_window == window
+    assert trainer.get_config()["communication_window"] == window
+
+
+def test_a_given_window_is_kept_and_other_trainers_keep_theirs():
+    from distkeras.trainers import ADAG, AEASGD, DOWNPOUR, DynSGD
+
+    assert ADAG(build_mlp(), num_workers=2, communication_window=12).communication_window == 12
+    assert DOWNPOUR(build_mlp(), num_workers=40).communication_window == 5
+    assert DynSGD(build_mlp(), num_workers=40).communication_window == 5
+    assert AEASGD(build_mlp(), num_workers=2).communication_window == 32
+
+
+def test_a_bad_worker_count_still_gets_a_window_and_is_refused_by_train():
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(), worker_optimizer="adam", loss="mse", num_workers=0)
+    assert trainer.communication_window == 12
+    with pytest.raises(ValueError, match="num_workers"):
+        trainer.validate_arguments()
+
+
+@pytest.mark.spark
+def test_executors_keep_every_xla_thread_unless_told(spark):
+    """A lone worker (SingleTrainer) runs a convolution on every core, as `fit` does."""
+    import os
+
+    conf = spark.sparkContext.getConf()
+    expected = os.environ.get("DISTKERAS_EXECUTOR_XLA_FLAGS")
+    assert conf.get("spark.executorEnv.XLA_FLAGS") == expected
+    flags = spark.sparkContext.parallelize([0], 1).map(
+        lambda _: __import__("os").environ.get("XLA_FLAGS")).collect()
+    assert flags == [os.environ.get("XLA_FLAGS")]
