@@ -286,6 +286,14 @@ class Trainer(compat.TrainerAccessors):
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
+
+        Raises:
+            ValueError: A setting, a column or the model does not fit the data; raised on
+                the driver, before any Spark job, naming what to change.
+            distkeras.errors.InvalidDataError: A row no retry can train on (a null, NaN,
+                an array of the wrong length, a label out of range), naming the column.
+            distkeras.errors.TrainingError: A worker or the parameter server failed, or a
+                worker stalled past ``worker_timeout``.
         """
         # One run at a time: a run keeps its state on the trainer (copies of a Spark ML
         # estimator share one, and CrossValidator may fit them in parallel threads).
@@ -790,17 +798,20 @@ class Trainer(compat.TrainerAccessors):
 class SingleTrainer(Trainer):
     """One replica trained on all the data in one Spark task: the baseline.
 
-    With validation data or callbacks the driver evaluates and calls back at every epoch's
-    exact end, as Keras's ``fit`` does: the task waits there on an `EpochServer` and goes
-    on with its weights and optimizer state (or, with no task slot to spare for a
-    callback of the user's own, each epoch is a Spark task of its own that goes on from
-    the last one's). ``EarlyStopping`` stops before the next epoch starts, and a learning
-    rate that ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next
-    epoch.
+    Takes `Trainer`'s arguments. Positional arguments come in dist-keras's order
+    (``features_col``, ``label_col``, ``num_epoch``, ``batch_size`` after ``metrics``).
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``num_epoch``, ``batch_size`` after ``metrics``), so code written for it trains as
-    written. Args: see `Trainer`.
+    Notes:
+        With validation data or callbacks, the driver evaluates and calls back at every
+        epoch's exact end, as Keras's ``fit`` does. The task waits there on an
+        `EpochServer`, then goes on with its weights and optimizer state. With no task
+        slot to spare for a callback of the user's own, each epoch is a Spark task of its
+        own instead, going on from the last one's.
+
+        ``EarlyStopping`` stops before the next epoch starts. A learning rate that
+        ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
+
+        The dist-keras order lets code written for dist-keras train as written.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -967,10 +978,11 @@ class SingleTrainer(Trainer):
 class DistributedTrainer(Trainer, compat.DistributedAccessors):
     """A trainer that runs ``num_workers`` replicas, one Spark task each.
 
+    Takes `Trainer`'s arguments as well; the ones below are its own.
+
     Args:
         num_workers: Replicas trained in parallel.
         parallelism_factor: Partitions per worker (more, smaller tasks).
-        (the rest): See `Trainer`.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1011,6 +1023,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
     (default: `DeltaParameterServer`, ``C += delta``).
 
+    Takes `DistributedTrainer`'s arguments as well; the ones below are its own.
+
     Args:
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
@@ -1023,7 +1037,6 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             a background thread while the next window trains, applying the worker's own
             update locally instead of waiting to pull it back (see `WindowedWorker`). The
             same path for one worker; with several, others' commits arrive a window later.
-        (the rest): See `DistributedTrainer`.
     """
 
     default_window = 5
@@ -1322,7 +1335,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
 class DOWNPOUR(AsynchronousDistributedTrainer):
     """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
 
-    Works best with small windows (under 5). Default ``communication_window=5``.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default.
+
+    Notes:
+        Works best with small windows, under 5. Each commit adds a whole window's change,
+        computed from weights that others moved meanwhile, so large windows overshoot.
     """
 
     default_window = 5
@@ -1332,10 +1350,15 @@ class DOWNPOUR(AsynchronousDistributedTrainer):
 
 
 class ADAG(AsynchronousDistributedTrainer):
-    """ADAG (asynchronous distributed adaptive gradients, Hermans 2017).
+    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
 
-    Workers commit their change since the last pull divided by the window; the server adds
-    it. Robust to its hyperparameters; windows of 10 to 15 work well. Default 12.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 12 by
+    default.
+
+    Notes:
+        ADAG, asynchronous distributed adaptive gradients, is the recommended default. It
+        is robust to its hyperparameters, and windows of 10 to 15 work well. Non-trainable
+        weights, such as BatchNormalization's statistics, are committed whole.
     """
 
     default_window = 12
@@ -1350,8 +1373,13 @@ class ADAG(AsynchronousDistributedTrainer):
 class DynSGD(AsynchronousDistributedTrainer):
     """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
 
-    Workers commit ``W - W_pull`` with the update count they saw at their last pull; the
-    server applies ``C += delta / (num_updates - last_update + 1)``. Default window 5.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default.
+
+    Notes:
+        Workers commit ``W - W_pull`` with the update count they saw at their last pull.
+        The server applies ``C += delta / (num_updates - last_update + 1)``, so a commit
+        that others overtook counts less.
     """
 
     default_window = 5
@@ -1366,15 +1394,18 @@ class DynSGD(AsynchronousDistributedTrainer):
 class AEASGD(AsynchronousDistributedTrainer):
     """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
 
-    Every ``communication_window`` steps a worker pulls C, computes the elastic force
-    ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``; the server
-    adds it (``C += E``). Workers explore on their own between exchanges, so large windows
-    (over 25) suit it. Defaults: window 32, rho 5.0, learning_rate 0.1.
+    Takes `AsynchronousDistributedTrainer`'s arguments as well; the ones below are its own.
+    ``communication_window`` is 32 by default.
 
     Args:
         rho: Strength of the elastic force.
         learning_rate: Multiplies the elastic force (``rho * learning_rate`` must be <= 1).
-        (the rest): See `AsynchronousDistributedTrainer`.
+
+    Notes:
+        Every ``communication_window`` steps a worker pulls C, computes the elastic force
+        ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``. The
+        server adds it, ``C += E``. Workers explore on their own between exchanges, so
+        large windows, over 25, suit it.
     """
 
     default_window = 32
@@ -1412,13 +1443,15 @@ class AEASGD(AsynchronousDistributedTrainer):
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
-    Each local step is taken by the Keras optimizer at the look-ahead point
-    ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. Defaults: window 32,
-    rho 5.0, learning_rate 0.1, momentum 0.9.
+    Takes `AEASGD`'s arguments as well; the ones below are its own.
 
     Args:
         momentum: The local momentum (0 gives AEASGD).
-        (the rest): See `AEASGD`.
+
+    Notes:
+        Each local step is taken by the Keras optimizer at the look-ahead point
+        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. The momentum is
+        the paper's setting for plain SGD: with Adam it compounds with Adam's own.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1453,9 +1486,13 @@ class EAMSGD(AEASGD):
 class Experimental(AsynchronousDistributedTrainer):
     """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
 
-    Workers commit ADAG's residual and the center they pulled; the server damps each weight's
-    update by how far the center moved since: ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
-    Defaults: window 5, learning_rate 1.0.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 and
+    ``learning_rate`` 1.0 by default.
+
+    Notes:
+        Workers commit ADAG's residual and the center they pulled. The server damps each
+        weight's update by how far the center moved since:
+        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
     """
 
     default_window = 5
@@ -1496,17 +1533,21 @@ def _next_iterations(records):
 class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
-    Every epoch starts all replicas from the last average, each with a fresh optimizer (at
-    the learning rate a ``LearningRateScheduler`` or ``ReduceLROnPlateau`` callback set).
-    With several epochs and a slot for every worker (and one more for a Spark job that
-    a callback of the user's own might start), all epochs run in one Spark job:
-    each worker replays its partition from local disk and the workers meet at each epoch's
-    end on the driver's `AveragingServer` (a barrier stage, so they run at once);
-    otherwise each epoch is a Spark job of its own and the driver averages the results.
+    Takes `DistributedTrainer`'s arguments. Positional arguments come in dist-keras's
+    order (``features_col``, ``label_col``, ``num_epoch``, ``batch_size``, ``num_workers``
+    after ``metrics``), so code written for dist-keras trains as written.
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``num_epoch``, ``batch_size``, ``num_workers`` after ``metrics``), so code written for
-    it trains as written. Args: see `DistributedTrainer`.
+    Notes:
+        Every epoch starts all replicas from the last average, each with a fresh
+        optimizer, at the learning rate a ``LearningRateScheduler`` or
+        ``ReduceLROnPlateau`` callback set.
+
+        With several epochs and a slot for every worker, all epochs run in one Spark job.
+        A callback of the user's own needs one more slot, for a Spark job it might start.
+        Each worker replays its partition from local disk, and the workers meet at each
+        epoch's end on the driver's `AveragingServer`: a barrier stage, so they run at
+        once. Otherwise each epoch is a Spark job of its own, and the driver averages the
+        results.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1621,18 +1662,18 @@ class AveragingTrainer(DistributedTrainer):
 class EnsembleTrainer(DistributedTrainer):
     """Trains ``num_ensembles`` independent models, one per partition of the data.
 
-    Each member starts from its own random initial weights (seeded by ``seed`` plus its
-    index) and trains on its share of the data. `train()` returns the list of models.
+    Each member starts from its own random initial weights, seeded by ``seed`` plus its
+    index, and trains on its share of the data. `train()` returns the list of models.
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``batch_size``, ``num_ensembles`` after ``metrics``), so code written for it trains as
+    Takes `Trainer`'s arguments as well; the ones below are its own. Positional arguments
+    come in dist-keras's order (``features_col``, ``label_col``, ``batch_size``,
+    ``num_ensembles`` after ``metrics``), so code written for dist-keras trains as
     written.
 
     Args:
         num_ensembles: Number of models.
         seed: Base seed for the members' initial weights (an integer from 0; member ``i``
             is seeded with ``seed + i``; default: 0).
-        (the rest): See `Trainer`.
     """
 
     exchanges_weights = False  # each member ends with its moving averages, as its fit

@@ -1,5 +1,6 @@
-"""docs/optimizers.md: the "Write your own optimizer" tutorial, the usage block and the
-staleness block run as printed, and the defaults the page states are the code's."""
+"""docs/writing-an-algorithm.md's tutorial, and docs/optimizers.md's usage block and
+staleness block, run as printed, and the defaults the algorithms page states are the
+code's."""
 
 import inspect
 import os
@@ -10,11 +11,12 @@ from conftest import accuracy, build_mlp
 from readme_support import section_blocks
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
+TUTORIAL = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "writing-an-algorithm.md")
 MARKER = "<!-- tutorial -->"
 
 
-def read_doc():
-    with open(DOC, encoding="utf-8") as handle:
+def read_doc(path=DOC):
+    with open(path, encoding="utf-8") as handle:
         return handle.read()
 
 
@@ -30,7 +32,7 @@ def tutorial_code(text):
 
 
 def test_tutorial_block_is_found():
-    code = tutorial_code(read_doc())
+    code = tutorial_code(read_doc(TUTORIAL))
     assert "class HalfStepWorker(NetworkWorker)" in code
     assert code.rstrip().endswith("model = trainer.train(dataframe)")
 
@@ -41,12 +43,12 @@ def test_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
 
     from distkeras.parameter_servers import SocketParameterServer
 
-    code = tutorial_code(read_doc())
+    code = tutorial_code(read_doc(TUTORIAL))
     # As a reader pasting the block into a notebook or a script: its classes belong to
     # __main__, which Spark's cloudpickle ships to the executors by value.
     namespace = {"__name__": "__main__", "spark": spark,
                  "dataframe": fashion_train.limit(2000)}
-    exec(compile(code, DOC, "exec"), namespace)
+    exec(compile(code, TUTORIAL, "exec"), namespace)
 
     model = namespace["model"]
     assert isinstance(model, keras.Model)
