@@ -216,27 +216,41 @@ class Trainer(compat.TrainerAccessors):
         return self.training_time
 
     def get_history(self):
-        """One record per training step: worker_id, iteration, timestamp, loss, metrics.
+        """One record per training step of the last `train()`.
 
-        When Spark retried a worker's failed task, the records of its steps carry
-        ``attempt`` (the worker's attempts in the order they started, from 0), and those of
-        the failed attempt's steps that the retry trained again carry ``superseded=True``:
-        their commits were applied to the center, but they do not count in the progress,
-        the epochs' ends, `get_averaged_history` or `get_executor_history`.
+        Returns:
+            A list of dicts with ``worker_id``, ``iteration``, ``timestamp``,
+            ``batch_size``, ``epoch``, the loss and the metrics.
+
+        Notes:
+            When Spark retried a worker's failed task, the records of its steps carry
+            ``attempt``: the worker's attempts in the order they started, from 0. Those of
+            the failed attempt's steps that the retry trained again carry
+            ``superseded=True``. Their commits were applied to the center, but they do not
+            count in the progress, the epochs' ends, `get_averaged_history` or
+            `get_executor_history`.
         """
         return list(self.history)
 
     def get_averaged_history(self):
-        """The history averaged over workers, step by step within each epoch (a dict of
-        numpy arrays; see `distkeras.utils.average_history`)."""
+        """The history averaged over workers, step by step within each epoch.
+
+        Returns:
+            A dict of numpy arrays by name (``iteration``, ``epoch``, ``loss``, each
+            metric, ``timestamp``, ...); see `distkeras.utils.average_history`.
+        """
         return average_history(self.history)
 
     def get_executor_history(self, worker_id):
-        """The records of one worker (its partition index), of its final attempt where
-        Spark retried its task (see `get_history`).
+        """The step records of one worker, of its final attempt where Spark retried it.
 
-        An id without records (a typo, or a worker whose partition had no rows) gives an
-        empty list and a warning naming the ids that have records.
+        Args:
+            worker_id: The worker's partition index.
+
+        Returns:
+            The worker's records, as `get_history` gives them. An id without records (a
+            typo, or a worker whose partition had no rows) gives an empty list and a
+            warning naming the ids that have records.
         """
         records = [record for record in self.history
                    if record["worker_id"] == worker_id and not record.get("superseded")]
@@ -519,9 +533,12 @@ class Trainer(compat.TrainerAccessors):
         return False
 
     def get_validation_history(self):
-        """One record per evaluation of the validation data in the last `train()`:
-        ``epoch``, ``samples``, ``timestamp``, ``loss`` (the epoch's mean step loss, where
-        known), ``val_loss``, ``val_<metric>``."""
+        """One record per evaluation of the validation data in the last `train()`.
+
+        Returns:
+            A list of dicts with ``epoch``, ``samples``, ``timestamp``, ``loss`` (the
+            epoch's mean step loss, where known), ``val_loss`` and ``val_<metric>``.
+        """
         validator = getattr(self, "_validator", None)
         return list(validator.records) if validator is not None else []
 
