@@ -2,6 +2,7 @@
 staleness block, run as printed, and the defaults the algorithms page states are the
 code's."""
 
+import glob
 import inspect
 import os
 import re
@@ -89,10 +90,38 @@ def test_stated_defaults_match_the_code():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
             assert int(window) == cls.default_window, name
-        parameters = inspect.signature(cls.__init__).parameters
-        for key, value in re.findall(r"`(\w+)=([^`]+)`", others):
-            assert key in parameters, (name, key)
-            assert repr(parameters[key].default) == value, (name, key)
+        _check_defaults(cls, others, name)
+
+
+def _check_defaults(cls, text, where):
+    """Every ``name=value`` that ``text`` states in backticks is ``cls``'s default."""
+    from distkeras import trainers
+
+    parameters = inspect.signature(cls.__init__).parameters
+    stated = re.findall(r"`(\w+)=([^`]+)`", text)
+    for key, value in stated:
+        if key == "communication_window":
+            assert issubclass(cls, trainers.AsynchronousDistributedTrainer), where
+            assert int(value) == cls.default_window, where
+        else:
+            assert key in parameters, (where, key)
+            assert repr(parameters[key].default) == value, (where, key)
+    return stated
+
+
+def test_each_algorithm_page_states_the_code_defaults():
+    from distkeras import trainers
+
+    pages = sorted(glob.glob(os.path.join(os.path.dirname(DOC), "algorithms", "*.md")))
+    assert len(pages) == 9
+    for page in pages:
+        text = read_doc(page)
+        name = text.splitlines()[0].removeprefix("# ").strip()
+        defaults = text.split("## Defaults", 1)[1].split("\n## ", 1)[0]
+        cls = getattr(trainers, name)
+        stated = _check_defaults(cls, defaults, page)
+        if cls is not trainers.SingleTrainer:  # it has no parameters of its own
+            assert stated, page
 
 
 def doc_section_blocks(text, heading):
