@@ -188,7 +188,8 @@ class ProgressReporter:
     exchange no weights.
 
     Args:
-        host, port: The server's address.
+        host: The server's host.
+        port: The server's port.
         token: The run's token.
         every_seconds: Seconds between two reports.
     """

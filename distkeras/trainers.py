@@ -216,27 +216,41 @@ class Trainer(compat.TrainerAccessors):
         return self.training_time
 
     def get_history(self):
-        """One record per training step: worker_id, iteration, timestamp, loss, metrics.
+        """One record per training step of the last `train()`.
 
-        When Spark retried a worker's failed task, the records of its steps carry
-        ``attempt`` (the worker's attempts in the order they started, from 0), and those of
-        the failed attempt's steps that the retry trained again carry ``superseded=True``:
-        their commits were applied to the center, but they do not count in the progress,
-        the epochs' ends, `get_averaged_history` or `get_executor_history`.
+        Returns:
+            A list of dicts with ``worker_id``, ``iteration``, ``timestamp``,
+            ``batch_size``, ``epoch``, the loss and the metrics.
+
+        Notes:
+            When Spark retried a worker's failed task, the records of its steps carry
+            ``attempt``: the worker's attempts in the order they started, from 0. Those of
+            the failed attempt's steps that the retry trained again carry
+            ``superseded=True``. Their commits were applied to the center, but they do not
+            count in the progress, the epochs' ends, `get_averaged_history` or
+            `get_executor_history`.
         """
         return list(self.history)
 
     def get_averaged_history(self):
-        """The history averaged over workers, step by step within each epoch (a dict of
-        numpy arrays; see `distkeras.utils.average_history`)."""
+        """The history averaged over workers, step by step within each epoch.
+
+        Returns:
+            A dict of numpy arrays by name (``iteration``, ``epoch``, ``loss``, each
+            metric, ``timestamp``, ...); see `distkeras.utils.average_history`.
+        """
         return average_history(self.history)
 
     def get_executor_history(self, worker_id):
-        """The records of one worker (its partition index), of its final attempt where
-        Spark retried its task (see `get_history`).
+        """The step records of one worker, of its final attempt where Spark retried it.
 
-        An id without records (a typo, or a worker whose partition had no rows) gives an
-        empty list and a warning naming the ids that have records.
+        Args:
+            worker_id: The worker's partition index.
+
+        Returns:
+            The worker's records, as `get_history` gives them. An id without records (a
+            typo, or a worker whose partition had no rows) gives an empty list and a
+            warning naming the ids that have records.
         """
         records = [record for record in self.history
                    if record["worker_id"] == worker_id and not record.get("superseded")]
@@ -286,6 +300,14 @@ class Trainer(compat.TrainerAccessors):
 
         Returns:
             The trained model, compiled with ``worker_optimizer``, ``loss`` and ``metrics``.
+
+        Raises:
+            ValueError: A setting, a column or the model does not fit the data; raised on
+                the driver, before any Spark job, naming what to change.
+            distkeras.errors.InvalidDataError: A row no retry can train on (a null, NaN,
+                an array of the wrong length, a label out of range), naming the column.
+            distkeras.errors.TrainingError: A worker or the parameter server failed, or a
+                worker stalled past ``worker_timeout``.
         """
         # One run at a time: a run keeps its state on the trainer (copies of a Spark ML
         # estimator share one, and CrossValidator may fit them in parallel threads).
@@ -511,9 +533,12 @@ class Trainer(compat.TrainerAccessors):
         return False
 
     def get_validation_history(self):
-        """One record per evaluation of the validation data in the last `train()`:
-        ``epoch``, ``samples``, ``timestamp``, ``loss`` (the epoch's mean step loss, where
-        known), ``val_loss``, ``val_<metric>``."""
+        """One record per evaluation of the validation data in the last `train()`.
+
+        Returns:
+            A list of dicts with ``epoch``, ``samples``, ``timestamp``, ``loss`` (the
+            epoch's mean step loss, where known), ``val_loss`` and ``val_<metric>``.
+        """
         validator = getattr(self, "_validator", None)
         return list(validator.records) if validator is not None else []
 
@@ -792,17 +817,20 @@ class Trainer(compat.TrainerAccessors):
 class SingleTrainer(Trainer):
     """One replica trained on all the data in one Spark task: the baseline.
 
-    With validation data or callbacks the driver evaluates and calls back at every epoch's
-    exact end, as Keras's ``fit`` does: the task waits there on an `EpochServer` and goes
-    on with its weights and optimizer state (or, with no task slot to spare for a
-    callback of the user's own, each epoch is a Spark task of its own that goes on from
-    the last one's). ``EarlyStopping`` stops before the next epoch starts, and a learning
-    rate that ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next
-    epoch.
+    Takes `Trainer`'s arguments. Positional arguments come in dist-keras's order
+    (``features_col``, ``label_col``, ``num_epoch``, ``batch_size`` after ``metrics``).
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``num_epoch``, ``batch_size`` after ``metrics``), so code written for it trains as
-    written. Args: see `Trainer`.
+    Notes:
+        With validation data or callbacks, the driver evaluates and calls back at every
+        epoch's exact end, as Keras's ``fit`` does. The task waits there on an
+        `EpochServer`, then goes on with its weights and optimizer state. With no task
+        slot to spare for a callback of the user's own, each epoch is a Spark task of its
+        own instead, going on from the last one's.
+
+        ``EarlyStopping`` stops before the next epoch starts. A learning rate that
+        ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
+
+        The dist-keras order lets code written for dist-keras train as written.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -969,10 +997,11 @@ class SingleTrainer(Trainer):
 class DistributedTrainer(Trainer, compat.DistributedAccessors):
     """A trainer that runs ``num_workers`` replicas, one Spark task each.
 
+    Takes `Trainer`'s arguments as well; the ones below are its own.
+
     Args:
         num_workers: Replicas trained in parallel.
         parallelism_factor: Partitions per worker (more, smaller tasks).
-        (the rest): See `Trainer`.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1013,6 +1042,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
     (default: `DeltaParameterServer`, ``C += delta``).
 
+    Takes `DistributedTrainer`'s arguments as well; the ones below are its own.
+
     Args:
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
@@ -1025,7 +1056,6 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             a background thread while the next window trains, applying the worker's own
             update locally instead of waiting to pull it back (see `WindowedWorker`). The
             same path for one worker; with several, others' commits arrive a window later.
-        (the rest): See `DistributedTrainer`.
     """
 
     default_window = 5
@@ -1329,7 +1359,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
 class DOWNPOUR(AsynchronousDistributedTrainer):
     """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
 
-    Works best with small windows (under 5). Default ``communication_window=5``.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default.
+
+    Notes:
+        Works best with small windows, under 5. Each commit adds a whole window's change,
+        computed from weights that others moved meanwhile, so large windows overshoot.
     """
 
     default_window = 5
@@ -1339,18 +1374,18 @@ class DOWNPOUR(AsynchronousDistributedTrainer):
 
 
 class ADAG(AsynchronousDistributedTrainer):
-    """ADAG (asynchronous distributed adaptive gradients, Hermans 2017).
+    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
 
-    Workers commit their change since the last pull divided by the window; the server adds
-    it. Default window: the number of workers, at most 12.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
+    number of workers, at most 12, by default.
 
     Notes:
         Each commit moves the center by about one step's worth of progress, however long
         the window, so at equal epochs the center advances about ``num_workers / window``
         times as far as one worker would. The original's window of 12 suits 12 or more
         workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
-        points below `fit`'s (docs/benchmarks.md, "Model zoo"). So a window not given is
-        ``min(num_workers, 12)``.
+        points below `fit`'s (docs/benchmarks.md, "Model zoo"). Non-trainable weights,
+        such as BatchNormalization's statistics, are committed whole.
     """
 
     default_window = 12
@@ -1372,8 +1407,13 @@ class ADAG(AsynchronousDistributedTrainer):
 class DynSGD(AsynchronousDistributedTrainer):
     """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
 
-    Workers commit ``W - W_pull`` with the update count they saw at their last pull; the
-    server applies ``C += delta / (num_updates - last_update + 1)``. Default window 5.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default.
+
+    Notes:
+        Workers commit ``W - W_pull`` with the update count they saw at their last pull.
+        The server applies ``C += delta / (num_updates - last_update + 1)``, so a commit
+        that others overtook counts less.
     """
 
     default_window = 5
@@ -1388,15 +1428,18 @@ class DynSGD(AsynchronousDistributedTrainer):
 class AEASGD(AsynchronousDistributedTrainer):
     """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
 
-    Every ``communication_window`` steps a worker pulls C, computes the elastic force
-    ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``; the server
-    adds it (``C += E``). Workers explore on their own between exchanges, so large windows
-    (over 25) suit it. Defaults: window 32, rho 5.0, learning_rate 0.1.
+    Takes `AsynchronousDistributedTrainer`'s arguments as well; the ones below are its own.
+    ``communication_window`` is 32 by default.
 
     Args:
         rho: Strength of the elastic force.
         learning_rate: Multiplies the elastic force (``rho * learning_rate`` must be <= 1).
-        (the rest): See `AsynchronousDistributedTrainer`.
+
+    Notes:
+        Every ``communication_window`` steps a worker pulls C, computes the elastic force
+        ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``. The
+        server adds it, ``C += E``. Workers explore on their own between exchanges, so
+        large windows, over 25, suit it.
     """
 
     default_window = 32
@@ -1434,13 +1477,15 @@ class AEASGD(AsynchronousDistributedTrainer):
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
-    Each local step is taken by the Keras optimizer at the look-ahead point
-    ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. Defaults: window 32,
-    rho 5.0, learning_rate 0.1, momentum 0.9.
+    Takes `AEASGD`'s arguments as well; the ones below are its own.
 
     Args:
         momentum: The local momentum (0 gives AEASGD).
-        (the rest): See `AEASGD`.
+
+    Notes:
+        Each local step is taken by the Keras optimizer at the look-ahead point
+        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. The momentum is
+        the paper's setting for plain SGD: with Adam it compounds with Adam's own.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1475,9 +1520,13 @@ class EAMSGD(AEASGD):
 class Experimental(AsynchronousDistributedTrainer):
     """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
 
-    Workers commit ADAG's residual and the center they pulled; the server damps each weight's
-    update by how far the center moved since: ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
-    Defaults: window 5, learning_rate 1.0.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 and
+    ``learning_rate`` 1.0 by default.
+
+    Notes:
+        Workers commit ADAG's residual and the center they pulled. The server damps each
+        weight's update by how far the center moved since:
+        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
     """
 
     default_window = 5
@@ -1518,17 +1567,21 @@ def _next_iterations(records):
 class AveragingTrainer(DistributedTrainer):
     """Model averaging: each epoch, one replica per partition, then the weights' mean.
 
-    Every epoch starts all replicas from the last average, each with a fresh optimizer (at
-    the learning rate a ``LearningRateScheduler`` or ``ReduceLROnPlateau`` callback set).
-    With several epochs and a slot for every worker (and one more for a Spark job that
-    a callback of the user's own might start), all epochs run in one Spark job:
-    each worker replays its partition from local disk and the workers meet at each epoch's
-    end on the driver's `AveragingServer` (a barrier stage, so they run at once);
-    otherwise each epoch is a Spark job of its own and the driver averages the results.
+    Takes `DistributedTrainer`'s arguments. Positional arguments come in dist-keras's
+    order (``features_col``, ``label_col``, ``num_epoch``, ``batch_size``, ``num_workers``
+    after ``metrics``), so code written for dist-keras trains as written.
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``num_epoch``, ``batch_size``, ``num_workers`` after ``metrics``), so code written for
-    it trains as written. Args: see `DistributedTrainer`.
+    Notes:
+        Every epoch starts all replicas from the last average, each with a fresh
+        optimizer, at the learning rate a ``LearningRateScheduler`` or
+        ``ReduceLROnPlateau`` callback set.
+
+        With several epochs and a slot for every worker, all epochs run in one Spark job.
+        A callback of the user's own needs one more slot, for a Spark job it might start.
+        Each worker replays its partition from local disk, and the workers meet at each
+        epoch's end on the driver's `AveragingServer`: a barrier stage, so they run at
+        once. Otherwise each epoch is a Spark job of its own, and the driver averages the
+        results.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
@@ -1643,18 +1696,18 @@ class AveragingTrainer(DistributedTrainer):
 class EnsembleTrainer(DistributedTrainer):
     """Trains ``num_ensembles`` independent models, one per partition of the data.
 
-    Each member starts from its own random initial weights (seeded by ``seed`` plus its
-    index) and trains on its share of the data. `train()` returns the list of models.
+    Each member starts from its own random initial weights, seeded by ``seed`` plus its
+    index, and trains on its share of the data. `train()` returns the list of models.
 
-    Positional arguments come in dist-keras's order (``features_col``, ``label_col``,
-    ``batch_size``, ``num_ensembles`` after ``metrics``), so code written for it trains as
+    Takes `Trainer`'s arguments as well; the ones below are its own. Positional arguments
+    come in dist-keras's order (``features_col``, ``label_col``, ``batch_size``,
+    ``num_ensembles`` after ``metrics``), so code written for dist-keras trains as
     written.
 
     Args:
         num_ensembles: Number of models.
         seed: Base seed for the members' initial weights (an integer from 0; member ``i``
             is seeded with ``seed + i``; default: 0).
-        (the rest): See `Trainer`.
     """
 
     exchanges_weights = False  # each member ends with its moving averages, as its fit

@@ -1,8 +1,17 @@
-"""The README's code blocks, for tests that run them as printed (and fail when it rots)."""
+"""The code blocks of README.md and the docs pages, for tests that run them as printed
+(and fail when a page rots)."""
 
+import glob
 import os
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+README = os.path.join(ROOT, "README.md")
+
+
+def documentation_pages():
+    """README.md, then every Markdown page under docs/, in a fixed order."""
+    pages = sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+    return [README] + pages
 
 
 def section_blocks(lines, start, language="python"):
@@ -22,15 +31,33 @@ def section_blocks(lines, start, language="python"):
     return blocks
 
 
-def readme_block(heading, language="python", index=0):
-    """The code of the ``index``-th fenced ``language`` block in the README's section
-    ``heading`` (its ``## heading`` line up to the next ``## `` line)."""
-    with open(README, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+def find_section(heading):
+    """The page holding the section ``## heading`` and that page's lines.
+
+    Looks in README.md, then in the pages under docs/. A heading must be on one page
+    only, so that a block is never read from the wrong one.
+    """
     title = f"## {heading}"
-    assert title in lines, f"README.md has no section {title!r}"
+    found = []
+    for page in documentation_pages():
+        with open(page, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+        if title in lines:
+            found.append((page, lines))
+    names = [os.path.relpath(page, ROOT) for page, _ in found]
+    assert found, f"neither README.md nor a page under docs/ has a section {title!r}"
+    assert len(found) == 1, f"the section {title!r} is on several pages: {names}"
+    return found[0]
+
+
+def readme_block(heading, language="python", index=0):
+    """The code of the ``index``-th fenced ``language`` block in the section ``heading``
+    (its ``## heading`` line up to the next ``## `` line) of README.md or a docs page."""
+    page, lines = find_section(heading)
+    title = f"## {heading}"
+    name = os.path.relpath(page, ROOT)
     blocks = section_blocks(lines, lines.index(title) + 1, language)
-    assert len(blocks) > index, (f"README.md's section {title!r} has {len(blocks)} "
+    assert len(blocks) > index, (f"{name}'s section {title!r} has {len(blocks)} "
                                  f"```{language} blocks; expected more than {index}")
     return blocks[index]
 

@@ -1,6 +1,8 @@
-"""docs/optimizers.md: the "Write your own optimizer" tutorial, the usage block and the
-staleness block run as printed, and the defaults the page states are the code's."""
+"""docs/writing-an-algorithm.md's tutorial, and docs/optimizers.md's usage block and
+staleness block, run as printed, and the defaults the algorithms page states are the
+code's."""
 
+import glob
 import inspect
 import os
 import re
@@ -10,11 +12,12 @@ from conftest import accuracy, build_mlp
 from readme_support import section_blocks
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
+TUTORIAL = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "writing-an-algorithm.md")
 MARKER = "<!-- tutorial -->"
 
 
-def read_doc():
-    with open(DOC, encoding="utf-8") as handle:
+def read_doc(path=DOC):
+    with open(path, encoding="utf-8") as handle:
         return handle.read()
 
 
@@ -30,7 +33,7 @@ def tutorial_code(text):
 
 
 def test_tutorial_block_is_found():
-    code = tutorial_code(read_doc())
+    code = tutorial_code(read_doc(TUTORIAL))
     assert "class HalfStepWorker(NetworkWorker)" in code
     assert code.rstrip().endswith("model = trainer.train(dataframe)")
 
@@ -41,12 +44,12 @@ def test_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
 
     from distkeras.parameter_servers import SocketParameterServer
 
-    code = tutorial_code(read_doc())
+    code = tutorial_code(read_doc(TUTORIAL))
     # As a reader pasting the block into a notebook or a script: its classes belong to
     # __main__, which Spark's cloudpickle ships to the executors by value.
     namespace = {"__name__": "__main__", "spark": spark,
                  "dataframe": fashion_train.limit(2000)}
-    exec(compile(code, DOC, "exec"), namespace)
+    exec(compile(code, TUTORIAL, "exec"), namespace)
 
     model = namespace["model"]
     assert isinstance(model, keras.Model)
@@ -87,10 +90,38 @@ def test_stated_defaults_match_the_code():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
             assert int(window) == cls.default_window, name
-        parameters = inspect.signature(cls.__init__).parameters
-        for key, value in re.findall(r"`(\w+)=([^`]+)`", others):
-            assert key in parameters, (name, key)
-            assert repr(parameters[key].default) == value, (name, key)
+        _check_defaults(cls, others, name)
+
+
+def _check_defaults(cls, text, where):
+    """Every ``name=value`` that ``text`` states in backticks is ``cls``'s default."""
+    from distkeras import trainers
+
+    parameters = inspect.signature(cls.__init__).parameters
+    stated = re.findall(r"`(\w+)=([^`]+)`", text)
+    for key, value in stated:
+        if key == "communication_window":
+            assert issubclass(cls, trainers.AsynchronousDistributedTrainer), where
+            assert int(value) == cls.default_window, where
+        else:
+            assert key in parameters, (where, key)
+            assert repr(parameters[key].default) == value, (where, key)
+    return stated
+
+
+def test_each_algorithm_page_states_the_code_defaults():
+    from distkeras import trainers
+
+    pages = sorted(glob.glob(os.path.join(os.path.dirname(DOC), "algorithms", "*.md")))
+    assert len(pages) == 9
+    for page in pages:
+        text = read_doc(page)
+        name = text.splitlines()[0].removeprefix("# ").strip()
+        defaults = text.split("## Defaults", 1)[1].split("\n## ", 1)[0]
+        cls = getattr(trainers, name)
+        stated = _check_defaults(cls, defaults, page)
+        if cls is not trainers.SingleTrainer:  # it has no parameters of its own
+            assert stated, page
 
 
 def doc_section_blocks(text, heading):

@@ -1,11 +1,41 @@
-"""README.md's Python recipes run as printed (on fewer rows), so the README cannot rot."""
+"""README.md's and the docs pages' Python recipes run as printed (on fewer rows), so they
+cannot rot; the README stays short and its links lead somewhere."""
 
 import functools
+import os
+import re
 
 import numpy as np
 import pytest
 from conftest import accuracy, build_mlp
-from readme_support import readme_block, run_as_main
+from readme_support import README, documentation_pages, readme_block, run_as_main
+
+README_LIMIT = 8000
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_readme_is_short():
+    # The details live in docs/; the README says what distkeras is and how to start.
+    assert len(_read(README)) <= README_LIMIT
+
+
+def test_readme_links_reach_existing_pages():
+    links = re.findall(r"\]\(((?:docs/)[^)#]+)", _read(README))
+    assert len(links) >= 5
+    for link in links:
+        assert os.path.exists(os.path.join(os.path.dirname(README), link)), link
+
+
+def test_pages_name_dist_keras_as_the_original():
+    # dist-keras is named as the original that distkeras re-creates; no page speaks of
+    # where the project came from in other words.
+    for page in documentation_pages():
+        text = _read(page).lower()
+        assert "the seed" not in text and not re.search(r"\bseeds? \d{3}\b", text), page
 
 
 def test_readme_blocks_are_found():
@@ -14,8 +44,9 @@ def test_readme_blocks_are_found():
     assert "job.wait_completion()" in readme_block("Punchcard: remote jobs")
 
 
-@pytest.mark.spark
-def test_quick_start_runs_as_printed(spark, fashion_test, monkeypatch):
+def _run_fashion_block(heading, monkeypatch, fashion_test):
+    """Runs the block under ``heading`` as printed, on 2,000 rows; checks that it trained
+    a compiled model on every row, and returns its trainer."""
     import keras
 
     import distkeras.datasets
@@ -23,14 +54,26 @@ def test_quick_start_runs_as_printed(spark, fashion_test, monkeypatch):
     # The one change: the block's load_fashion_mnist reads 2,000 rows, not 60,000.
     monkeypatch.setattr(distkeras.datasets, "load_fashion_mnist", functools.partial(
         distkeras.datasets.load_fashion_mnist, limit=2000))
-    namespace = run_as_main(readme_block("Use"))
+    namespace = run_as_main(readme_block(heading))
 
     model, trainer = namespace["model"], namespace["trainer"]
     assert isinstance(model, keras.Model) and model.compiled
     assert sum(record["batch_size"] for record in trainer.get_history()) == 2000
+    assert accuracy(model, fashion_test) > 0.3
+    return trainer
+
+
+@pytest.mark.spark
+def test_quick_start_runs_as_printed(spark, fashion_test, monkeypatch):
+    # The README's quick start: its "Use" block.
+    trainer = _run_fashion_block("Use", monkeypatch, fashion_test)
     assert trainer.get_training_time() > 0
     assert len(trainer.get_averaged_history()["loss"]) > 0
-    assert accuracy(model, fashion_test) > 0.3
+
+
+@pytest.mark.spark
+def test_getting_started_block_runs_as_printed(spark, fashion_test, monkeypatch):
+    _run_fashion_block("Train a model", monkeypatch, fashion_test)
 
 
 @pytest.mark.spark
