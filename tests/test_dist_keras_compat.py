@@ -1,6 +1,7 @@
 """A script written for the original dist-keras: its trainer setters and utils run here."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -82,3 +83,125 @@ def test_precache_refuses_a_bad_number_of_workers(spark):
 
     with pytest.raises(ValueError, match="num_workers=0"):
         precache(spark.range(3), 0)
+
+
+# -- dist-keras's helpers and schemes ----------------------------------------------------------
+
+
+def test_dist_keras_row_helpers_build_rows_as_its_transformers_and_kafka_example_did(spark):
+    from pyspark.sql import Row
+
+    from distkeras.utils import json_to_dataframe_row, new_dataframe_row
+
+    row = json_to_dataframe_row('{"id": 3, "features": [0.5, 1.5], "label": "s"}')
+    assert row == Row(id=3, features=[0.5, 1.5], label="s") and row.__fields__[0] == "id"
+    grown = new_dataframe_row(row, "label_index", 1.0)
+    assert grown.__fields__ == ["id", "features", "label", "label_index"]
+    assert grown.label_index == 1.0 and grown.features == [0.5, 1.5]
+    frame = spark.createDataFrame([grown, new_dataframe_row(row, "label_index", 0.0)])
+    assert frame.columns == grown.__fields__ and frame.count() == 2
+    with pytest.raises(ValueError, match="already has a field 'label'"):
+        new_dataframe_row(row, "label", 1)
+    with pytest.raises(ValueError, match="one object"):
+        json_to_dataframe_row("[1, 2]")
+
+
+def test_dist_keras_value_helpers():
+    from distkeras.utils import (get_os_username, pickle_object, to_one_hot_encoded_dense,
+                                 unpickle_object)
+
+    import getpass
+
+    assert get_os_username() == getpass.getuser()
+    np.testing.assert_array_equal(to_one_hot_encoded_dense(2.0, 4), [0, 0, 1, 0])
+    np.testing.assert_array_equal(to_one_hot_encoded_dense(0), [1, 0])
+    for bad in (4, -1, 1.5):
+        with pytest.raises(ValueError, match="class index in \\[0, 3\\]"):
+            to_one_hot_encoded_dense(bad, 4)
+    value = {"weights": [np.arange(3.0)], "name": "m"}
+    again = unpickle_object(pickle_object(value))
+    assert again["name"] == "m" and np.array_equal(again["weights"][0], np.arange(3.0))
+
+
+def test_no_network_path_uses_the_pickle_helpers():
+    import pathlib
+
+    import distkeras
+
+    users = [path.name for path in pathlib.Path(distkeras.__file__).parent.glob("*.py")
+             if "pickle_object" in path.read_text() or "unpickle_object" in path.read_text()]
+    assert sorted(users) == ["legacy_utils.py", "utils.py"]
+
+
+def test_set_keras_base_directory_moves_keras_home(tmp_path, monkeypatch):
+    import keras
+    from keras.src.backend import config
+
+    from distkeras.utils import set_keras_base_directory
+
+    monkeypatch.setattr(config, "_KERAS_DIR", config._KERAS_DIR)
+    monkeypatch.delenv("KERAS_HOME", raising=False)
+    home = set_keras_base_directory(str(tmp_path))
+    assert home == str(tmp_path / ".keras") == os.environ["KERAS_HOME"]
+    assert config.keras_home() == home
+    assert keras.config.backend()  # Keras still works
+
+
+def test_uniform_weights_fills_every_weight_from_the_range(spark):
+    from distkeras.utils import uniform_weights
+
+    import keras
+
+    model = keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    np.random.seed(0)
+    uniform_weights(model, [-0.1, 0.2])
+    first = model.get_weights()
+    assert all(w.min() >= -0.1 and w.max() <= 0.2 and w.std() > 0 for w in first)
+    np.random.seed(0)
+    uniform_weights(model, (-0.1, 0.2))
+    assert all(np.array_equal(a, b) for a, b in zip(first, model.get_weights()))
+    with pytest.raises(ValueError, match="low < high"):
+        uniform_weights(model, [1, 0])
+
+
+def test_history_helpers_read_a_trainers_records():
+    from distkeras.utils import history_executor, history_executors_average
+
+    history = [{"worker_id": w, "iteration": i, "loss": float(w + i), "timestamp": 0.0}
+               for i in (2, 1) for w in (0, 1)]
+    history.append({"worker_id": 1, "iteration": 1, "loss": 9.0, "timestamp": 0.0,
+                    "superseded": True})
+    assert [r["iteration"] for r in history_executor(history, 1)] == [1, 2]
+    assert [r["loss"] for r in history_executor(history, 1)] == [2.0, 3.0]
+    averaged = history_executors_average(history)
+    np.testing.assert_allclose(averaged["loss"], [1.5, 2.5])  # both workers, step by step
+
+
+def test_emperor_lowers_the_learning_rate_when_the_loss_stalls(fashion_train, fashion_test):
+    import keras
+
+    from distkeras.schemes import Emperor
+    from distkeras.trainers import ADAG, SingleTrainer
+
+    images, labels = fashion_test
+    x, y = images[:300], keras.utils.to_categorical(labels[:300], 10)
+    losses = []
+
+    def evaluate_loss(model, validation_set):
+        losses.append(model.evaluate(*validation_set, verbose=0)[0])
+        return losses[-1]
+
+    trainer = ADAG(build_mlp(), "adam", "categorical_crossentropy", num_workers=2,
+                   learning_rate=0.01)
+    # Each round one epoch; every change counts as a stall (threshold infinite).
+    emperor = Emperor(trainer, evaluate_loss, num_epoch=1, evaluation_frequency=1,
+                      loss_threshold=float("inf"))
+    assert trainer.get_num_epoch() == 1
+    model = emperor.optimize(fashion_train.limit(400), (x, y))
+    assert len(losses) == 2 and trainer.get_learning_rate() == pytest.approx(1e-4)
+    assert trainer.master_model is model
+    with pytest.raises(TypeError, match="ReduceLROnPlateau"):
+        Emperor(SingleTrainer(build_mlp(), "adam", "mse"), evaluate_loss)
+    with pytest.raises(ValueError, match="num_epoch >= evaluation_frequency"):
+        Emperor(trainer, evaluate_loss, num_epoch=2, evaluation_frequency=3)
