@@ -205,3 +205,14 @@ def test_emperor_lowers_the_learning_rate_when_the_loss_stalls(fashion_train, fa
         Emperor(SingleTrainer(build_mlp(), "adam", "mse"), evaluate_loss)
     with pytest.raises(ValueError, match="num_epoch >= evaluation_frequency"):
         Emperor(trainer, evaluate_loss, num_epoch=2, evaluation_frequency=3)
+
+
+def test_accuracy_evaluator_names_dist_keras_defaults_when_its_own_are_missing(spark):
+    from distkeras.evaluators import AccuracyEvaluator
+
+    scored = spark.createDataFrame([(1.0, 1.0), (0.0, 1.0)], ["prediction_index", "label"])
+    with pytest.raises(ValueError, match="dist-keras's default was 'label'.*label_col="):
+        AccuracyEvaluator().evaluate(scored)
+    # dist-keras's examples name both columns: that runs as written.
+    assert AccuracyEvaluator(prediction_col="prediction_index",
+                             label_col="label").evaluate(scored) == 0.5
