@@ -690,7 +690,7 @@ class Trainer(compat.TrainerAccessors):
         # From configs, so the returned model never shares optimizer state with objects the
         # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
         model.compile(**compile_arguments(
-            optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            optimizer_as_compiled(self._workers_optimizer(), self.master_model),
             serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights,
             serialize_keras_object(getattr(self, "_weighted_metrics", None)), model=model),
@@ -699,6 +699,11 @@ class Trainer(compat.TrainerAccessors):
         # and loading it does not warn that their number differs.
         model.optimizer.build(model.trainable_variables)
         return model
+
+    def _workers_optimizer(self):
+        """The optimizer (a name, an instance or a config) the workers and the returned
+        model train with: ``worker_optimizer``."""
+        return self.worker_optimizer
 
     def _execution_options(self):
         """How the given model, if compiled, runs its later `fit`, `evaluate` and `predict`
@@ -720,7 +725,7 @@ class Trainer(compat.TrainerAccessors):
         from distkeras.utils import optimizer_as_compiled, serialize_keras_object
 
         defaults = {
-            "optimizer": optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            "optimizer": optimizer_as_compiled(self._workers_optimizer(), self.master_model),
             "loss": self.loss,
             "loss_weights": self.loss_weights, "metrics": self.metrics,
             "features_col": self.features_col, "label_col": self.label_col,
@@ -1014,7 +1019,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     Args:
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
-        learning_rate: Used by update rules that have one.
+        learning_rate: Used by update rules that have one (AEASGD's elastic rate, ...).
+            The classes whose rule has none and that set ``sets_worker_learning_rate``
+            (DOWNPOUR, ADAG, DynSGD) give it to the workers' Keras optimizer instead, in
+            place of its own rate (dist-keras's DOWNPOUR took a learning rate too).
         worker_timeout: Seconds a worker may stay silent between its steps before the
             training stops with an error naming it (None: wait forever). Before its first
             step and while it compiles a step (a short last batch's) a worker may take
@@ -1027,6 +1035,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     """
 
     default_window = 5
+    # Whether `learning_rate` is the workers' Keras optimizer's (for rules without one).
+    sets_worker_learning_rate = False
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
@@ -1065,6 +1075,15 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         if not isinstance(self.overlap_communication, bool):
             raise ValueError("`overlap_communication` must be True or False. Received: "
                              f"overlap_communication={self.overlap_communication!r}")
+
+    def _workers_optimizer(self):
+        """``worker_optimizer``, with ``learning_rate`` as its rate where the class
+        `sets_worker_learning_rate`."""
+        if not self.sets_worker_learning_rate or self.learning_rate is None:
+            return self.worker_optimizer
+        from distkeras.estimators import _optimizer_config
+
+        return _optimizer_config(self.worker_optimizer, self.learning_rate, self.master_model)
 
     def allocate_worker(self):
         """Returns the worker that every task runs; subclasses define it."""
@@ -1323,9 +1342,11 @@ class DOWNPOUR(AsynchronousDistributedTrainer):
     """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
 
     Works best with small windows (under 5). Default ``communication_window=5``.
+    ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 5
+    sets_worker_learning_rate = True
 
     def allocate_worker(self):
         return workers.DOWNPOURWorker(self.master_model)
@@ -1336,9 +1357,11 @@ class ADAG(AsynchronousDistributedTrainer):
 
     Workers commit their change since the last pull divided by the window; the server adds
     it. Robust to its hyperparameters; windows of 10 to 15 work well. Default 12.
+    ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 12
+    sets_worker_learning_rate = True
 
     def allocate_worker(self):
         return workers.ADAGWorker(self.master_model)
@@ -1352,9 +1375,11 @@ class DynSGD(AsynchronousDistributedTrainer):
 
     Workers commit ``W - W_pull`` with the update count they saw at their last pull; the
     server applies ``C += delta / (num_updates - last_update + 1)``. Default window 5.
+    ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 5
+    sets_worker_learning_rate = True
 
     def allocate_worker(self):
         return workers.DynSGDWorker(self.master_model)

@@ -200,6 +200,8 @@ def test_emperor_lowers_the_learning_rate_when_the_loss_stalls(fashion_train, fa
     assert trainer.get_num_epoch() == 1
     model = emperor.optimize(fashion_train.limit(400), (x, y))
     assert len(losses) == 2 and trainer.get_learning_rate() == pytest.approx(1e-4)
+    # The last round trained (and compiled the model) with the rate the first one lowered.
+    assert float(model.optimizer.learning_rate) == pytest.approx(1e-3)
     assert trainer.master_model is model
     with pytest.raises(TypeError, match="ReduceLROnPlateau"):
         Emperor(SingleTrainer(build_mlp(), "adam", "mse"), evaluate_loss)
@@ -216,3 +218,35 @@ def test_accuracy_evaluator_names_dist_keras_defaults_when_its_own_are_missing(s
     # dist-keras's examples name both columns: that runs as written.
     assert AccuracyEvaluator(prediction_col="prediction_index",
                              label_col="label").evaluate(scored) == 0.5
+
+
+@pytest.mark.parametrize("name", ["DOWNPOUR", "ADAG", "DynSGD"])
+def test_learning_rate_is_the_worker_optimizers_on_rules_without_one(fashion_train, name):
+    """dist-keras's README gives DOWNPOUR a learning_rate; it was accepted and unused."""
+    from distkeras import trainers
+
+    model = build_mlp(16)
+    initial = model.get_weights()
+    # Plain SGD at its own rate (0.01) moves the weights by far more than 1e-6.
+    trainer = getattr(trainers, name)(model, "sgd", "categorical_crossentropy",
+                                      num_workers=1, learning_rate=1e-9)
+    trained = trainer.train(fashion_train.limit(128), verbose=0)
+    assert float(trained.optimizer.learning_rate) == pytest.approx(1e-9)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), initial))
+    assert 0 < moved < 1e-6
+    assert trainer.get_learning_rate() == 1e-9 and trainer.worker_optimizer == "sgd"
+
+
+def test_an_estimators_learning_rate_wins_over_the_trainers_for_its_fit(spark):
+    from distkeras.estimators import KerasEstimator
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(16), "sgd", "categorical_crossentropy", learning_rate=0.5)
+    settings = KerasEstimator(trainer, learning_rate=0.05)._trainer_settings()
+    saved = {name: getattr(trainer, name) for name in settings}
+    for name, value in settings.items():  # as the estimator's fit sets them
+        setattr(trainer, name, value)
+    assert trainer._workers_optimizer()["config"]["learning_rate"] == 0.05
+    for name, value in saved.items():
+        setattr(trainer, name, value)
+    assert trainer._workers_optimizer()["config"]["learning_rate"] == 0.5
