@@ -250,3 +250,45 @@ def test_an_estimators_learning_rate_wins_over_the_trainers_for_its_fit(spark):
     for name, value in saved.items():
         setattr(trainer, name, value)
     assert trainer._workers_optimizer()["config"]["learning_rate"] == 0.5
+
+
+EXECUTOR_WITHOUT_DISTKERAS = """
+import sys
+
+from pyspark.sql import SparkSession, functions as F
+
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.pyspark.python", sys.argv[1]).getOrCreate())
+import keras
+
+from distkeras.errors import TrainingError
+from distkeras.trainers import SingleTrainer
+
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+rows = spark.range(4).select(F.array(F.lit(1.0), F.lit(2.0)).cast("array<float>").alias(
+    "features"), F.col("id").cast("float").alias("label"))
+try:
+    SingleTrainer(model, "sgd", "mse").train(rows, verbose=0)
+except TrainingError as error:
+    print("MESSAGE", error)
+"""
+
+
+def test_an_executor_python_without_distkeras_is_named_with_the_setting_to_change(tmp_path):
+    """The executors' Python is a bare environment of this interpreter's version (no
+    numpy, no distkeras), as when the driver's virtual environment is not on the PATH."""
+    import subprocess
+    import sys
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    script = tmp_path / "train.py"
+    script.write_text(EXECUTOR_WITHOUT_DISTKERAS)
+    env = {key: value for key, value in os.environ.items() if key != "PYSPARK_PYTHON"}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "bare/bin/python")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    message = [line for line in result.stdout.splitlines() if line.startswith("MESSAGE")]
+    assert message, result.stderr[-3000:]
+    assert "No module named" in message[0]
+    assert "spark.pyspark.python" in message[0]
+    assert f"PYSPARK_PYTHON={sys.executable}" in message[0]
