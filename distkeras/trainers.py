@@ -36,7 +36,8 @@ from distkeras import validation
 from distkeras import workers
 from distkeras.errors import TrainingError
 from distkeras.monitor import TrainingMonitor, report_returned_validation, resolve_verbose
-from distkeras.training_checks import (_check_columns, _check_int, _check_number,
+from distkeras.training_checks import (_check_columns, _check_communication_window,
+                                       _check_int, _check_number,
                                        _check_optimizer_tracks_trainable, _compiled_with,
                                        _compiled_without_loss, _default_metrics,
                                        _is_classification_loss, _steps_taken, _uses_ema)
@@ -1064,7 +1065,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
 
     def validate_arguments(self):
         super().validate_arguments()
-        _check_int("communication_window", self.communication_window)
+        _check_communication_window(self.communication_window)
         # A TCP port: 0 lets the OS pick one. A larger number would fail only when the
         # server binds, as an OverflowError naming no argument.
         _check_int("master_port", self.master_port, minimum=0, maximum=65535)

@@ -440,7 +440,8 @@ class StandardTransformer(_ColumnTransformer):
                  suffix=None):
         super().__init__()
         self._setDefault(suffix="_normalized")
-        if isinstance(input_col, (list, tuple)):  # dist-keras's StandardTransformer(columns, suffix)
+        # dist-keras's StandardTransformer(columns, suffix)
+        if isinstance(input_col, (list, tuple)):
             if columns is not None or mean is not None or std is not None:
                 raise ValueError(
                     "StandardTransformer takes either dist-keras's (columns, suffix) or "

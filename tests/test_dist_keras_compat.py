@@ -292,3 +292,40 @@ def test_an_executor_python_without_distkeras_is_named_with_the_setting_to_chang
     assert "No module named" in message[0]
     assert "spark.pyspark.python" in message[0]
     assert f"PYSPARK_PYTHON={sys.executable}" in message[0]
+
+
+def test_dist_keras_readme_trainer_lines_by_position_and_by_name(spark):
+    """Its README's signatures, with the values of its examples; each validated as train()
+    validates it first."""
+    from distkeras import trainers
+
+    m, o, loss, metrics = build_mlp(8), "adam", "categorical_crossentropy", ["accuracy"]
+    lines = {
+        "ADAG": ((m, o, loss, metrics, 2, 32, "features", "label", 1, 12),
+                 dict(keras_model=m, worker_optimizer=o, loss=loss, metrics=metrics,
+                      num_workers=2, batch_size=32, features_col="features",
+                      label_col="label", num_epoch=1, communication_window=12)),
+        "DynSGD": ((m, o, loss, metrics, 2, 32, "features", "label", 1, 10), None),
+        "AEASGD": ((m, o, loss, metrics, 2, 32, "features", "label", 1, 32, 5.0, 0.1), None),
+        "EAMSGD": ((m, o, loss, metrics, 2, 32, "features", "label", 1, 32, 5.0, 0.1, 0.9),
+                   None),
+        "EnsembleTrainer": ((m, o, loss, metrics, "features", "label", 32, 2), None),
+        "AveragingTrainer": ((m, o, loss, metrics, "features", "label", 1, 32, 2), None),
+        "DOWNPOUR": (None, dict(keras_model=m, worker_optimizer=o, loss=loss, metrics=metrics,
+                                num_workers=2, batch_size=32, features_col="features",
+                                label_col="label", num_epoch=1, learning_rate=0.01,
+                                communication_window=5)),
+    }
+    for name, (positional, named) in lines.items():
+        cls = getattr(trainers, name)
+        for trainer in [cls(*positional)] if positional else []:
+            trainer.validate_arguments()
+        if named:
+            trainer = cls(**named)
+            trainer.validate_arguments()
+    assert trainer.learning_rate == 0.01 and trainer.communication_window == 5
+    # Its README's DOWNPOUR line, by position, puts the learning rate in the window.
+    readme_order = trainers.DOWNPOUR(m, o, loss, metrics, 2, 32, "features", "label", 1,
+                                     0.01, 5)
+    with pytest.raises(ValueError, match="pass learning_rate=... by name"):
+        readme_order.validate_arguments()
