@@ -83,8 +83,8 @@ class AsynchronousAccessors:
     """Getters and setters of the parameter-server trainers."""
 
     def set_learning_rate(self, learning_rate):
-        """Sets ``learning_rate``, the update rule's (AEASGD, EAMSGD, Experimental); the
-        workers' own rate is their optimizer's (``worker_optimizer``)."""
+        """Sets ``learning_rate``: the update rule's (AEASGD, EAMSGD, Experimental), or the
+        workers' Keras optimizer's (DOWNPOUR, ADAG, DynSGD)."""
         self.learning_rate = learning_rate
 
     def get_learning_rate(self):

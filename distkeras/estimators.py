@@ -337,6 +337,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
                 optimizer = self.trainer.worker_optimizer
             optimizer = _optimizer_config(optimizer, self.getOrDefault(self.learningRate),
                                           self.trainer.master_model)
+            if getattr(self.trainer, "sets_worker_learning_rate", False):
+                settings["learning_rate"] = None  # the trainer's would replace this one
         if optimizer is not None:
             settings["worker_optimizer"] = optimizer
         return settings

@@ -478,11 +478,25 @@ class AccuracyEvaluator(Evaluator, HasPredictionCol, HasLabelCol, HasWeightCol,
 
     def _terms(self, dataset):
         prediction_col, label_col = self.getPredictionCol(), self.getLabelCol()
+        self._check_default_columns(dataset)
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else None
         weight = _weight(dataset, weight_col, "AccuracyEvaluator")
         correct = _refusing_nulls(dataset, self._correct(dataset, prediction_col, label_col),
                                   "AccuracyEvaluator", prediction_col, label_col)
         return correct, weight, None
+
+    def _check_default_columns(self, dataset):
+        """A default column missing from ``dataset`` is named with dist-keras's defaults,
+        which differ (``prediction`` and ``label``): a script written for those meets
+        this first."""
+        for param, theirs in ((self.predictionCol, "prediction"), (self.labelCol, "label")):
+            name = self.getOrDefault(param)
+            if name == self._defaultParamMap.get(param) and name not in dataset.columns:
+                raise ValueError(
+                    f"AccuracyEvaluator: column {name!r} (the default {param.name}) is not "
+                    f"in the DataFrame {dataset.columns}. dist-keras's default was "
+                    f"{theirs!r}; name the column: AccuracyEvaluator("
+                    "prediction_col='prediction_index', label_col='label'), for example.")
 
     def _correct(self, dataset, prediction_col, label_col):
         """Per row, 1 for a right prediction and 0 for a wrong one (for arrays scored per

@@ -36,7 +36,8 @@ from distkeras import validation
 from distkeras import workers
 from distkeras.errors import TrainingError
 from distkeras.monitor import TrainingMonitor, report_returned_validation, resolve_verbose
-from distkeras.training_checks import (_check_columns, _check_int, _check_number,
+from distkeras.training_checks import (_check_columns, _check_communication_window,
+                                       _check_int, _check_number,
                                        _check_optimizer_tracks_trainable, _compiled_with,
                                        _compiled_without_loss, _default_metrics,
                                        _is_classification_loss, _steps_taken, _uses_ema)
@@ -715,7 +716,7 @@ class Trainer(compat.TrainerAccessors):
         # From configs, so the returned model never shares optimizer state with objects the
         # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
         model.compile(**compile_arguments(
-            optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            optimizer_as_compiled(self._workers_optimizer(), self.master_model),
             serialize_keras_object(self.loss),
             serialize_keras_object(self.metrics), self.loss_weights,
             serialize_keras_object(getattr(self, "_weighted_metrics", None)), model=model),
@@ -724,6 +725,11 @@ class Trainer(compat.TrainerAccessors):
         # and loading it does not warn that their number differs.
         model.optimizer.build(model.trainable_variables)
         return model
+
+    def _workers_optimizer(self):
+        """The optimizer (a name, an instance or a config) the workers and the returned
+        model train with: ``worker_optimizer``."""
+        return self.worker_optimizer
 
     def _execution_options(self):
         """How the given model, if compiled, runs its later `fit`, `evaluate` and `predict`
@@ -747,7 +753,7 @@ class Trainer(compat.TrainerAccessors):
         from distkeras.utils import optimizer_as_compiled, serialize_keras_object
 
         defaults = {
-            "optimizer": optimizer_as_compiled(self.worker_optimizer, self.master_model),
+            "optimizer": optimizer_as_compiled(self._workers_optimizer(), self.master_model),
             "loss": self.loss,
             "loss_weights": self.loss_weights, "metrics": self.metrics,
             "features_col": self.features_col, "label_col": self.label_col,
@@ -1047,7 +1053,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     Args:
         communication_window: Local steps between two commits.
         master_port: Parameter server port; 0 (default) lets the OS choose.
-        learning_rate: Used by update rules that have one.
+        learning_rate: Used by update rules that have one (AEASGD's elastic rate, ...).
+            The classes whose rule has none and that set ``sets_worker_learning_rate``
+            (DOWNPOUR, ADAG, DynSGD) give it to the workers' Keras optimizer instead, in
+            place of its own rate (dist-keras's DOWNPOUR took a learning rate too).
         worker_timeout: Seconds a worker may stay silent between its steps before the
             training stops with an error naming it (None: wait forever). Before its first
             step and while it compiles a step (a short last batch's) a worker may take
@@ -1059,6 +1068,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     """
 
     default_window = 5
+    # Whether `learning_rate` is the workers' Keras optimizer's (for rules without one).
+    sets_worker_learning_rate = False
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
@@ -1091,7 +1102,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
 
     def validate_arguments(self):
         super().validate_arguments()
-        _check_int("communication_window", self.communication_window)
+        _check_communication_window(self.communication_window)
         # A TCP port: 0 lets the OS pick one. A larger number would fail only when the
         # server binds, as an OverflowError naming no argument.
         _check_int("master_port", self.master_port, minimum=0, maximum=65535)
@@ -1102,6 +1113,15 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         if not isinstance(self.overlap_communication, bool):
             raise ValueError("`overlap_communication` must be True or False. Received: "
                              f"overlap_communication={self.overlap_communication!r}")
+
+    def _workers_optimizer(self):
+        """``worker_optimizer``, with ``learning_rate`` as its rate where the class
+        `sets_worker_learning_rate`."""
+        if not self.sets_worker_learning_rate or self.learning_rate is None:
+            return self.worker_optimizer
+        from distkeras.estimators import _optimizer_config
+
+        return _optimizer_config(self.worker_optimizer, self.learning_rate, self.master_model)
 
     def allocate_worker(self):
         """Returns the worker that every task runs; subclasses define it."""
@@ -1365,9 +1385,11 @@ class DOWNPOUR(AsynchronousDistributedTrainer):
     Notes:
         Works best with small windows, under 5. Each commit adds a whole window's change,
         computed from weights that others moved meanwhile, so large windows overshoot.
+        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 5
+    sets_worker_learning_rate = True
 
     def allocate_worker(self):
         return workers.DOWNPOURWorker(self.master_model)
@@ -1386,9 +1408,11 @@ class ADAG(AsynchronousDistributedTrainer):
         workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
         points below `fit`'s (docs/benchmarks.md, "Model zoo"). Non-trainable weights,
         such as BatchNormalization's statistics, are committed whole.
+        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 12
+    sets_worker_learning_rate = True
 
     @classmethod
     def default_window_for(cls, num_workers):
@@ -1414,9 +1438,11 @@ class DynSGD(AsynchronousDistributedTrainer):
         Workers commit ``W - W_pull`` with the update count they saw at their last pull.
         The server applies ``C += delta / (num_updates - last_update + 1)``, so a commit
         that others overtook counts less.
+        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
     default_window = 5
+    sets_worker_learning_rate = True
 
     def allocate_worker(self):
         return workers.DynSGDWorker(self.master_model)

@@ -16,6 +16,18 @@ def _check_int(name, value, minimum=1, maximum=None):
         raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
 
 
+def _check_communication_window(value):
+    """`_check_int` for ``communication_window``, naming dist-keras's README order when the
+    value looks like a learning rate (its DOWNPOUR line put learning_rate before it)."""
+    if isinstance(value, (float, np.floating)) and 0 < value < 1:
+        raise ValueError(
+            f"`communication_window` must be an integer >= 1. Received: "
+            f"communication_window={value!r}, a learning rate? dist-keras's README lists "
+            "DOWNPOUR(..., num_epoch, learning_rate, communication_window), an order its "
+            "code did not take (nor does this one): pass learning_rate=... by name.")
+    _check_int("communication_window", value)
+
+
 def _check_number(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
             not np.isfinite(value) or value <= 0:

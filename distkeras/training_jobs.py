@@ -7,6 +7,7 @@ cause, and the warnings about uneven partitions and Spark's speculation.
 
 import contextlib
 import logging
+import os
 import re
 import socket
 import sys
@@ -167,7 +168,27 @@ def _worker_error_message(error):
     python_errors = [line for line in lines
                      if ("Error:" in line or "Exception:" in line) and not line.startswith("at ")]
     cause = python_errors[-1] if python_errors else (lines[0] if lines else repr(error))
-    return cause
+    return cause + _environment_hint(cause)
+
+
+def _environment_hint(cause):
+    """For an executor whose Python lacks a module (its ``ModuleNotFoundError``), which
+    Python to give the executors; else nothing.
+
+    Spark starts the executors' Python workers with ``spark.pyspark.python`` or
+    ``PYSPARK_PYTHON``, else ``python3`` from the PATH: outside the environment that has
+    distkeras, numpy and Keras, every task fails on its first import.
+    """
+    missing = re.search(r"ModuleNotFoundError: No module named '([^']+)'", cause)
+    if missing is None:
+        return ""
+    given = os.environ.get("PYSPARK_PYTHON")
+    now = f" (PYSPARK_PYTHON={given} here)" if given else ""
+    return (f". The executors' Python{now} cannot import {missing.group(1)!r}: point "
+            "spark.pyspark.python (or the PYSPARK_PYTHON environment variable, set before "
+            "the SparkSession starts) at a Python that has distkeras and its dependencies "
+            f"installed, for example this driver's: PYSPARK_PYTHON={sys.executable}, or "
+            "--conf spark.pyspark.python=/path/to/env/bin/python on a cluster")
 
 
 def _crashed_worker_message(text):

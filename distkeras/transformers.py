@@ -6,8 +6,11 @@ with it (``Pipeline.save(path)`` / ``PipelineModel.load(path)``). Each one is bu
 Spark's own column functions (``transform``, ``aggregate``, ``array_max``, ...): no Python
 runs per row, and the work stays in the JVM.
 
-Arrays come out as ``array<float>`` (what the trainers read); Spark ML vectors are accepted
-wherever an array of numbers is. Only `DenseTransformer` outputs a vector.
+Arrays come out as ``array<float>`` (what the trainers read without a conversion); Spark
+ML vectors are accepted wherever an array of numbers is. The element-wise rescalers
+(`MinMaxTransformer`, `StandardTransformer`) give a column of the input's kind: dense
+vectors for vectors, as Spark's own scalers and dist-keras did, arrays for arrays.
+`DenseTransformer` outputs vectors; the others arrays (or numbers).
 
 Example::
 
@@ -113,6 +116,17 @@ def _double_array(dataset, name, role="input column"):
     )
 
 
+def _as_input_kind(values, kind, input_col):
+    """``values`` (an ``array<double>`` computed element by element from column
+    ``input_col``) as the input was: a dense Spark ML vector for a vector column, as
+    Spark's own scalers and dist-keras's transformers give (``row[col].toArray()`` works),
+    else an ``array<float>``, what the trainers read without a conversion. A null row stays
+    null."""
+    if kind == "vector":
+        return F.when(column(input_col).isNotNull(), array_to_vector(values))
+    return values.cast(FLOAT_ARRAY)
+
+
 def _argmax(array):
     """The 0-based position of the first largest element of an array column (null if empty)."""
     return (F.array_position(array, F.array_max(array)) - 1).cast(T.LongType())
@@ -173,6 +187,15 @@ def _set_params(self, **values):
             f"{sorted(param.name for param in self.params)} (setParams takes the Params' "
             "names, as Spark's stages do: inputCol=..., not the constructor's input_col=...).")
     return self._set(**values)
+
+
+def _one_of(name, value, alias, alias_value):
+    """The value given as ``name`` or as its other name ``alias`` (a ValueError for both)."""
+    if value is not None and alias_value is not None:
+        raise ValueError(f"`{name}` and `{alias}` are the same argument (dist-keras named "
+                         f"it {alias}); give one. Received: {name}={value!r}, "
+                         f"{alias}={alias_value!r}")
+    return alias_value if value is None else value
 
 
 def _require(instance, param):
@@ -318,7 +341,8 @@ class MinMaxTransformer(_ColumnTransformer):
         input_col: Column to rescale.
         output_col: Name of the new column.
         is_vector: True when the column holds arrays or vectors (the output is then an
-            ``array<float>``); False for a column of single numbers (output ``double``).
+            ``array<float>`` for arrays, a dense vector for vectors); False for a column of
+            single numbers (output ``double``).
     """
 
     oMin = Param(Params._dummy(), "oMin", "minimum of the original range",
@@ -362,7 +386,7 @@ class MinMaxTransformer(_ColumnTransformer):
                     "is_vector=False to rescale a column of numbers.")
             rescaled = F.transform(_double_array(dataset, input_col),
                                    lambda x: (x - o_min) * scale + n_min)
-            return rescaled.cast(FLOAT_ARRAY)
+            return _as_input_kind(rescaled, kind, input_col)
         if kind != "scalar":
             raise TypeError(
                 f"Column {input_col!r} holds arrays or vectors but is_vector=False; pass "
@@ -381,9 +405,16 @@ class StandardTransformer(_ColumnTransformer):
 
     Args:
         input_col: Column of numbers, arrays of numbers or vectors.
-        output_col: Name of the new column (``array<float>``, or ``double`` for numbers).
+        output_col: Name of the new column (``array<float>`` for arrays, a dense vector
+            for vectors, ``double`` for numbers).
         mean: A number or a list of numbers.
         std: A number or a list of positive numbers.
+        columns: dist-keras's form, instead of the four above: a list of columns of
+            numbers, each standardized with the mean and (population) standard deviation
+            of the DataFrame being transformed, into a new column ``<column><suffix>``
+            (a zero deviation counts as 1). ``StandardTransformer(["a", "b"], "_norm")``
+            works too.
+        suffix: The new columns' suffix in that form (default ``"_normalized"``).
     """
 
     mean = Param(Params._dummy(), "mean", "mean to subtract: one value or one per element",
@@ -395,9 +426,66 @@ class StandardTransformer(_ColumnTransformer):
     setStd = _setter("std")
     getStd = _getter("std")
 
-    def __init__(self, input_col=None, output_col=None, mean=None, std=None):
+    columns = Param(Params._dummy(), "columns", "dist-keras's form: columns of numbers, "
+                    "each standardized with its own statistics on the transformed data",
+                    typeConverter=TypeConverters.toListString)
+    suffix = Param(Params._dummy(), "suffix", "suffix of the new columns in dist-keras's "
+                   "form", typeConverter=TypeConverters.toString)
+    setColumns = _setter("columns")
+    getColumns = _getter("columns")
+    setSuffix = _setter("suffix")
+    getSuffix = _getter("suffix")
+
+    def __init__(self, input_col=None, output_col=None, mean=None, std=None, columns=None,
+                 suffix=None):
         super().__init__()
-        _set_given(self, inputCol=input_col, outputCol=output_col, mean=mean, std=std)
+        self._setDefault(suffix="_normalized")
+        # dist-keras's StandardTransformer(columns, suffix)
+        if isinstance(input_col, (list, tuple)):
+            if columns is not None or mean is not None or std is not None:
+                raise ValueError(
+                    "StandardTransformer takes either dist-keras's (columns, suffix) or "
+                    "(input_col, output_col, mean, std). Received a list of columns "
+                    f"{input_col!r} and columns/mean/std as well.")
+            input_col, output_col, columns, suffix = None, None, list(input_col), output_col
+        if columns is not None and (input_col is not None or mean is not None):
+            raise ValueError("StandardTransformer takes either columns=[...] (dist-keras's "
+                             "form) or input_col/output_col with mean and std, not both.")
+        _set_given(self, inputCol=input_col, outputCol=output_col, mean=mean, std=std,
+                   columns=columns, suffix=suffix)
+
+    def _transform(self, dataset):
+        if not self.isDefined(self.columns):
+            return super()._transform(dataset)
+        return self._standardize_columns(dataset, self.getOrDefault(self.columns),
+                                         self.getOrDefault(self.suffix))
+
+    @staticmethod
+    def _standardize_columns(dataset, columns, suffix):
+        """dist-keras's form: each column of numbers standardized with its own mean and
+        population deviation on ``dataset``, into ``<column><suffix>``."""
+        if not columns:
+            raise ValueError("`columns` must name at least one column of numbers.")
+        for name in columns:
+            if _kind(dataset, name, "column to standardize") != "scalar":
+                raise TypeError(
+                    f"StandardTransformer(columns=...) standardizes columns of single "
+                    f"numbers, as dist-keras's did; {name!r} holds arrays or vectors: use "
+                    f"StandardEstimator(input_col={name!r}, output_col=...).fit(train).")
+            check_output_column_free(dataset, name + suffix, "StandardTransformer: column")
+        found = dataset.select(*[F.struct(F.mean(column(name)).alias("mean"),
+                                          F.stddev_pop(column(name)).alias("std"))
+                                 for name in columns]).first()
+        logger.info("StandardTransformer standardizes %s with statistics of the DataFrame "
+                    "it transforms (dist-keras's form)", columns)
+        for name, stats in zip(columns, found):
+            if stats["mean"] is None:
+                raise ValueError(f"StandardTransformer: column {name!r} has no values to "
+                                 "compute a mean of.")
+            std = stats["std"] if stats["std"] and math.isfinite(stats["std"]) else 1.0
+            dataset = dataset.withColumn(
+                name + suffix, (column(name).cast(T.DoubleType()) - stats["mean"]) / std)
+        return dataset
 
     def _expression(self, dataset, input_col):
         mean = _require(self, self.mean)
@@ -424,10 +512,11 @@ class StandardTransformer(_ColumnTransformer):
             return F.element_at(F.lit(constants), i + 1)
 
         standardized = F.transform(values, lambda x, i: (x - pick(mean, i)) / pick(std, i))
+        standardized = _as_input_kind(standardized, _kind(dataset, input_col), input_col)
         if size == 1:
-            return standardized.cast(FLOAT_ARRAY)
+            return standardized
         return _null_or(values).when(
-            F.size(values) == size, standardized.cast(FLOAT_ARRAY)).otherwise(_fail(
+            F.size(values) == size, standardized).otherwise(_fail(
             f"StandardTransformer: column {input_col!r} holds an array whose length is not "
             f"{size}, the number of means/stds."))
 
@@ -685,8 +774,9 @@ class BinaryLabelTransformer(_ColumnTransformer):
     two-unit softmax output. The output is an ``array<float>`` of length 2.
 
     Args:
-        input_col: Column to compare (strings or numbers).
-        output_col: Name of the new column.
+        input_col: Column to compare (strings or numbers); ``input_column`` (dist-keras's
+            name) too.
+        output_col: Name of the new column; ``output_column`` too.
         label: The value that counts as the positive class.
     """
 
@@ -695,8 +785,12 @@ class BinaryLabelTransformer(_ColumnTransformer):
     setLabel = _setter("label")
     getLabel = _getter("label")
 
-    def __init__(self, input_col=None, output_col=None, label=None):
+    def __init__(self, input_col=None, output_col=None, label=None, *, input_column=None,
+                 output_column=None):
         super().__init__()
+        # dist-keras named them input_column and output_column.
+        input_col = _one_of("input_col", input_col, "input_column", input_column)
+        output_col = _one_of("output_col", output_col, "output_column", output_column)
         _set_given(self, inputCol=input_col, outputCol=output_col, label=label)
 
     def _expression(self, dataset, input_col):

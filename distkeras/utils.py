@@ -647,3 +647,10 @@ def precache(dataframe, num_workers=None):
 # (bytes) instead of its JSON and weights, so the two round-trip with each other only.
 serialize_keras_model = serialize_model
 deserialize_keras_model = deserialize_model
+
+
+# dist-keras's other helpers (`from distkeras.utils import *` in its examples).
+from distkeras.legacy_utils import (  # noqa: E402,F401
+    get_os_username, history_executor, history_executors_average, json_to_dataframe_row,
+    new_dataframe_row, pickle_object, set_keras_base_directory, to_one_hot_encoded_dense,
+    uniform_weights, unpickle_object)

@@ -22,7 +22,7 @@ TRAIN_LIMIT = 6000
 LONGEST_FILES_FIRST = [
     "test_punchcard.py", "test_reliability.py", "test_validation.py", "test_backends.py",
     "test_cli.py", "test_workflow_notebook.py", "test_predictors.py", "test_trainer_contract.py",
-    "test_feed.py", "test_cluster.py", "test_checkpoints.py",
+    "test_feed.py", "test_cluster.py", "test_checkpoints.py", "test_dist_keras_examples.py",
 ]
 
 

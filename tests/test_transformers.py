@@ -49,6 +49,8 @@ def test_one_hot_rejects_an_index_out_of_range(tiny):
 
 
 def test_min_max_on_arrays_vectors_and_numbers(tiny):
+    from pyspark.ml.linalg import DenseVector, VectorUDT
+
     from distkeras.transformers import MinMaxTransformer
 
     arrays = MinMaxTransformer(0.0, 10.0, -1.0, 1.0, input_col="a", output_col="o")
@@ -57,8 +59,10 @@ def test_min_max_on_arrays_vectors_and_numbers(tiny):
         rtol=1e-6)
     vectors = MinMaxTransformer(0.0, 8.0, 0.0, 1.0, input_col="v", output_col="o")
     out = vectors.transform(tiny)
-    assert out.schema["o"].dataType.simpleString() == "array<float>"
-    np.testing.assert_allclose(_column(out, "o"), [
+    # Vectors in, dense vectors out (as Spark's MinMaxScaler and dist-keras's).
+    assert isinstance(out.schema["o"].dataType, VectorUDT)
+    assert all(isinstance(value, DenseVector) for value in _column(out, "o"))
+    np.testing.assert_allclose(_dense(_column(out, "o")), [
         [0.0, 0.375, 0.0, 0.0], [0.125, 0.25, 0.375, 0.5], [0.0, 0.0, 0.0, 1.0]])
     numbers = MinMaxTransformer(1.0, 5.0, 0.0, 100.0, input_col="s", output_col="o",
                                 is_vector=False)
@@ -333,8 +337,8 @@ def test_null_vectors_stay_null_through_every_element_wise_transformer(spark):
     for stage in stages:
         rows = sorted(stage.transform(frame).collect())
         assert rows[0]["out"] is not None and rows[1]["out"] is None, type(stage).__name__
-    assert sorted(MinMaxTransformer(0, 4, 0, 1, "v", "out").transform(frame).collect())[0][
-        "out"] == [0.0, 0.75]
+    assert list(sorted(MinMaxTransformer(0, 4, 0, 1, "v", "out").transform(frame).collect())[
+        0]["out"].toArray()) == [0.0, 0.75]
 
 
 def test_numpy_numbers_are_taken_as_parameters(spark):
@@ -382,7 +386,7 @@ _PARAM_VALUES = {
     "weightCol": "w", "featuresCol": "f", "outputDim": 7, "oMin": -1.0, "oMax": 2.0,
     "nMin": 0.5, "nMax": 3.0, "isVector": True, "mean": [1.0, 2.0], "std": [3.0],
     "shape": [2, 3], "defaultIndex": 4, "activationThreshold": 0.25, "fromLogits": True,
-    "label": "cat",
+    "label": "cat", "columns": ["a", "b"], "suffix": "_n",
     "multiLabel": True, "loss": "mse", "batchSize": 8, "validation": 0.25, "shuffle": True,
     "classWeight": {1: 2.0}, "numEpoch": 3, "trainingBatchSize": 16,
     "workerOptimizer": "sgd", "learningRate": 0.5,
@@ -477,3 +481,77 @@ def test_every_stage_sets_params_with_set_params_as_spark_stages_do(stage_class)
     with pytest.raises(ValueError, match=f"{stage_class.__name__} has no Param 'input_col'; "
                                          "its Params are \\["):
         stage.setParams(input_col="x")
+
+
+# dist-keras's constructors, each argument by name and by position, as its source had them.
+DIST_KERAS_SIGNATURES = [
+    ("MinMaxTransformer", ["o_min", "o_max", "n_min", "n_max", "input_col", "output_col",
+                           "is_vector"], [0.0, 255.0, 0.0, 1.0, "a", "o", True]),
+    ("BinaryLabelTransformer", ["input_column", "output_column", "label"], ["c", "o", "cat"]),
+    ("StandardTransformer", ["columns", "suffix"], [["s", "id"], "_n"]),
+    ("DenseTransformer", ["input_col", "output_col"], ["v", "o"]),
+    ("ReshapeTransformer", ["input_col", "output_col", "shape"], ["a", "o", (2, 2)]),
+    ("OneHotTransformer", ["output_dim", "input_col", "output_col"], [3, "idx", "o"]),
+    ("LabelIndexTransformer", ["output_dim", "input_col", "output_col", "default_index",
+                               "activation_threshold"], [3, "p", "o", 1, 0.6]),
+]
+
+
+@pytest.mark.parametrize("name,arguments,values", DIST_KERAS_SIGNATURES,
+                         ids=[entry[0] for entry in DIST_KERAS_SIGNATURES])
+def test_dist_keras_arguments_by_name_and_by_position(tiny, name, arguments, values):
+    from distkeras import transformers
+
+    stage_class = getattr(transformers, name)
+    by_name = stage_class(**dict(zip(arguments, values)))
+    by_position = stage_class(*values)
+    assert _params(by_name) == _params(by_position)
+    assert len(_params(by_name)) >= len(arguments)  # each argument set a Param
+    assert _rows(by_name.transform(tiny)) == _rows(by_position.transform(tiny))
+
+
+def _params(stage):
+    return {param.name: value for param, value in stage._paramMap.items()}  # those set
+
+
+def _rows(frame):
+    return [tuple(_dense([value])[0] for value in row) for row in frame.orderBy("id").collect()]
+
+
+def test_dist_keras_forms_compute_what_dist_keras_did(tiny):
+    from distkeras.transformers import BinaryLabelTransformer, StandardTransformer
+
+    labels = BinaryLabelTransformer(input_column="c", output_column="o", label="cat")
+    assert _column(labels.transform(tiny), "o") == [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+    with pytest.raises(ValueError, match="same argument"):
+        BinaryLabelTransformer(input_col="c", input_column="c")
+
+    out = StandardTransformer(["s", "idx"]).transform(tiny)  # suffix "_normalized"
+    assert out.columns == tiny.columns + ["s_normalized", "idx_normalized"]
+    s = np.array([1.0, 3.0, 5.0])
+    np.testing.assert_allclose(_column(out, "s_normalized"), (s - s.mean()) / s.std())
+    constant = StandardTransformer(columns=["id"], suffix="_n").transform(
+        tiny.where("id = 1"))
+    assert _column(constant, "id_n") == [0.0]  # no deviation: centered, not divided by 0
+    with pytest.raises(TypeError, match="StandardEstimator"):
+        StandardTransformer(["a"]).transform(tiny)
+    with pytest.raises(ValueError, match="either"):
+        StandardTransformer(["s"], mean=1.0)
+    reloaded = StandardTransformer(["s"], "_n").copy()
+    assert reloaded.getColumns() == ["s"] and reloaded.getSuffix() == "_n"
+
+
+def test_a_rescaled_vector_reads_as_dist_keras_code_reads_it(tiny):
+    """dist-keras's MNIST notebook calls .toArray() on MinMaxTransformer's output."""
+    from distkeras.transformers import (LabelIndexTransformer, MinMaxTransformer,
+                                        ReshapeTransformer, StandardTransformer)
+
+    out = MinMaxTransformer(n_min=0.0, n_max=1.0, o_min=0.0, o_max=8.0, input_col="v",
+                            output_col="norm").transform(tiny)
+    first = out.orderBy("id").first()["norm"].toArray().reshape((2, 2))
+    np.testing.assert_allclose(first, [[0.0, 0.375], [0.0, 0.0]])
+    out = ReshapeTransformer("norm", "matrix", (2, 2, 1)).transform(out)
+    assert _column(out, "matrix")[1] == [[[0.125], [0.25]], [[0.375], [0.5]]]
+    assert _column(LabelIndexTransformer(4, "norm", "i").transform(out), "i") == [1, 3, 3]
+    standardized = StandardTransformer("v", "z", mean=1.0, std=2.0).transform(tiny)
+    assert _dense(_column(standardized, "z"))[2] == [-0.5, -0.5, -0.5, 3.5]
