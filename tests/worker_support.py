@@ -14,11 +14,17 @@ def small_model():
                              keras.layers.Dense(3, activation="softmax")])
 
 
-def record_batches(rows=500, seed=0):
-    """A learnable 3-class problem as record batches of 128 rows (a ragged last one)."""
+def arrays(rows=500, seed=0):
+    """A learnable 3-class problem: features (rows, 6) and one-hot labels (rows, 3)."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, 6)).astype("float32")
     y = np.eye(3, dtype="float32")[(x[:, 0] > 0).astype(int) + (x[:, 1] > 1).astype(int)]
+    return x, y
+
+
+def record_batches(rows=500, seed=0):
+    """`arrays` as record batches of 128 rows (a ragged last one)."""
+    x, y = arrays(rows, seed)
     for start in range(0, rows, 128):
         yield pa.RecordBatch.from_arrays(
             [pa.FixedSizeListArray.from_arrays(pa.array(x[start:start + 128].ravel()), 6),
@@ -26,12 +32,14 @@ def record_batches(rows=500, seed=0):
             names=["features", "label"])
 
 
-def make_worker(cls, server, model_bytes, overlap=False, worker_id=0, window=4):
-    """A worker of class ``cls`` set up to train against ``server`` (batch 16, Adam)."""
-    worker = cls(model_bytes, optimizer="adam", loss="categorical_crossentropy",
+def make_worker(cls, server, model_bytes, overlap=False, worker_id=0, window=4,
+                optimizer="adam", **kwargs):
+    """A worker of class ``cls`` set up to train against ``server`` (batch 16, Adam unless
+    ``optimizer`` is given; ``kwargs``: the class's own arguments, such as ``rho``)."""
+    worker = cls(model_bytes, optimizer=optimizer, loss="categorical_crossentropy",
                  metrics=["accuracy"], features_col="features", label_col="label",
                  batch_size=16, num_epoch=1, master_host="127.0.0.1",
-                 master_port=server.port, communication_window=window)
+                 master_port=server.port, communication_window=window, **kwargs)
     worker.token = server.token
     worker.overlap_communication = overlap
     worker.worker_id = worker_id
