@@ -491,8 +491,12 @@ try:
     print("NOT INTERRUPTED")
 except KeyboardInterrupt:
     port = first.parameter_server.port
-    time.sleep(1)
-    left = [t.name for t in threading.enumerate() if t.name.startswith("distkeras")]
+    deadline = time.monotonic() + 30  # the threads end at once; a busy machine is slow
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith("distkeras")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server._running))
 second = trainer(1)
 second.master_port = port  # the same port again: no "address already in use"
