@@ -683,8 +683,8 @@ def assert_dynsgd_center_replays_its_staleness(server):
                       for e, d in zip(expected64, delta)]
         replay32 = replay32 + delta / (staleness + 1)
     final = center_of(server)
-    for got, want in zip(final, expected64):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+    for got, want in zip(final, expected64):  # float32 sums of up to 640 terms: 1e-5
+        np.testing.assert_allclose(got, want, rtol=1e-5)
     # Replaying the same float32 operations in the same order is exact.
     assert_weights_equal(final, replay32)
     assert_float32(final)
