@@ -26,8 +26,8 @@ LONGEST_FILES_FIRST = [
 ]
 
 
-# Tests that start Spark without the `spark` fixture: a JVM in a subprocess (the CLI, a
-# Punchcard job, a notebook, a standalone cluster) or a session of their own. They get the
+# Tests that start Spark without the `spark` fixture: a JVM in a subprocess (a driver
+# script, a notebook, another Keras backend, a standalone cluster's daemons). They get the
 # `spark` marker here, so that `pytest -m "not spark"` runs only what needs no JVM. A file
 # named alone: all its tests; a (file, name) pair: that test (every parametrised case).
 SPARK_WITHOUT_FIXTURE = {
