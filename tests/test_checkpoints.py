@@ -14,6 +14,7 @@ from conftest import accuracy, build_mlp
 from distkeras.checkpoints import checkpoint_path, load_checkpoint
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker
+from worker_support import FailingOnceADAG
 
 
 def _adag(**kwargs):
@@ -183,23 +184,6 @@ def test_a_damaged_checkpoint_is_called_damaged_not_another_models(tmp_path, dam
         load_checkpoint(str(tmp_path), [((3, 5), np.float32), ((4,), np.float32)])
 
 
-class FailingOnceWorker(ADAGWorker):
-    """Partition 1's first attempt raises after a few steps; Spark retries it."""
-
-    def communicate(self):
-        from pyspark import TaskContext
-
-        if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 and \
-                self.iteration >= 4:
-            raise RuntimeError("flaky executor")
-        super().communicate()
-
-
-class FailingOnceADAG(ADAG):
-    def allocate_worker(self):
-        return FailingOnceWorker(self.master_model)
-
-
 def test_resuming_at_learning_rate_zero_returns_the_checkpoint_bit_for_bit(fashion_train,
                                                                           tmp_path):
     """A resumed run starts from the saved center, on the server and in every worker, and a
@@ -217,7 +201,7 @@ def test_resuming_at_learning_rate_zero_returns_the_checkpoint_bit_for_bit(fashi
     save_checkpoint(str(tmp_path), parameter_servers.ADAGParameterServer(saved_model), "ADAG")
     trainer = FailingOnceADAG(keras_model=build_mlp(), worker_optimizer=keras.optimizers.SGD(
         0.0), loss="categorical_crossentropy", num_workers=2, communication_window=2)
-    model = trainer.train(fashion_train.limit(512), verbose=0, checkpoint_dir=str(tmp_path),
+    model = trainer.train(fashion_train.limit(2000), verbose=0, checkpoint_dir=str(tmp_path),
                           resume=True)
     assert trainer.parameter_server.num_updates > 0  # both workers committed, zeros
     assert {record.get("attempt") for record in trainer.get_executor_history(1)} == {1}

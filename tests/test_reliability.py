@@ -13,6 +13,7 @@ from distkeras.networking import weights_array
 from distkeras.parameter_servers import DeltaParameterServer
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker, SequentialWorker
+from worker_support import FailingOnceADAG
 
 
 class SleepyWorker(ADAGWorker):
@@ -336,23 +337,6 @@ def test_lost_worker_is_retried_and_training_completes(fashion_train, fashion_te
     assert sum(record["batch_size"] for record in retried) == 1500
     assert any(record.get("superseded") for record in trainer.get_history())
     assert _distkeras_threads() == []
-
-
-class FailingOnceWorker(ADAGWorker):
-    """Partition 1's first attempt raises mid-training (a flaky executor); Spark retries it."""
-
-    def communicate(self):
-        from pyspark import TaskContext
-
-        if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 and \
-                self.iteration >= 24:
-            raise RuntimeError("flaky executor")
-        super().communicate()
-
-
-class FailingOnceADAG(ADAG):
-    def allocate_worker(self):
-        return FailingOnceWorker(self.master_model)
 
 
 def test_a_retried_worker_counts_its_steps_once(fashion_train, capsys):

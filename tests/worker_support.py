@@ -6,6 +6,8 @@ import keras
 import numpy as np
 import pyarrow as pa
 
+from distkeras import trainers, workers
+
 
 def small_model():
     """Dense 6 -> 8 -> 3, seeded."""
@@ -57,8 +59,6 @@ def train_together(server, model_bytes, count=2, overlap=False, cls=None):
     """
     import threading
 
-    from distkeras import workers
-
     trained = [make_worker(cls or workers.ADAGWorker, server, model_bytes, overlap, index)
                for index in range(count)]
     errors = []
@@ -80,3 +80,22 @@ def train_together(server, model_bytes, count=2, overlap=False, cls=None):
         server.stop()
     assert not errors, errors
     return trained
+
+
+class FailingOnceWorker(workers.ADAGWorker):
+    """Partition 1's first attempt raises mid-training (a flaky executor); Spark retries it."""
+
+    def communicate(self):
+        from pyspark import TaskContext
+
+        if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 and \
+                self.iteration >= 24:
+            raise RuntimeError("flaky executor")
+        super().communicate()
+
+
+class FailingOnceADAG(trainers.ADAG):
+    """ADAG whose partition 1 fails once, after 24 steps (`FailingOnceWorker`)."""
+
+    def allocate_worker(self):
+        return FailingOnceWorker(self.master_model)
