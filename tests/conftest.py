@@ -26,8 +26,33 @@ LONGEST_FILES_FIRST = [
 ]
 
 
+# Tests that start Spark without the `spark` fixture: a JVM in a subprocess (a driver
+# script, a notebook, another Keras backend, a standalone cluster's daemons). They get the
+# `spark` marker here, so that `pytest -m "not spark"` runs only what needs no JVM. A file
+# named alone: all its tests; a (file, name) pair: that test (every parametrised case).
+SPARK_WITHOUT_FIXTURE = {
+    "test_cluster.py",
+    ("test_backends.py", "test_training_and_prediction_run_on_the_backend"),
+    ("test_workflow_notebook.py", "test_workflow_notebook_runs"),
+    ("test_reliability.py", "test_ctrl_c_stops_everything_and_the_next_training_works"),
+}
+
+
+def needs_spark(item):
+    """Whether ``item`` starts Spark: through the `spark` fixture (directly or through
+    another fixture, such as `fashion_train`), or as listed in `SPARK_WITHOUT_FIXTURE`."""
+    name = item.path.name
+    return ("spark" in getattr(item, "fixturenames", ()) or name in SPARK_WITHOUT_FIXTURE
+            or (name, getattr(item, "originalname", item.name)) in SPARK_WITHOUT_FIXTURE)
+
+
 def pytest_collection_modifyitems(items):
-    """Runs the longest files first (see LONGEST_FILES_FIRST); the rest keep their order."""
+    """Marks the tests that start Spark (`needs_spark`), then runs the longest files first
+    (see LONGEST_FILES_FIRST); the rest keep their order."""
+    for item in items:
+        if needs_spark(item):
+            item.add_marker(pytest.mark.spark)
+
     def rank(item):
         name = item.path.name
         return LONGEST_FILES_FIRST.index(name) if name in LONGEST_FILES_FIRST else len(
@@ -105,3 +130,23 @@ def servers():
     yield start
     for server in started:
         server.stop()
+
+
+def _jvm_started():
+    """Whether this process has started Spark's JVM (it stays after the session stops)."""
+    import sys
+
+    pyspark = sys.modules.get("pyspark")
+    return pyspark is not None and pyspark.SparkContext._gateway is not None
+
+
+@pytest.fixture(autouse=True)
+def _no_unmarked_spark(request):
+    """Fails a test without the `spark` marker that starts Spark's JVM in this process:
+    `pytest -m "not spark"` must run without one (mark it, or list it in
+    `SPARK_WITHOUT_FIXTURE`)."""
+    before = _jvm_started()
+    yield
+    if not before and _jvm_started() and request.node.get_closest_marker("spark") is None:
+        pytest.fail(f"{request.node.nodeid} started Spark without the spark marker: give it "
+                    "the spark fixture or list it in SPARK_WITHOUT_FIXTURE (tests/conftest.py).")

@@ -14,6 +14,7 @@ from conftest import accuracy, build_mlp
 from distkeras.checkpoints import checkpoint_path, load_checkpoint
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker
+from worker_support import FailingOnceADAG
 
 
 def _adag(**kwargs):
@@ -181,3 +182,30 @@ def test_a_damaged_checkpoint_is_called_damaged_not_another_models(tmp_path, dam
     with pytest.raises(ValueError, match="does not fit this model: Field 'center' array 0 is "
                                          r"float32\[3, 4\]; the model expects float32\[3, 5\]"):
         load_checkpoint(str(tmp_path), [((3, 5), np.float32), ((4,), np.float32)])
+
+
+def test_resuming_at_learning_rate_zero_returns_the_checkpoint_bit_for_bit(fashion_train,
+                                                                          tmp_path):
+    """A resumed run starts from the saved center, on the server and in every worker, and a
+    retried worker from the current center (never from the model's weights): at learning
+    rate 0 nothing moves it."""
+    import keras
+
+    from distkeras import parameter_servers
+    from distkeras.checkpoints import save_checkpoint
+
+    saved_model = build_mlp()
+    rng = np.random.default_rng(5)
+    saved_model.set_weights([weight + rng.normal(scale=0.05, size=weight.shape).astype(
+        weight.dtype) for weight in saved_model.get_weights()])
+    save_checkpoint(str(tmp_path), parameter_servers.ADAGParameterServer(saved_model), "ADAG")
+    trainer = FailingOnceADAG(keras_model=build_mlp(), worker_optimizer=keras.optimizers.SGD(
+        0.0), loss="categorical_crossentropy", num_workers=2, communication_window=2)
+    model = trainer.train(fashion_train.limit(2000), verbose=0, checkpoint_dir=str(tmp_path),
+                          resume=True)
+    assert trainer.parameter_server.num_updates > 0  # both workers committed, zeros
+    assert {record.get("attempt") for record in trainer.get_executor_history(1)} == {1}
+    for got, want, initial in zip(model.get_weights(), saved_model.get_weights(),
+                                  trainer.master_model.get_weights()):
+        assert got.tobytes() == want.tobytes()
+        assert not np.array_equal(got, initial)

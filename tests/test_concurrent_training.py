@@ -2,6 +2,7 @@
 
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from conftest import build_mlp
 
@@ -27,15 +28,19 @@ def test_a_training_started_during_another_names_its_progress_apart(spark, fashi
     frame = fashion_train.limit(256)
     reached, release = threading.Event(), threading.Event()
     first = SingleTrainer(build_mlp(8), "sgd", "categorical_crossentropy", num_epoch=2)
-    thread = threading.Thread(target=first.train, args=(frame,), kwargs=dict(
-        verbose=0, callbacks=[_hold_at_first_epoch_end(reached, release)]))
-    thread.start()
-    try:
-        assert reached.wait(120)
-        SingleTrainer(build_mlp(8), "sgd", "categorical_crossentropy").train(frame, verbose=2)
-    finally:
-        release.set()
-        thread.join(120)
+    with ThreadPoolExecutor(1) as pool:
+        first_done = pool.submit(first.train, frame, verbose=0,
+                                 callbacks=[_hold_at_first_epoch_end(reached, release)])
+        try:
+            assert reached.wait(120) or first_done.done()
+            SingleTrainer(build_mlp(8), "sgd", "categorical_crossentropy").train(frame,
+                                                                                 verbose=2)
+        finally:
+            release.set()
+            # Raises the first training's error, which a plain thread dropped.
+            first_model = first_done.result(timeout=120)
+    assert reached.is_set() and first_model is not None
+    assert len(first.get_history()) == 2 * 256 // 32  # both its epochs, held one between
     assert re.search(r"^SingleTrainer #\d+: 256/256 samples", capsys.readouterr().err, re.M)
     SingleTrainer(build_mlp(8), "sgd", "categorical_crossentropy").train(frame, verbose=2)
     assert re.search(r"^SingleTrainer: 256/256 samples", capsys.readouterr().err, re.M)

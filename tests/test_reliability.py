@@ -13,6 +13,7 @@ from distkeras.networking import weights_array
 from distkeras.parameter_servers import DeltaParameterServer
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker, SequentialWorker
+from worker_support import FailingOnceADAG
 
 
 class SleepyWorker(ADAGWorker):
@@ -338,23 +339,6 @@ def test_lost_worker_is_retried_and_training_completes(fashion_train, fashion_te
     assert _distkeras_threads() == []
 
 
-class FailingOnceWorker(ADAGWorker):
-    """Partition 1's first attempt raises mid-training (a flaky executor); Spark retries it."""
-
-    def communicate(self):
-        from pyspark import TaskContext
-
-        if self.worker_id == 1 and TaskContext.get().attemptNumber() == 0 and \
-                self.iteration >= 24:
-            raise RuntimeError("flaky executor")
-        super().communicate()
-
-
-class FailingOnceADAG(ADAG):
-    def allocate_worker(self):
-        return FailingOnceWorker(self.master_model)
-
-
 def test_a_retried_worker_counts_its_steps_once(fashion_train, capsys):
     """The failed attempt's steps stayed in the progress ("4768/4000 samples"), the epochs'
     accounting and the worker's history next to the retry's (iterations twice)."""
@@ -491,8 +475,12 @@ try:
     print("NOT INTERRUPTED")
 except KeyboardInterrupt:
     port = first.parameter_server.port
-    time.sleep(1)
-    left = [t.name for t in threading.enumerate() if t.name.startswith("distkeras")]
+    deadline = time.monotonic() + 30  # the threads end at once; a busy machine is slow
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith("distkeras")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server._running))
 second = trainer(1)
 second.master_port = port  # the same port again: no "address already in use"

@@ -36,7 +36,9 @@ def test_parameter_server_trainers_check_speculation_before_training(spark, monk
     rows = [([float(i % 3), 1.0], i % 2) for i in range(64)]
     frame = spark.createDataFrame(rows, "features array<float>, label long")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
-    trainers.ADAG(model, "sgd", "sparse_categorical_crossentropy", num_workers=2,
-                  communication_window=2).train(frame, verbose=0)
+    trained = trainers.ADAG(model, "sgd", "sparse_categorical_crossentropy", num_workers=2,
+                            communication_window=2).train(frame, verbose=0)
     assert checked == [(spark.sparkContext.master, "ADAG")]
-    assert np.isfinite(model.get_weights()[0]).all()
+    # The check let the training run: the returned model moved (the user's is untouched).
+    assert np.isfinite(trained.get_weights()[0]).all()
+    assert not np.array_equal(trained.get_weights()[0], model.get_weights()[0])
