@@ -64,7 +64,8 @@ class Emperor(Scheme):
     Args:
         optimizer: A parameter-server trainer (it has ``set_learning_rate``).
         evaluate_loss: ``evaluate_loss(model, validation_set)``, the loss as a number.
-        num_epoch, evaluation_frequency: See `Scheme`.
+        num_epoch: See `Scheme`.
+        evaluation_frequency: See `Scheme`.
         loss_threshold: The smallest change of the loss that keeps the rate.
 
     Raises:
