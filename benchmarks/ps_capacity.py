@@ -14,6 +14,7 @@ second. Wall-clock rates on this shared 2-core machine are printed, not trusted.
 
     python benchmarks/ps_capacity.py --params 1e6 --workers 1 4 16 64 --commits 60
     python benchmarks/ps_capacity.py --params 1e7 --workers 8 --commits 20 --rate 10
+    python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 12 --reuse-buffers
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
 """
@@ -56,13 +57,17 @@ def build_model(params):
     return keras.Sequential(layers)
 
 
-def make_server(kind, model):
+def make_server(kind, model, reuse_buffers=False):
     from distkeras import parameter_servers
 
+    if kind == "dynsgd":
+        if reuse_buffers:
+            raise ValueError("--reuse-buffers: only the adding servers (adag, downpour) "
+                             "reuse their buffers")
+        return parameter_servers.DynSGDParameterServer(model, 0)
     cls = {"adag": parameter_servers.ADAGParameterServer,
-           "downpour": parameter_servers.DeltaParameterServer,
-           "dynsgd": parameter_servers.DynSGDParameterServer}[kind]
-    return cls(model, 0)
+           "downpour": parameter_servers.DeltaParameterServer}[kind]
+    return cls(model, 0, reuse_buffers=reuse_buffers)
 
 
 def worker_main(host, port, token, worker_id, shapes, commits, period, seed, ready, go,
@@ -112,7 +117,7 @@ def worker_main(host, port, token, worker_id, shapes, commits, period, seed, rea
 
 
 def run_case(params, workers, commits, rate=None, server_kind="adag", model=None,
-             host="127.0.0.1"):
+             host="127.0.0.1", reuse_buffers=False):
     """Serves ``workers`` simulated workers of ``commits`` pairs each; returns the figures.
 
     Returns:
@@ -123,7 +128,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     model = model if model is not None else build_model(params)
     shapes = [tuple(weight.shape) for weight in model.get_weights()]
     real_params = sum(int(np.prod(shape)) for shape in shapes)
-    server = make_server(server_kind, model)
+    server = make_server(server_kind, model, reuse_buffers)
     server.expect_workers(workers)
     server.start()
     context = multiprocessing.get_context("spawn")
@@ -156,7 +161,8 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     # The span from the first worker's first commit to the last one's end.
     span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     return {
-        "params": real_params, "workers": workers, "server": server_kind,
+        "params": real_params, "workers": workers,
+        "server": server_kind + (" reuse" if reuse_buffers else ""),
         "commits_per_worker": commits, "rate_per_worker": rate,
         "server_cpu_s": cpu, "wall_s": wall,
         "cpu_ms_per_pair": 1e3 * cpu / pairs,
@@ -201,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=None,
                         help="commits per second per worker (default: as fast as served)")
     parser.add_argument("--server", choices=SERVERS, default="adag")
+    parser.add_argument("--reuse-buffers", action="store_true",
+                        help="the server's opt-in reuse_buffers (adag, downpour)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.commits < 1 or min(args.workers) < 1 or min(args.params) < 1:
@@ -210,7 +218,7 @@ def main(argv=None):
         model = build_model(params)
         for workers in args.workers:
             results.append(run_case(int(params), workers, args.commits, args.rate,
-                                    args.server, model))
+                                    args.server, model, reuse_buffers=args.reuse_buffers))
             print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(results))
     if args.json:

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from test_benchmark_scripts import BENCHMARKS, load_script
 
 
@@ -40,3 +42,38 @@ def test_ps_capacity_refuses_zero_commits():
     run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"),
                           "--commits", "0"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--commits" in run.stderr
+
+
+def test_staleness_runs_real_training_for_a_tiny_case(tmp_path):
+    output = tmp_path / "staleness.json"
+    plot = tmp_path / "staleness.png"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "staleness.py"), "--workers", "1", "2",
+         "--rows", "640", "--test-rows", "200", "--epochs", "1", "--hidden", "8",
+         "--algorithms", "DOWNPOUR", "AEASGD", "--json", str(output), "--plot", str(plot)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [(r["algorithm"], r["workers"]) for r in results] == [
+        ("DOWNPOUR", 1), ("DOWNPOUR", 2), ("AEASGD", 1), ("AEASGD", 2)]
+    # 20 batches: DOWNPOUR's windows of 5 make 4 commits, 2 workers of 10 batches 2 + 2;
+    # AEASGD's window of 32 one per worker (the short last window).
+    assert [r["commits"] for r in results] == [4, 4, 1, 2]
+    assert results[0]["mean_staleness"] == 0 and results[1]["mean_staleness"] > 0
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in results)
+    assert plot.stat().st_size > 1000
+    assert "| DOWNPOUR (5) | " in run.stdout
+
+
+def test_staleness_counts_the_others_commits_since_a_workers_pull():
+    staleness = load_script("staleness")
+    rng = np.random.default_rng(0)
+    images = rng.random((32 * 20, 784), dtype=np.float32)
+    labels = rng.integers(0, 10, 32 * 20).astype("int32")
+    replicas = staleness.Replicas(hidden=4)
+    # Equal speeds, no jitter: two workers alternate, each commit one update stale
+    # (the other's) after the first.
+    _, counts = staleness.simulate("DynSGD", 2, replicas, images, labels, 32, 1, 0.0, 0.0, 0)
+    assert counts == [0, 1, 1, 1]
+    _, counts = staleness.simulate("DynSGD", 4, replicas, images, labels, 32, 1, 0.0, 0.0, 0)
+    assert counts == [0, 1, 2, 3]
