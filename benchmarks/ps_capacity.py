@@ -176,6 +176,42 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     }
 
 
+def operation_costs(params, repeat=10):
+    """CPU milliseconds of the array operations a commit+pull may cost the server, on one
+    flat float32 array of ``params`` values (one thread, no sockets): what decides
+    between the designs that could lift the ceiling (docs/scaling.md)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    center = rng.random(params, dtype=np.float32)
+    update = (rng.random(params, dtype=np.float32) * 1e-3).astype(np.float32)
+    spare = np.empty_like(center)
+    half, brain = update.astype(np.float16), update.astype(ml_dtypes.bfloat16)
+
+    def fresh_pages():
+        np.empty(4 * params, np.uint8).fill(1)  # a new buffer's pages, first written
+
+    operations = {
+        "write a fresh buffer (a commit read into new memory)": fresh_pages,
+        "center + update into new memory (the server's add)": lambda: center + update,
+        "center + update into a reused buffer (reuse_buffers)":
+            lambda: np.add(center, update, out=spare),
+        "isfinite check of the update": lambda: np.isfinite(update).all(),
+        "float32 -> float16 (a float16 pull)": lambda: center.astype(np.float16),
+        "float16 -> float32 (a float16 commit)": lambda: half.astype(np.float32),
+        "float32 -> bfloat16 (ml_dtypes)": lambda: center.astype(ml_dtypes.bfloat16),
+        "bfloat16 -> float32 (ml_dtypes)": lambda: brain.astype(np.float32),
+    }
+    costs = {}
+    for name, operation in operations.items():
+        operation()
+        began = time.process_time()
+        for _ in range(repeat):
+            operation()
+        costs[name] = 1e3 * (time.process_time() - began) / repeat
+    return costs
+
+
 HEADER = ["params", "workers", "server", "rate/worker", "pairs", "server CPU ms/pair",
           "pairs/s per server core", "pairs/s (wall)", "server cores busy",
           "pulls with weights", "median latency ms"]
@@ -207,12 +243,21 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=None,
                         help="commits per second per worker (default: as fast as served)")
     parser.add_argument("--server", choices=SERVERS, default="adag")
+    parser.add_argument("--operations", action="store_true",
+                        help="only time the array operations behind a commit+pull")
     parser.add_argument("--reuse-buffers", action="store_true",
                         help="the server's opt-in reuse_buffers (adag, downpour)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.commits < 1 or min(args.workers) < 1 or min(args.params) < 1:
         parser.error("--commits, --workers and --params must be at least 1")
+    if args.operations:
+        for params in args.params:
+            print(f"\n{params / 1e6:.3g}M parameters, CPU ms per operation:\n")
+            print("| operation | CPU ms |\n|---|---|")
+            for name, cost in operation_costs(int(params)).items():
+                print(f"| {name} | {cost:.2f} |")
+        return None
     results = []
     for params in args.params:
         model = build_model(params)
