@@ -212,6 +212,33 @@ def operation_costs(params, repeat=10):
     return costs
 
 
+def accuracy_check(rows, workers=2, window=12):
+    """Test accuracy of ADAG on Spark ``local[2]`` (``rows`` Fashion-MNIST rows, 1 epoch,
+    the 784-500-500-10 MLP) with the default server and with ``reuse_server_buffers``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import report
+
+    spark, train, test = report.fashion_mnist_setup(limit=rows, packed=True)
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    accuracies = {}
+    for reuse in (False, True):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((784,)),
+                                  keras.layers.Dense(500, activation="relu"),
+                                  keras.layers.Dense(500, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+        trainer = ADAG(model, "adam", "categorical_crossentropy", num_workers=workers,
+                       communication_window=window, reuse_server_buffers=reuse)
+        trained = trainer.train(train, verbose=0)
+        predicted = trained.predict(test[0], batch_size=1000, verbose=0).argmax(axis=1)
+        accuracies[reuse] = float((predicted == test[1]).mean())
+    spark.stop()
+    return accuracies
+
+
 HEADER = ["params", "workers", "server", "rate/worker", "pairs", "server CPU ms/pair",
           "pairs/s per server core", "pairs/s (wall)", "server cores busy",
           "pulls with weights", "median latency ms"]
@@ -243,6 +270,9 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=None,
                         help="commits per second per worker (default: as fast as served)")
     parser.add_argument("--server", choices=SERVERS, default="adag")
+    parser.add_argument("--accuracy", type=int, metavar="ROWS",
+                        help="only train ADAG (2 workers, window 12) on ROWS rows with "
+                             "and without reuse_server_buffers and print the accuracies")
     parser.add_argument("--operations", action="store_true",
                         help="only time the array operations behind a commit+pull")
     parser.add_argument("--reuse-buffers", action="store_true",
@@ -251,6 +281,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.commits < 1 or min(args.workers) < 1 or min(args.params) < 1:
         parser.error("--commits, --workers and --params must be at least 1")
+    if args.accuracy:
+        accuracies = accuracy_check(args.accuracy)
+        print("| server | test accuracy |\n|---|---|")
+        for reuse, value in accuracies.items():
+            print(f"| {'reuse_server_buffers=True' if reuse else 'default'} | {value:.4f} |")
+        return accuracies
     if args.operations:
         for params in args.params:
             print(f"\n{params / 1e6:.3g}M parameters, CPU ms per operation:\n")
