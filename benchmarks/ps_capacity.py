@@ -239,6 +239,47 @@ def accuracy_check(rows, workers=2, window=12):
     return accuracies
 
 
+def timed_server_operations():
+    """Wraps the server's reads, sends, checks and rule applications with per-thread CPU
+    timers (benchmark only); returns the Counter of CPU seconds they fill, by name."""
+    import collections
+
+    from distkeras import parameter_servers
+
+    spent = collections.Counter()
+
+    def timed(owner, name, label):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            began = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += time.thread_time() - began
+
+        setattr(owner, name, wrapper)
+
+    timed(parameter_servers, "recv_data", "read a commit or a request")
+    timed(parameter_servers, "send_data", "send a pull")
+    timed(parameter_servers.SocketParameterServer, "model_update", "isfinite check")
+    timed(parameter_servers.SocketParameterServer, "apply_rule", "add (under the lock)")
+    return spent
+
+
+def compare_reuse(params, workers, commits, rounds):
+    """Alternates the default server and ``reuse_buffers`` ``rounds`` times each, on one
+    model, so both meet the same load on a shared machine."""
+    model = build_model(params)
+    results = []
+    for _ in range(rounds):
+        for reuse in (False, True):
+            results.append(run_case(int(params), workers, commits, model=model,
+                                    reuse_buffers=reuse))
+            print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    return results
+
+
 HEADER = ["params", "workers", "server", "rate/worker", "pairs", "server CPU ms/pair",
           "pairs/s per server core", "pairs/s (wall)", "server cores busy",
           "pulls with weights", "median latency ms"]
@@ -273,6 +314,10 @@ def main(argv=None):
     parser.add_argument("--accuracy", type=int, metavar="ROWS",
                         help="only train ADAG (2 workers, window 12) on ROWS rows with "
                              "and without reuse_server_buffers and print the accuracies")
+    parser.add_argument("--compare-reuse", type=int, metavar="ROUNDS",
+                        help="alternate the default server and --reuse-buffers ROUNDS times")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print the server's CPU ms per pair in each operation")
     parser.add_argument("--operations", action="store_true",
                         help="only time the array operations behind a commit+pull")
     parser.add_argument("--reuse-buffers", action="store_true",
@@ -294,14 +339,24 @@ def main(argv=None):
             for name, cost in operation_costs(int(params)).items():
                 print(f"| {name} | {cost:.2f} |")
         return None
+    spent = timed_server_operations() if args.breakdown else None
     results = []
     for params in args.params:
+        if args.compare_reuse:
+            for workers in args.workers:
+                results += compare_reuse(params, workers, args.commits, args.compare_reuse)
+            continue
         model = build_model(params)
         for workers in args.workers:
             results.append(run_case(int(params), workers, args.commits, args.rate,
                                     args.server, model, reuse_buffers=args.reuse_buffers))
             print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(results))
+    if spent is not None:
+        pairs = sum(r["workers"] * r["commits_per_worker"] for r in results)
+        print("\n| server operation | CPU ms per pair (all cases) |\n|---|---|")
+        for label, seconds in spent.items():
+            print(f"| {label} | {1e3 * seconds / pairs:.2f} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)

@@ -766,14 +766,27 @@ class HistoryServer(SocketParameterServer):
     handle_pull = handle_pull_unless_own = handle_commit = _refuse
 
 
-def _unshared(weights):
-    """Whether nothing but its caller's two references holds ``weights`` (an object array
-    of layers) or any of its layers: no pull still sending it, no view of a layer, no
-    epoch end or trainer keeping it. CPython's reference counts."""
-    # getrefcount's argument, this function's parameter and the caller's variable; for a
-    # layer: the array's slot, the loop variable and getrefcount's argument.
-    return sys.getrefcount(weights) <= 3 and all(
-        sys.getrefcount(layer) <= 3 for layer in weights)
+def _reference_counts(weights):
+    """``sys.getrefcount`` of ``weights`` (an object array of layers) and of each layer."""
+    return sys.getrefcount(weights), [sys.getrefcount(layer) for layer in weights]
+
+
+def _unshared(weights, unheld):
+    """Whether nothing but its caller holds ``weights`` or any of its layers: no pull
+    still sending it, no view of a layer, no epoch end or trainer keeping it.
+
+    Args:
+        weights: An object array of layers, held by one variable of the caller.
+        unheld: ``weights_array([np.empty(0)])``, made by the caller and held the same way.
+
+    Notes:
+        CPython's reference counts, compared with those of ``unheld`` read the same way:
+        what the interpreter itself counts (arguments, loop variables; fewer in newer
+        versions) cancels out.
+    """
+    unheld_array, (unheld_layer,) = _reference_counts(unheld)
+    array, layers = _reference_counts(weights)
+    return array <= unheld_array and all(count <= unheld_layer for count in layers)
 
 
 class _AddingServer(SocketParameterServer):
@@ -819,7 +832,8 @@ class _AddingServer(SocketParameterServer):
         that finds nothing else holding it.
         """
         spare, self._spare_center = self._spare_center, None
-        if spare is None or spare is center or not _unshared(spare):
+        unheld = weights_array([np.empty(0)])
+        if spare is None or spare is center or not _unshared(spare, unheld):
             spare = weights_array(np.empty_like(layer) for layer in center)
         for out, layer, change in zip(spare, center, update):
             np.add(layer, change, out=out)
