@@ -14,7 +14,15 @@ second. Wall-clock rates on this shared 2-core machine are printed, not trusted.
 
     python benchmarks/ps_capacity.py --params 1e6 --workers 1 4 16 64 --commits 60
     python benchmarks/ps_capacity.py --params 1e7 --workers 8 --commits 20 --rate 10
-    python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 12 --reuse-buffers
+    python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 10 --compare-reuse 3
+    python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 8 --breakdown
+    python benchmarks/ps_capacity.py --operations --params 1e7
+    python benchmarks/ps_capacity.py --accuracy 30000
+
+``--reuse-buffers`` serves with the opt-in ``reuse_buffers``; ``--compare-reuse`` alternates
+it with the default; ``--breakdown`` adds the server's CPU in each operation;
+``--operations`` times the array operations alone; ``--accuracy`` trains ADAG on Spark
+with and without ``reuse_server_buffers``. docs/scaling.md holds the results.
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
 """

@@ -77,3 +77,23 @@ def test_staleness_counts_the_others_commits_since_a_workers_pull():
     assert counts == [0, 1, 1, 1]
     _, counts = staleness.simulate("DynSGD", 4, replicas, images, labels, 32, 1, 0.0, 0.0, 0)
     assert counts == [0, 1, 2, 3]
+
+
+def test_ps_capacity_compares_reuse_buffers_and_breaks_the_server_cpu_down(tmp_path):
+    output = tmp_path / "compare.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"), "--params", "2000",
+         "--workers", "2", "--commits", "3", "--compare-reuse", "1", "--breakdown",
+         "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [r["server"] for r in results] == ["adag", "adag reuse"]
+    for operation in ("read a commit or a request", "add (under the lock)", "send a pull"):
+        assert f"| {operation} | " in run.stdout
+
+
+def test_ps_capacity_times_the_array_operations():
+    capacity = load_script("ps_capacity")
+    costs = capacity.operation_costs(1000, repeat=2)
+    assert len(costs) == 8 and all(cost >= 0 for cost in costs.values())
+    assert "center + update into a reused buffer (reuse_buffers)" in costs
