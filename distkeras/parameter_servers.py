@@ -15,6 +15,7 @@ import errno
 import logging
 import secrets
 import socket
+import sys
 import threading
 import time
 
@@ -765,30 +766,97 @@ class HistoryServer(SocketParameterServer):
     handle_pull = handle_pull_unless_own = handle_commit = _refuse
 
 
-class DeltaParameterServer(SocketParameterServer):
+def _reference_counts(weights):
+    """``sys.getrefcount`` of ``weights`` (an object array of layers) and of each layer."""
+    return sys.getrefcount(weights), [sys.getrefcount(layer) for layer in weights]
+
+
+def _unshared(weights, unheld):
+    """Whether nothing but its caller holds ``weights`` or any of its layers: no pull
+    still sending it, no view of a layer, no epoch end or trainer keeping it.
+
+    Args:
+        weights: An object array of layers, held by one variable of the caller.
+        unheld: ``weights_array([np.empty(0)])``, made by the caller and held the same way.
+
+    Notes:
+        CPython's reference counts, compared with those of ``unheld`` read the same way:
+        what the interpreter itself counts (arguments, loop variables; fewer in newer
+        versions) cancels out.
+    """
+    unheld_array, (unheld_layer,) = _reference_counts(unheld)
+    array, layers = _reference_counts(weights)
+    return array <= unheld_array and all(count <= unheld_layer for count in layers)
+
+
+class _AddingServer(SocketParameterServer):
+    """``C += update`` as sent; with ``reuse_buffers``, without new memory per commit.
+
+    Args:
+        model, master_port, host, handshake_timeout: See `SocketParameterServer`.
+        reuse_buffers: Opt-in. Read each connection's commits into one buffer it keeps,
+            and write each new center into the center before last when nothing holds
+            that one any more (else into new memory). The centers are the same, bit for
+            bit: only where the bytes live changes.
+
+    Notes:
+        Measured by benchmarks/ps_capacity.py (docs/scaling.md): for a 10M-parameter
+        model, most of the server's CPU per commit+pull was the kernel mapping and zeroing
+        fresh pages for the 40 MB commit read and the 40 MB new center, not the copy or
+        the addition. The cost: one model's bytes more per connection and one more center.
+    """
+
+    def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0,
+                 reuse_buffers=False):
+        super().__init__(model, master_port, host, handshake_timeout)
+        if not isinstance(reuse_buffers, bool):
+            raise ValueError("`reuse_buffers` must be True or False. Received: "
+                             f"reuse_buffers={reuse_buffers!r}")
+        self.reuse_buffers = reuse_buffers
+        self._spare_center = None  # the center before the current one, to write into
+
+    def add_commit(self, conn, field):
+        """Receives a commit and adds its ``field`` (or its ``delta``) to the center."""
+        data = recv_data(conn, reuse_body=self.reuse_buffers)
+        update = self.model_update(data[field] if field in data else data.get("delta"))
+        with self.mutex:
+            self.apply_rule(self._add_into_spare if self.reuse_buffers
+                            else update_rules.add_update, update)
+            self.next_update(conn)
+
+    def _add_into_spare(self, center, update):
+        """``center + update`` written into the spare center; call under ``self.mutex``.
+
+        The rule leaves ``center`` and ``update`` as they are (`apply_rule`'s contract):
+        ``center`` becomes the spare once replaced, written into only at a later commit
+        that finds nothing else holding it.
+        """
+        spare, self._spare_center = self._spare_center, None
+        unheld = weights_array([np.empty(0)])
+        if spare is None or spare is center or not _unshared(spare, unheld):
+            spare = weights_array(np.empty_like(layer) for layer in center)
+        for out, layer, change in zip(spare, center, update):
+            np.add(layer, change, out=out)
+        self._spare_center = center
+        return spare
+
+
+class DeltaParameterServer(_AddingServer):
     """``C += delta`` (DOWNPOUR, and the default for custom trainers)."""
 
     commits_applied_as_sent = True
 
     def handle_commit(self, conn, addr):
-        data = recv_data(conn)
-        delta = self.model_update(data.get("delta"))
-        with self.mutex:
-            self.apply_rule(update_rules.add_update, delta)
-            self.next_update(conn)
+        self.add_commit(conn, "delta")
 
 
-class ADAGParameterServer(SocketParameterServer):
+class ADAGParameterServer(_AddingServer):
     """``C += residual``, the residual being the worker's window-averaged change (ADAG)."""
 
     commits_applied_as_sent = True
 
     def handle_commit(self, conn, addr):
-        data = recv_data(conn)
-        residual = self.model_update(data["residual"] if "residual" in data else data.get("delta"))
-        with self.mutex:
-            self.apply_rule(update_rules.add_update, residual)
-            self.next_update(conn)
+        self.add_commit(conn, "residual")
 
 
 class DynSGDParameterServer(SocketParameterServer):

@@ -1065,6 +1065,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             a background thread while the next window trains, applying the worker's own
             update locally instead of waiting to pull it back (see `WindowedWorker`). The
             same path for one worker; with several, others' commits arrive a window later.
+        reuse_server_buffers: DOWNPOUR and ADAG only, opt-in: their parameter server reads
+            commits into one buffer per worker and writes each new center into memory it
+            used before (`parameter_servers._AddingServer`): the same centers bit for
+            bit, for less server CPU per commit on large models (docs/scaling.md).
     """
 
     default_window = 5
@@ -1075,7 +1079,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
-                 overlap_communication=False):
+                 overlap_communication=False, reuse_server_buffers=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -1085,6 +1089,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         self.learning_rate = learning_rate
         self.worker_timeout = worker_timeout
         self.overlap_communication = overlap_communication
+        self.reuse_server_buffers = reuse_server_buffers
         self.parameter_server = None
 
     @classmethod
@@ -1098,6 +1103,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
                       master_port=self.master_port, learning_rate=self.learning_rate,
                       worker_timeout=self.worker_timeout,
                       overlap_communication=self.overlap_communication)
+        if self.reuse_server_buffers:  # only DOWNPOUR's and ADAG's constructors take it
+            config.update(reuse_server_buffers=True)
         return config
 
     def validate_arguments(self):
@@ -1113,6 +1120,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         if not isinstance(self.overlap_communication, bool):
             raise ValueError("`overlap_communication` must be True or False. Received: "
                              f"overlap_communication={self.overlap_communication!r}")
+        if not isinstance(self.reuse_server_buffers, bool):
+            raise ValueError("`reuse_server_buffers` must be True or False. Received: "
+                             f"reuse_server_buffers={self.reuse_server_buffers!r}")
 
     def _workers_optimizer(self):
         """``worker_optimizer``, with ``learning_rate`` as its rate where the class
@@ -1129,7 +1139,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
 
     def allocate_parameter_server(self):
         """Returns the parameter server; `DeltaParameterServer` unless overridden."""
-        return parameter_servers.DeltaParameterServer(self.master_model, self.master_port)
+        return parameter_servers.DeltaParameterServer(
+            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
 
     def _validate_checkpointing(self):
         if self.resume and self.checkpoint_dir is None:
@@ -1425,7 +1436,8 @@ class ADAG(AsynchronousDistributedTrainer):
         return workers.ADAGWorker(self.master_model)
 
     def allocate_parameter_server(self):
-        return parameter_servers.ADAGParameterServer(self.master_model, self.master_port)
+        return parameter_servers.ADAGParameterServer(
+            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
 
 
 class DynSGD(AsynchronousDistributedTrainer):

@@ -1,0 +1,99 @@
+"""The scaling benchmarks (benchmarks/ps_capacity.py, benchmarks/staleness.py) run for a
+tiny case: the real server, real sockets, simulated workers in spawned processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from test_benchmark_scripts import BENCHMARKS, load_script
+
+
+def test_ps_capacity_serves_every_commit_of_its_simulated_workers(tmp_path):
+    output = tmp_path / "capacity.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"), "--params", "2000",
+         "--workers", "1", "2", "--commits", "3", "--json", str(output)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [result["workers"] for result in results] == [1, 2]
+    for result in results:
+        # The 4 Dense(w -> w) layers of the simulated model hold about --params.
+        assert 1500 < result["params"] < 2500
+        assert result["bytes_per_pair"] == 8 * result["params"]
+        assert result["server_cpu_s"] > 0 and result["cpu_ms_per_pair"] > 0
+    # A lone worker's pulls carry no weights: only its own commits moved the center.
+    assert results[0]["pulls_with_weights"] == 0
+    assert "| 2 | adag | flat out | 6 |" in run.stdout
+
+
+def test_ps_capacity_model_width_matches_the_parameter_count():
+    capacity = load_script("ps_capacity")
+    for params in (1e6, 1e7, 1e8):
+        width = capacity.layer_width(params)
+        count = capacity.LAYERS * (width * width + width)
+        assert abs(count - params) / params < 0.01
+
+
+def test_ps_capacity_refuses_zero_commits():
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"),
+                          "--commits", "0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--commits" in run.stderr
+
+
+def test_staleness_runs_real_training_for_a_tiny_case(tmp_path):
+    output = tmp_path / "staleness.json"
+    plot = tmp_path / "staleness.png"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "staleness.py"), "--workers", "1", "2",
+         "--rows", "640", "--test-rows", "200", "--epochs", "1", "--hidden", "8",
+         "--algorithms", "DOWNPOUR", "AEASGD", "--json", str(output), "--plot", str(plot)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [(r["algorithm"], r["workers"]) for r in results] == [
+        ("DOWNPOUR", 1), ("DOWNPOUR", 2), ("AEASGD", 1), ("AEASGD", 2)]
+    # 20 batches: DOWNPOUR's windows of 5 make 4 commits, 2 workers of 10 batches 2 + 2;
+    # AEASGD's window of 32 one per worker (the short last window).
+    assert [r["commits"] for r in results] == [4, 4, 1, 2]
+    assert results[0]["mean_staleness"] == 0 and results[1]["mean_staleness"] > 0
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in results)
+    assert plot.stat().st_size > 1000
+    assert "| DOWNPOUR (5) | " in run.stdout
+
+
+def test_staleness_counts_the_others_commits_since_a_workers_pull():
+    staleness = load_script("staleness")
+    rng = np.random.default_rng(0)
+    images = rng.random((32 * 20, 784), dtype=np.float32)
+    labels = rng.integers(0, 10, 32 * 20).astype("int32")
+    replicas = staleness.Replicas(hidden=4)
+    # Equal speeds, no jitter: two workers alternate, each commit one update stale
+    # (the other's) after the first.
+    _, counts = staleness.simulate("DynSGD", 2, replicas, images, labels, 32, 1, 0.0, 0.0, 0)
+    assert counts == [0, 1, 1, 1]
+    _, counts = staleness.simulate("DynSGD", 4, replicas, images, labels, 32, 1, 0.0, 0.0, 0)
+    assert counts == [0, 1, 2, 3]
+
+
+def test_ps_capacity_compares_reuse_buffers_and_breaks_the_server_cpu_down(tmp_path):
+    output = tmp_path / "compare.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"), "--params", "2000",
+         "--workers", "2", "--commits", "3", "--compare-reuse", "1", "--breakdown",
+         "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [r["server"] for r in results] == ["adag", "adag reuse"]
+    for operation in ("read a commit or a request", "add (under the lock)", "send a pull"):
+        assert f"| {operation} | " in run.stdout
+
+
+def test_ps_capacity_times_the_array_operations():
+    capacity = load_script("ps_capacity")
+    costs = capacity.operation_costs(1000, repeat=2)
+    assert len(costs) == 8 and all(cost >= 0 for cost in costs.values())
+    assert "center + update into a reused buffer (reuse_buffers)" in costs
