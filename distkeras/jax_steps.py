@@ -46,12 +46,18 @@ class CallLength:
     SETTLE_STEPS = 2  # steps after the first (which compiles) before the clock starts
     TIMED_STEPS = 8
     # Steps longer than this gain little from a scan (dispatch costs ~0.1 ms): no trial.
-    SHORT_STEP_SECONDS = 0.004
+    SHORT_STEP_SECONDS = 0.003
+    # A trial compiles the scan, which costs about what the first step's compile did; a
+    # scan saves ~0.3 ms a step on the MLP, so a compile longer than this (a fresh
+    # Transformer's: 3-5 s) would not pay for itself in a training of a few thousand steps.
+    # A step read from the compilation cache (`executor_backend`) starts well within it.
+    TRIAL_COMPILE_SECONDS = 1.0
     # A scan must save at least this share of the step time to be kept.
     MIN_SAVING = 0.1
 
     def __init__(self, one_call=None):
         self.one_call = one_call
+        self.compile_seconds = None  # the first step's time, compile included
         self.step_seconds = None  # a single step's measured time, once known
         self.window_step_seconds = None
         self._steps = 0
@@ -64,16 +70,24 @@ class CallLength:
             return self.one_call
         return self.step_seconds is not None  # time windows once single steps are timed
 
+    def before_step(self):
+        """Starts the clock on the first step (its compile) while undecided."""
+        if self.one_call is None and self._steps == 0:
+            self._started = _now()
+
     def after_step(self, state):
-        """Times single steps while undecided (blocks twice on ``state``)."""
+        """Times single steps while undecided (blocks three times on ``state``)."""
         if self.one_call is not None or self.step_seconds is not None:
             return
         self._steps += 1
-        if self._steps == 1 + self.SETTLE_STEPS:
+        if self._steps == 1:
+            self.compile_seconds = _ready_time(state) - self._started
+        elif self._steps == 1 + self.SETTLE_STEPS:
             self._started = _ready_time(state)
         elif self._steps == 1 + self.SETTLE_STEPS + self.TIMED_STEPS:
             self.step_seconds = (_ready_time(state) - self._started) / self.TIMED_STEPS
-            if self.step_seconds >= self.SHORT_STEP_SECONDS:
+            if self.step_seconds >= self.SHORT_STEP_SECONDS \
+                    or self.compile_seconds > self.TRIAL_COMPILE_SECONDS:
                 self.one_call = False
 
     def before_window(self, state):
@@ -91,9 +105,13 @@ class CallLength:
                              < (1 - self.MIN_SAVING) * self.step_seconds)
 
 
+def _now():
+    return time.perf_counter()
+
+
 def _ready_time(state):
     jax.block_until_ready(state)
-    return time.perf_counter()
+    return _now()
 
 
 class JaxTrainStep:
@@ -176,6 +194,7 @@ class JaxTrainStep:
             self._build(data)
         if self.state is None:
             self._load_state()
+        self.call_length.before_step()
         (logs, self.metric_values), self.state = self._step(self.state, data)
         self.call_length.after_step(self.state)
         return logs

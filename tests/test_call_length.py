@@ -13,23 +13,31 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX ba
 
 
 class ScriptedClock:
-    """Stands in for `_ready_time`: each call returns the next scripted moment."""
+    """Stands in for `_ready_time` (counting the calls, each a wait) and `_now`."""
 
-    def __init__(self, step_seconds, window_step_seconds):
+    def __init__(self, step_seconds, window_step_seconds, compile_seconds=0.5):
         self.now = 0.0
         self.step_seconds, self.window_step_seconds = step_seconds, window_step_seconds
+        self.compile_seconds = compile_seconds
         self.calls = 0
+        self.steps = 0
 
     def __call__(self, state):
         self.calls += 1
         return self.now
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(jax_steps, "_ready_time", self)
+        monkeypatch.setattr(jax_steps, "_now", lambda: self.now)
 
 
 def _drive(choice, clock, steps, windows, window_length=6):
     """Runs ``steps`` single steps, then ``windows`` windows while the choice wants them,
     advancing the scripted clock by their durations; returns the windows run in one call."""
     for _ in range(steps):
-        clock.now += clock.step_seconds
+        choice.before_step()
+        clock.now += clock.compile_seconds if clock.steps == 0 else clock.step_seconds
+        clock.steps += 1
         choice.after_step(None)
     ran = 0
     for _ in range(windows):
@@ -42,25 +50,27 @@ def _drive(choice, clock, steps, windows, window_length=6):
     return ran
 
 
-@pytest.mark.parametrize("step_ms, window_step_ms, expected", [
-    (20.0, 1.0, False),   # long steps (a convolution): no scan is even tried
-    (1.0, 0.5, True),     # short steps that a scan runs faster: kept
-    (1.0, 0.95, False),   # a scan that saves under 10%: not worth it
-    (1.0, 2.0, False),    # a scan slower than single steps (as for convolutions): dropped
+@pytest.mark.parametrize("step_ms, window_step_ms, compile_s, expected, tried", [
+    (20.0, 1.0, 0.5, False, False),  # long steps (a convolution): no scan is even tried
+    (1.0, 0.5, 0.5, True, True),     # short steps that a scan runs faster: kept
+    (1.0, 0.5, 4.0, False, False),   # a compile too long for a trial to pay (a Transformer)
+    (1.0, 0.95, 0.5, False, True),   # a scan that saves under 10%: not worth it
+    (1.0, 2.0, 0.5, False, True),    # a scan slower than single steps: dropped
 ])
 def test_the_choice_follows_the_measured_times(monkeypatch, step_ms, window_step_ms,
-                                               expected):
-    clock = ScriptedClock(step_ms / 1000, window_step_ms / 1000)
-    monkeypatch.setattr(jax_steps, "_ready_time", clock)
+                                               compile_s, expected, tried):
+    clock = ScriptedClock(step_ms / 1000, window_step_ms / 1000, compile_s)
+    clock.install(monkeypatch)
     choice = CallLength()
     assert choice.wants_one_call() is False  # single steps first, to time them
     settle_and_time = 1 + CallLength.SETTLE_STEPS + CallLength.TIMED_STEPS
     _drive(choice, clock, settle_and_time, windows=3)
+    assert choice.compile_seconds == pytest.approx(compile_s)
     assert choice.step_seconds == pytest.approx(step_ms / 1000)
     assert choice.one_call is expected
     assert choice.wants_one_call() is expected
-    # The clock is read twice for the steps, twice more for the one timed window.
-    assert clock.calls == (2 if step_ms / 1000 >= CallLength.SHORT_STEP_SECONDS else 4)
+    # Three waits for the steps (the compile, the timed span), two more for a trial window.
+    assert clock.calls == (5 if tried else 3)
     calls = clock.calls
     _drive(choice, clock, 20, windows=3)
     assert clock.calls == calls  # decided: never blocks again
@@ -68,7 +78,7 @@ def test_the_choice_follows_the_measured_times(monkeypatch, step_ms, window_step
 
 def test_a_fixed_choice_is_never_timed(monkeypatch):
     clock = ScriptedClock(0.001, 0.0001)
-    monkeypatch.setattr(jax_steps, "_ready_time", clock)
+    clock.install(monkeypatch)
     for fixed in (True, False):
         choice = CallLength(fixed)
         _drive(choice, clock, 30, windows=3)
