@@ -38,6 +38,7 @@ import uuid
 import zipfile
 
 from distkeras import data_roots, train_options
+from distkeras.model_check import ModelChecker
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +200,12 @@ class Job:
                     f"{self.job_name!r} within {timeout} s. It may still be checking the "
                     "model and then queue the job: follow it with job.attach(url) in a "
                     "while, or send it with a longer timeout=.") from error
-            if not _closed_while_sending(error) or not self._reachable():
+            status = self._probe_status() if _closed_while_sending(error) else None
+            if status is None:
                 raise
+            if status == 403:  # the server refuses a large body of an unknown secret unread
+                raise JobError(f"Punchcard answered 403: Unknown secret (job "
+                               f"{self.job_name!r} was not sent).", status=403) from error
             megabytes = len(json.dumps(payload)) / (1 << 20)
             raise JobError(
                 f"The Punchcard server at {url} closed the connection while job "
@@ -210,15 +215,15 @@ class Job:
         self.state = answer.get("state")
         return answer
 
-    def _reachable(self):
-        """Whether the server answers a small request (whatever the answer)."""
+    def _probe_status(self):
+        """The status of a small request (200, or the refusal's), None if unreachable."""
         try:
             self._request("GET", "/api/state", timeout=10)
         except ServerUnreachable:
-            return False
-        except JobError:
-            pass  # 403 or 404: it answered
-        return True
+            return None
+        except JobError as refused:
+            return refused.status  # 403 or 404: it answered
+        return 200
 
     def attach(self, url):
         """Follows the job already submitted with this secret to the server at ``url``
@@ -442,19 +447,24 @@ def _check_count(body, name):
     return value
 
 
-def validate_submission(body, allowed_roots=()):
-    """Checks a submission; returns ``(fields, trainer class, config, model bytes)``.
+def validate_submission(body, allowed_roots=(), check=None):
+    """Checks a submission; returns ``(fields, trainer class name, config, model bytes)``.
 
-    The model is loaded with ``safe_mode=True`` and the trainer built from its config, so a
-    bad archive or configuration is refused now rather than failing later in the job.
+    The fields are checked here; the model and the trainer (`check_keras_parts`: the
+    model is loaded with ``safe_mode=True`` and the trainer built from its config) by
+    ``check``, so a bad archive or configuration is refused now rather than failing later
+    in the job.
+
+    Args:
+        body: The parsed JSON submission.
+        allowed_roots: The allowed data roots (empty: any path).
+        check: A function of ``(model base64, trainer class name, config, workers)``
+            returning the config to run, or raising BadRequest: a `model_check.ModelChecker`
+            's in a server (a child process), `check_keras_parts` (in this process) if None.
 
     Raises:
         BadRequest: Saying what was wrong.
     """
-    from distkeras.registry import get_trainer_class
-    from distkeras.trainers import EnsembleTrainer
-    from distkeras.utils import check_compile_arguments, deserialize_model
-
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if _nesting_depth(body) > MAX_JSON_DEPTH:
@@ -470,22 +480,9 @@ def validate_submission(body, allowed_roots=()):
     if not isinstance(trainer, dict) or not isinstance(trainer.get("class_name"), str) or \
             not isinstance(trainer.get("config"), dict):
         raise BadRequest("'trainer' must be {\"class_name\": ..., \"config\": {...}}.")
-    try:
-        trainer_class = get_trainer_class(trainer["class_name"])
-    except ValueError as error:
-        raise BadRequest(str(error)) from error
-    if issubclass(trainer_class, EnsembleTrainer):
-        raise BadRequest(f"{trainer['class_name']} trains several models, and a Punchcard job "
-                         "returns one: train an ensemble from Python with your own Spark "
-                         "session, or submit another trainer.")
+    _trainer_class(trainer["class_name"])
     model_bytes = _model_bytes(body.get("model"))
-    try:
-        # Compiled, as the job's process loads it (`cli`): a model compiled with
-        # loss=None trains on its own loss, which the trainer's checks read from it.
-        model = deserialize_model(model_bytes, compile=True)
-    except Exception as error:  # any failure to load is the client's archive's fault
-        raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
-            from error
+    _scan_configs(model_bytes, trainer["config"])
     try:
         fields["train_options"] = train_options.normalize(
             body.get("train_options"),
@@ -495,12 +492,58 @@ def validate_submission(body, allowed_roots=()):
     config = dict(trainer["config"])
     if "master_port" in config:
         config["master_port"] = 0  # the server's OS picks the port, never the client
-    _check_compile_configs(config)
     workers = fields["num_executors"] * fields["num_processes"]
     if workers > MAX_WORKERS:
         raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
                          f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
                          f"{fields['num_processes']} = {workers}")
+    factor = config.get("parallelism_factor", 1)
+    if isinstance(factor, int) and not isinstance(factor, bool) and \
+            factor > MAX_PARALLELISM_FACTOR:
+        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
+                         f"multiplies the {workers} workers' partitions). Received: {factor}")
+    config = (check or check_keras_parts)(body["model"], trainer["class_name"], config,
+                                          workers)
+    return fields, trainer["class_name"], config, model_bytes
+
+
+def check_keras_parts(model_text, trainer_class_name, config, workers):
+    """Checks what Keras builds of a submission: the model archive and the trainer.
+
+    The configurations are scanned as JSON first (`config_scan`: no code references, no
+    oversized metric state), the declared weights counted, then the model loaded
+    (``safe_mode=True``) and the trainer built. Run in a `model_check` child process
+    by the server: building allocates what the client's configuration declares.
+
+    Args:
+        model_text: The base64 `.keras` archive.
+        trainer_class_name: The registered trainer class's name.
+        config: The trainer's JSON config.
+        workers: The job's number of workers.
+
+    Returns:
+        The trainer config to run (``num_workers`` set to ``workers``).
+
+    Raises:
+        BadRequest: Saying what was wrong.
+    """
+    import keras
+
+    from distkeras.utils import check_compile_arguments, deserialize_model
+
+    model_bytes = _model_bytes(model_text)
+    _scan_configs(model_bytes, config, frozenset(keras.saving.get_custom_objects()))
+    trainer_class = _trainer_class(trainer_class_name)
+    _check_declared_weights(model_bytes)
+    try:
+        # Compiled, as the job's process loads it (`cli`): a model compiled with
+        # loss=None trains on its own loss, which the trainer's checks read from it.
+        model = deserialize_model(model_bytes, compile=True)
+    except Exception as error:  # any failure to load is the client's archive's fault
+        raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
+            from error
+    config = dict(config)
+    _check_compile_configs(config)
     try:
         built = trainer_class.from_config(config, keras_model=model)
         for attribute in ("num_workers", "num_ensembles"):
@@ -511,12 +554,39 @@ def validate_submission(body, allowed_roots=()):
         check_compile_arguments(built.worker_optimizer, built.loss, built.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
-    factor = config.get("parallelism_factor", 1)
-    if isinstance(factor, int) and not isinstance(factor, bool) and \
-            factor > MAX_PARALLELISM_FACTOR:
-        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
-                         f"multiplies the {workers} workers' partitions). Received: {factor}")
-    return fields, trainer_class, config, model_bytes
+    return config
+
+
+def _trainer_class(name):
+    """The registered trainer class ``name``, refused if unknown or an ensemble."""
+    from distkeras.registry import get_trainer_class
+    from distkeras.trainers import EnsembleTrainer
+
+    try:
+        trainer_class = get_trainer_class(name)
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+    if issubclass(trainer_class, EnsembleTrainer):
+        raise BadRequest(f"{name} trains several models, and a Punchcard job "
+                         "returns one: train an ensemble from Python with your own Spark "
+                         "session, or submit another trainer.")
+    return trainer_class
+
+
+def _scan_configs(model_bytes, trainer_config, registered=None):
+    """Refuses code references and oversized state in the archive's config.json and the
+    trainer's config (`config_scan`), before Keras reads either."""
+    from distkeras import config_scan
+
+    try:
+        config_scan.scan(config_scan.read_config(model_bytes), registered)
+    except config_scan.ConfigRefused as error:
+        raise BadRequest(f"The model archive was refused: {error}") from error
+    for field, value in trainer_config.items():
+        try:
+            config_scan.scan(value, registered, f"'{field}'")
+        except config_scan.ConfigRefused as error:
+            raise BadRequest(f"Bad trainer configuration: {error}") from error
 
 
 def _model_bytes(text):
@@ -532,7 +602,6 @@ def _model_bytes(text):
         raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
                          f"{len(data)} bytes that are not a zip file.")
     _check_unpacked_size(data)
-    _check_declared_weights(data)
     return data
 
 
@@ -760,10 +829,12 @@ class Punchcard:
         master: The Spark master jobs run on (``local[*]``, ``yarn``, ``spark://...``).
         max_running: Jobs running at once; the others wait, queued.
         allowed_data_roots: If given, ``data_path`` must be under one of these.
+        model_checker: The `model_check.ModelChecker` that checks submitted models in
+            child processes (a default one if None).
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
-                 allowed_data_roots=()):
+                 allowed_data_roots=(), model_checker=None):
         from distkeras.job_store import JobStore
         from distkeras.secrets_file import SecretChecker, load_secrets
 
@@ -780,6 +851,7 @@ class Punchcard:
         self.master = master
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
+        self.model_checker = model_checker or ModelChecker()
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
@@ -794,6 +866,24 @@ class Punchcard:
     def close(self):
         self._stop.set()
         self._scheduler.join(timeout=5)
+        self.model_checker.close()
+
+    def _check_in_child(self, model_text, trainer_class_name, config, workers):
+        """`check_keras_parts` in a `model_check` child process (never in this one)."""
+        from distkeras.model_check import CheckFailed
+
+        try:
+            answer = self.model_checker.check({
+                "model": model_text, "trainer_class": trainer_class_name, "config": config,
+                "workers": workers})
+        except CheckFailed as error:
+            logger.warning("A submission's check failed: %s", error)
+            raise BadRequest(f"The model archive was refused: {error}") from error
+        if not answer["ok"]:
+            raise BadRequest(str(answer.get("error")))
+        if not isinstance(answer.get("config"), dict):
+            raise BadRequest("The model check answered no trainer configuration.")
+        return answer["config"]
 
     # -- requests ---------------------------------------------------------------------
 
@@ -828,7 +918,7 @@ class Punchcard:
     def _queue(self, secret_hash, identity, body):
         """Validates a submission and stores it as a queued job (`submit`)."""
         fields, trainer_class, config, model_bytes = validate_submission(
-            body, self.allowed_data_roots)
+            body, self.allowed_data_roots, self._check_in_child)
         job_id = uuid.uuid4().hex
         job_dir = os.path.join(self.work_dir, "jobs", job_id)  # never derived from input
         os.makedirs(os.path.dirname(job_dir), mode=0o700, exist_ok=True)
@@ -840,7 +930,7 @@ class Punchcard:
         with open(os.path.join(job_dir, "train_options.json"), "w", encoding="utf-8") as handle:
             json.dump(fields.pop("train_options"), handle)
         job = {"id": job_id, "secret_hash": secret_hash, "identity": identity,
-               "trainer_class": trainer_class.__name__, "job_dir": job_dir, "state": "queued",
+               "trainer_class": trainer_class, "job_dir": job_dir, "state": "queued",
                "created": time.time(), **fields}
         if not self.store.insert_if_free(job):
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -1144,33 +1234,39 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         return error(405, f"{request.method} is not allowed on {request.path}: submit with "
                           "POST, everything else with GET.")
 
+    def busy(secret_hash):
+        job = punchcard.job_of(secret_hash)
+        known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
+        return error(403, f"This secret already has a job{known}: wait for it with "
+                          "job.wait_completion(), or clear it with job.destroy() (after "
+                          "job.cancel() if it still runs), before submitting another.")
+
     @app.post("/api/submit")
     def submit():
+        from distkeras.config_scan import ConfigRefused, loads_bounded
+
         who = caller()
         if who is None:
             return error(403, "Unknown secret.")
-        try:
-            body = request.get_json(silent=True)
-        except RecursionError:  # silent covers ValueError only: nesting too deep is not one
-            return error(400, "The request body is JSON nested too deeply.")
-        if body is None and not request.is_json:
+        # Before the body is parsed: a busy secret's body costs nothing to refuse.
+        if punchcard.store.by_secret(who[0]) is not None:
+            return busy(who[0])
+        if not request.is_json:
             # Flask reads no body of another type: it may be JSON, sent as a form.
             return error(400, "The request body must be JSON, sent with the header "
                               "Content-Type: application/json.")
-        if body is None:
-            return error(400, "The request body must be JSON.")
+        try:
+            body = loads_bounded(request.get_data(cache=False))
+        except ConfigRefused as refused:
+            return error(400, str(refused))
         try:
             state = punchcard.submit(who[0], who[1], body)
         except BadRequest as bad:
             return error(400, str(bad))
-        except SubmissionInProgress as busy:
-            return error(403, str(busy))
+        except SubmissionInProgress as in_progress:
+            return error(403, str(in_progress))
         if state is None:
-            job = punchcard.job_of(who[0])
-            known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
-            return error(403, f"This secret already has a job{known}: wait for it with "
-                              "job.wait_completion(), or clear it with job.destroy() (after "
-                              "job.cancel() if it still runs), before submitting another.")
+            return busy(who[0])
         return jsonify(state)
 
     def own_job():
@@ -1237,15 +1333,25 @@ def create_app(punchcard, max_request_bytes=256 << 20):
     return app
 
 
-def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20):
-    """The waitress server of `create_app(punchcard)` (call its ``run()``)."""
-    import waitress
+def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
+                **limits):
+    """The HTTP server of `create_app(punchcard)` (call its ``run()``).
 
-    # waitress itself refuses a larger body, before reading it: Flask's own limit only
-    # applies once waitress has buffered the whole body (up to 1 GiB by default).
-    return waitress.create_server(create_app(punchcard, max_request_bytes), host=host,
-                                  port=port, threads=threads, ident="punchcard",
-                                  max_request_body_size=max_request_bytes)
+    Args:
+        punchcard: The `Punchcard`.
+        host, port: Where to listen.
+        threads: Worker threads serving requests.
+        max_request_bytes: The largest submission.
+        **limits: `http_front.make_front`'s ``connection_limit``, ``header_timeout``,
+            ``min_upload_rate``, ``channel_timeout``.
+    """
+    from distkeras.http_front import make_front
+
+    # The secret and the body's size are checked from the headers, before the body is
+    # read: Flask's own limit only applies once the whole body has been buffered.
+    return make_front(create_app(punchcard, max_request_bytes), punchcard.identify, host,
+                      port, threads=threads, max_request_bytes=max_request_bytes,
+                      secret_header=SECRET_HEADER, **limits)
 
 
 def _exposure_warnings(host, allowed_data_roots):
@@ -1284,6 +1390,16 @@ def serve(argv=None, prog="punchcard"):
     parser.add_argument("--allowed-data-root", action="append", default=[],
                         help="only accept data_path under this prefix (repeatable)")
     parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
+    parser.add_argument("--connection-limit", type=int, default=1000,
+                        help="connections held at once; past it, the oldest connection "
+                             "still sending its headers is closed for a new one")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a request's headers may take to arrive (a trickling "
+                             "client is dropped after it)")
+    parser.add_argument("--min-upload-kbps", type=int, default=64,
+                        help="slowest accepted upload of a submission, in KiB/s")
+    parser.add_argument("--idle-timeout", type=int, default=30,
+                        help="seconds an idle kept-alive connection is held")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -1296,7 +1412,10 @@ def serve(argv=None, prog="punchcard"):
         logger.warning(warning)
     try:
         server = make_server(punchcard, args.host, args.port, args.threads,
-                             args.max_request_mb << 20)
+                             args.max_request_mb << 20, connection_limit=args.connection_limit,
+                             header_timeout=args.header_timeout,
+                             min_upload_rate=args.min_upload_kbps << 10,
+                             channel_timeout=args.idle_timeout)
     except OSError as error:  # the port taken (another server running?) or not ours
         punchcard.close()
         sys.stderr.write(f"punchcard: error: cannot listen on {args.host}:{args.port}: "

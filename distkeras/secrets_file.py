@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import string
+import tempfile
 
 SECRET_LENGTH = 64
 _ALPHABET = string.ascii_letters + string.digits
@@ -83,11 +84,18 @@ def append_entry(path, entry):
         with open(path, encoding="utf-8") as handle:
             entries = json.load(handle)
     entries.append(entry)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-              encoding="utf-8") as handle:
-        json.dump(entries, handle, indent=2)
-    os.replace(temporary, path)
+    # mkstemp: an unpredictable name, created with O_EXCL and mode 0600, so a file or a
+    # link planted beside the secrets file cannot receive them.
+    descriptor, temporary = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(path)),
+        prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with open(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(entries, handle, indent=2)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 class SecretChecker:

@@ -1,0 +1,248 @@
+"""Punchcard under attack (issue #32): hostile clients against a real server on 127.0.0.1."""
+
+import base64
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from test_punchcard import RunningServer, _deflated_config, _raw, _trainer, _with_config
+
+from distkeras.job_deployment import SECRET_HEADER, Job
+from distkeras.model_check import ModelChecker
+from distkeras.secrets_file import append_entry, generate_secret, make_entry
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("attack-secrets") / "secrets.json")
+    values = [generate_secret() for _ in range(8)]
+    for index, secret in enumerate(values):
+        append_entry(path, make_entry(f"user{index}", secret))
+    return path, values
+
+
+def Server(secrets_path, work_dir, threads=4, **options):
+    """A `RunningServer` whose jobs never start (only their submission is under test)."""
+    return RunningServer(secrets_path, work_dir, max_running=0, threads=threads, **options)
+
+
+@pytest.fixture
+def server(secrets, tmp_path):
+    running = Server(secrets[0], str(tmp_path / "work"))
+    yield running
+    running.stop()
+
+
+def _payload(secret="s"):
+    return Job(secret, "attack", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+
+
+def _function(module, name):
+    return {"module": module, "class_name": "function", "config": name,
+            "registered_name": None}
+
+
+def _lambda_layer(config):
+    """The issue's archive: a Lambda of keras.ops.relu whose output_shape is
+    keras.distribution.set_distribution, which building the model calls."""
+    config["config"]["layers"].insert(1, {
+        "module": "keras.layers", "class_name": "Lambda", "registered_name": None,
+        "config": {"name": "evil", "trainable": True, "arguments": {},
+                   "function": _function("keras.ops", "relu"),
+                   "output_shape": _function("keras.distribution", "set_distribution")}})
+    return config
+
+
+def _activation(module, name):
+    def edit(config):
+        config["config"]["layers"][1]["config"]["activation"] = _function(module, name)
+        return config
+    return edit
+
+
+def _archive(payload, edit):
+    return base64.b64encode(_with_config(base64.b64decode(payload["model"]), edit)).decode()
+
+
+def _with_metric(payload, metric):
+    trainer = json.loads(json.dumps(payload["trainer"]))
+    trainer["config"]["metrics"] = ["accuracy", metric]
+    return {**payload, "trainer": trainer}
+
+
+def _hostile_submissions(payload):
+    """(what, submission, words the refusal must hold)."""
+    auc = {"module": "keras.metrics", "class_name": "AUC", "registered_name": None,
+           "config": {"name": "auc", "num_thresholds": 30_000_000}}
+    iou = {"module": "keras.metrics", "class_name": "MeanIoU", "registered_name": None,
+           "config": {"name": "iou", "num_classes": 100_000}}
+    return [
+        ("Lambda calling set_distribution",
+         {**payload, "model": _archive(payload, _lambda_layer)},
+         "Lambda layer"),
+        ("activation set_distribution",
+         {**payload, "model": _archive(payload, _activation("keras.distribution",
+                                                            "set_distribution"))},
+         "keras.distribution.set_distribution, which this server does not call"),
+        ("activation get_file (a download)",
+         {**payload, "model": _archive(payload, _activation("keras.utils", "get_file"))},
+         "does not call"),
+        ("loss set_epsilon", {**payload, "trainer": {**payload["trainer"], "config": {
+            **payload["trainer"]["config"],
+            "loss": _function("keras.config", "set_epsilon")}}}, "does not call"),
+        ("AUC(num_thresholds=3e7)", _with_metric(payload, auc), "num_thresholds=30000000"),
+        ("MeanIoU(num_classes=1e5)", _with_metric(payload, iou), "num_classes=100000"),
+        ("60 MB config.json deflated",
+         {**payload, "model": base64.b64encode(_deflated_config(payload, 60 << 20)).decode()},
+         "config.json unpacks to"),
+    ]
+
+
+def test_hostile_configurations_are_refused_before_keras_reads_them(server, secrets):
+    """Each was built in a request thread: the Lambda and the activation poisoned its
+    Keras state for every later submission, the AUC and MeanIoU allocated gigabytes, the
+    deflated config.json was read whole and accepted."""
+    import keras
+
+    secret = secrets[1][0]
+    payload = _payload(secret)
+    for what, submission, words in _hostile_submissions(payload):
+        status, answer = _raw(server.url, "/api/submit", secret, submission)
+        assert status == 400, (what, answer)
+        assert words in answer["error"], (what, answer)
+    assert keras.distribution.distribution() is None
+    assert keras.config.epsilon() == 1e-7
+    assert server.punchcard.store.by_state("queued") == []
+
+
+def test_threads_stay_healthy_after_hostile_submissions(secrets, tmp_path):
+    """More hostile archives than the server has threads, then a legitimate submission
+    per thread: all accepted (each poisoned thread refused every later model before)."""
+    running = Server(secrets[0], str(tmp_path / "work"), threads=2)
+    try:
+        payload = _payload()
+        hostile = [{**payload, "model": _archive(payload, _lambda_layer)},
+                   {**payload, "model": _archive(payload, _activation(
+                       "keras.distribution", "set_distribution"))}]
+        for round_ in range(10):
+            status, _ = _raw(running.url, "/api/submit", secrets[1][1], hostile[round_ % 2])
+            assert status == 400
+        for secret in secrets[1][2:4]:
+            status, answer = _raw(running.url, "/api/submit", secret, _payload(secret))
+            assert status == 200, answer
+    finally:
+        running.stop()
+
+
+def test_a_body_of_millions_of_objects_is_refused_unparsed(server, secrets):
+    """30 MB of ``[{},{},...]`` took ~1 GB of the server's memory to parse."""
+    body = b"[" + b"{}," * (10 << 20) + b"{}]"
+    status, answer = _raw(server.url, "/api/submit", secrets[1][4], data=body)
+    assert status == 400 and "JSON lists and objects" in answer["error"], answer
+
+
+@pytest.mark.parametrize("limits, words", [
+    ({"cpu_seconds": 1}, "more CPU time than this server gives one (1 s)"),
+    ({"timeout": 0.5}, "took longer than 0.5 s"),
+    ({"memory_bytes": 200 << 20}, "more memory than this server gives one (200 MiB)"),
+])
+def test_the_check_runs_in_a_child_under_limits(secrets, tmp_path, limits, words):
+    """A legitimate submission, checked by a child too small for it: refused, naming the
+    limit, and the server goes on."""
+    running = Server(secrets[0], str(tmp_path / "work"), model_checker=ModelChecker(**limits))
+    try:
+        status, answer = _raw(running.url, "/api/submit", secrets[1][5], _payload())
+        assert status == 400 and words in answer["error"], answer
+        assert _raw(running.url, "/api/state", secrets[1][5])[0] == 404
+    finally:
+        running.stop()
+
+
+def _trickle(port, count, stop):
+    """``count`` clients that send a request's headers a byte at a time, reconnecting
+    when the server drops them, until ``stop`` is set."""
+    header = b"POST /api/submit HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: a\r\n" * 1000
+
+    def connect():
+        client = socket.socket()
+        client.settimeout(2)
+        try:
+            client.connect(("127.0.0.1", port))
+        except OSError:
+            client.close()
+            return None
+        return [client, 0]
+
+    clients = [connect() for _ in range(count)]
+    while not stop.wait(0.2):
+        for index, state in enumerate(clients):
+            try:
+                state[0].send(header[state[1]:state[1] + 1])
+                state[1] += 1
+            except (OSError, TypeError):  # dropped (or never connected): again
+                if state is not None:
+                    state[0].close()
+                clients[index] = connect()
+    for state in clients:
+        if state is not None:
+            state[0].close()
+
+
+def test_trickling_clients_cannot_starve_an_authenticated_one(secrets, tmp_path):
+    """Ten times the connection limit of clients trickling their headers held every
+    connection (waitress's timeout counts from the last byte): no request was answered."""
+    running = Server(secrets[0], str(tmp_path / "work"), connection_limit=20,
+                     header_timeout=2.0)
+    stop = threading.Event()
+    trickler = threading.Thread(target=_trickle, args=(int(running.server.effective_port), 200,
+                                                       stop), daemon=True)
+    trickler.start()
+    try:
+        time.sleep(3)  # every trickler connected, some dropped and back
+        for _ in range(5):
+            request = urllib.request.Request(running.url + "/api/state",
+                                             headers={SECRET_HEADER: secrets[1][6]})
+            with pytest.raises(urllib.error.HTTPError) as answered:
+                urllib.request.urlopen(request, timeout=20)
+            assert answered.value.code == 404  # this secret has no job: it was answered
+        assert len(running.server.active_channels) <= 20 + 2
+    finally:
+        stop.set()
+        trickler.join(timeout=30)
+        running.stop()
+
+
+def _answer_to_headers(server, headers):
+    """What the server answers a request of which only ``headers`` were sent."""
+    with socket.create_connection(("127.0.0.1", int(server.server.effective_port)),
+                                  timeout=10) as client:
+        client.sendall(headers.encode() + b"\r\n")
+        answer = b""
+        while chunk := client.recv(4096):  # the server closes once it has answered
+            answer += chunk
+        return answer
+
+
+def test_an_unknown_secrets_upload_is_refused_before_its_body(server, secrets):
+    """waitress buffered 256 MB bodies to temporary files before the secret was checked."""
+    answer = _answer_to_headers(
+        server, f"POST /api/submit HTTP/1.1\r\nHost: x\r\n{SECRET_HEADER}: wrong\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {256 << 20}\r\n")
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert answer.endswith(b'{"error": "Unknown secret."}')
+    # A small one is read and dropped, and its client reads the application's 403.
+    status, answer = _raw(server.url, "/api/submit", "wrong", data=b"x" * 100_000)
+    assert (status, answer) == (403, {"error": "Unknown secret."})
+    # Routes other than submit take no body; a body of unknown length is refused.
+    answer = _answer_to_headers(server, f"GET /api/state HTTP/1.1\r\nHost: x\r\n"
+                                        f"{SECRET_HEADER}: {secrets[1][7]}\r\n"
+                                        f"Content-Length: {1 << 20}\r\n")
+    assert answer.startswith(b"HTTP/1.1 413") and b"larger than 65536 bytes" in answer
+    answer = _answer_to_headers(server, f"POST /api/submit HTTP/1.1\r\nHost: x\r\n"
+                                        f"{SECRET_HEADER}: {secrets[1][7]}\r\n"
+                                        "Transfer-Encoding: chunked\r\n")
+    assert answer.startswith(b"HTTP/1.1 411"), answer
