@@ -401,7 +401,16 @@ class SubmissionInProgress(RuntimeError):
     """Another submission with the same secret is still being checked (HTTP 403)."""
 
 
-def _check_data_path(path, allowed_roots, name="data_path"):
+def _check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
+    """``path`` if a job may read it, else BadRequest.
+
+    Args:
+        path: The path the client gave.
+        allowed_roots: The allowed data roots (empty: any path of a cluster file system).
+        name: The field, for the message.
+        any_local_path: Whether, without roots, a local path (no scheme, or ``file:``)
+            is accepted: the server would read any file its user can.
+    """
     if not isinstance(path, str) or not path or len(path) > 4096:
         raise BadRequest(f"'{name}' must be a non-empty string.")
     if any(ord(char) < 32 for char in path):
@@ -410,6 +419,11 @@ def _check_data_path(path, allowed_roots, name="data_path"):
         raise BadRequest(f"'{name}' must not start with '-'. Received: {path!r}")
     if ".." in re.split(r"[/\\]", path):
         raise BadRequest(f"'{name}' must not contain '..' segments.")
+    if not allowed_roots and not any_local_path and data_roots.local_path(path) is not None:
+        raise BadRequest(
+            f"'{name}' must be a path of the cluster's file system (hdfs://..., s3a://...): "
+            "this server reads no local path, as its administrator named no folder of "
+            "training data (punchcard --allowed-data-root).")
     if allowed_roots and _GLOB_CHARACTERS & set(path):
         raise BadRequest(
             f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
@@ -447,7 +461,7 @@ def _check_count(body, name):
     return value
 
 
-def validate_submission(body, allowed_roots=(), check=None):
+def validate_submission(body, allowed_roots=(), check=None, any_local_path=True):
     """Checks a submission; returns ``(fields, trainer class name, config, model bytes)``.
 
     The fields are checked here; the model and the trainer (`check_keras_parts`: the
@@ -461,6 +475,7 @@ def validate_submission(body, allowed_roots=(), check=None):
         check: A function of ``(model base64, trainer class name, config, workers)``
             returning the config to run, or raising BadRequest: a `model_check.ModelChecker`
             's in a server (a child process), `check_keras_parts` (in this process) if None.
+        any_local_path: Without roots, whether local paths are accepted.
 
     Raises:
         BadRequest: Saying what was wrong.
@@ -473,7 +488,8 @@ def validate_submission(body, allowed_roots=(), check=None):
     if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
                          "starting with a letter or digit.")
-    fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots),
+    fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots,
+                                                          any_local_path=any_local_path),
               "num_executors": _check_count(body, "num_executors"),
               "num_processes": _check_count(body, "num_processes")}
     trainer = body.get("trainer")
@@ -486,7 +502,8 @@ def validate_submission(body, allowed_roots=(), check=None):
     try:
         fields["train_options"] = train_options.normalize(
             body.get("train_options"),
-            lambda path: _check_data_path(path, allowed_roots, "train_options.validation"))
+            lambda path: _check_data_path(path, allowed_roots, "train_options.validation",
+                                          any_local_path))
     except ValueError as error:
         raise BadRequest(str(error)) from error
     config = dict(trainer["config"])
@@ -831,10 +848,12 @@ class Punchcard:
         allowed_data_roots: If given, ``data_path`` must be under one of these.
         model_checker: The `model_check.ModelChecker` that checks submitted models in
             child processes (a default one if None).
+        allow_any_data_path: Without ``allowed_data_roots``, accept local paths (any file
+            this server's user can read) rather than refuse them.
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
-                 allowed_data_roots=(), model_checker=None):
+                 allowed_data_roots=(), model_checker=None, allow_any_data_path=False):
         from distkeras.job_store import JobStore
         from distkeras.secrets_file import SecretChecker, load_secrets
 
@@ -852,6 +871,7 @@ class Punchcard:
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
         self.model_checker = model_checker or ModelChecker()
+        self.allow_any_data_path = allow_any_data_path
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
@@ -918,7 +938,7 @@ class Punchcard:
     def _queue(self, secret_hash, identity, body):
         """Validates a submission and stores it as a queued job (`submit`)."""
         fields, trainer_class, config, model_bytes = validate_submission(
-            body, self.allowed_data_roots, self._check_in_child)
+            body, self.allowed_data_roots, self._check_in_child, self.allow_any_data_path)
         job_id = uuid.uuid4().hex
         job_dir = os.path.join(self.work_dir, "jobs", job_id)  # never derived from input
         os.makedirs(os.path.dirname(job_dir), mode=0o700, exist_ok=True)
@@ -1079,6 +1099,23 @@ class Punchcard:
         errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
         return " | ".join(errors[-count:])[-500:]
 
+    def client_error(self, job):
+        """The job's error as its client sees it (`data_roots.redact`)."""
+        options = self._train_options(job)
+        own = [job["data_path"]] + ([options["validation"]]
+                                    if isinstance(options.get("validation"), str) else [])
+        return data_roots.redact(job["error"], self.allowed_data_roots, own)
+
+    @staticmethod
+    def _train_options(job):
+        try:
+            with open(os.path.join(job["job_dir"], "train_options.json"),
+                      encoding="utf-8") as handle:
+                options = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        return options if isinstance(options, dict) else {}
+
     def public_state(self, job):
         """What a client sees of its job."""
         status = self._read_status(job) or {}
@@ -1087,7 +1124,7 @@ class Punchcard:
             "job_name": job["name"],
             "state": job["state"],
             "running": job["state"] in ("queued", "running"),
-            "error": job["error"],
+            "error": self.client_error(job),
             "progress": {"phase": status.get("state", job["state"]),
                          "seconds_running": round(now - job["started"], 1)
                          if job["started"] and job["state"] == "running" else None},
@@ -1328,7 +1365,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             results = punchcard.results(job)
         if results is None or not punchcard.destroy(job):
             return error(404, "This secret has no job: another request destroyed it.")
-        return jsonify({**results, "state": job["state"], "error": job["error"]})
+        return jsonify({**results, "state": job["state"], "error": punchcard.client_error(job)})
 
     return app
 
@@ -1354,11 +1391,16 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
                       secret_header=SECRET_HEADER, **limits)
 
 
-def _exposure_warnings(host, allowed_data_roots):
+def _exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
     """What a server started with these settings exposes that its administrator may not
     mean to: said once, at start-up."""
     warnings = []
-    if not allowed_data_roots:
+    if not allowed_data_roots and not allow_any_data_path:
+        warnings.append(
+            "No --allowed-data-root: jobs may read paths of cluster file systems "
+            "(hdfs://, s3a://) only, and local paths are refused. Give the folders that "
+            "hold training data.")
+    elif not allowed_data_roots:
         warnings.append(
             "No --allowed-data-root: a job may train on any path this server's user can "
             "read (its model then carries what it learned from that data back to the "
@@ -1388,7 +1430,12 @@ def serve(argv=None, prog="punchcard"):
     parser.add_argument("--max-request-mb", type=int, default=256,
                         help="largest accepted submission")
     parser.add_argument("--allowed-data-root", action="append", default=[],
-                        help="only accept data_path under this prefix (repeatable)")
+                        help="only accept data_path under this prefix (repeatable); "
+                             "without one, local paths are refused")
+    parser.add_argument("--allow-any-data-path", action="store_true",
+                        help="without --allowed-data-root, accept local paths too: a job "
+                             "then reads any file this server's user can read, and its "
+                             "model carries what it learned back to the client")
     parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
     parser.add_argument("--connection-limit", type=int, default=1000,
                         help="connections held at once; past it, the oldest connection "
@@ -1404,11 +1451,13 @@ def serve(argv=None, prog="punchcard"):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
-                              args.allowed_data_root)
+                              args.allowed_data_root,
+                              allow_any_data_path=args.allow_any_data_path)
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
-    for warning in _exposure_warnings(args.host, args.allowed_data_root):
+    for warning in _exposure_warnings(args.host, args.allowed_data_root,
+                                      args.allow_any_data_path):
         logger.warning(warning)
     try:
         server = make_server(punchcard, args.host, args.port, args.threads,

@@ -45,11 +45,13 @@ class RunningServer:
 
     def __init__(self, secrets_path, work_dir, max_request_bytes=64 << 20, max_running=1,
                  port=0, allowed_data_roots=(), punchcard_class=Punchcard, threads=24,
-                 model_checker=None, **server_options):
+                 model_checker=None, allow_any_data_path=True, **server_options):
+        # Any data path by default: these tests' data are local folders of their own.
         self.punchcard = punchcard_class(secrets_path, work_dir, master="local[2]",
                                          max_running=max_running,
                                          allowed_data_roots=allowed_data_roots,
-                                         model_checker=model_checker)
+                                         model_checker=model_checker,
+                                         allow_any_data_path=allow_any_data_path)
         # The same waitress server as `scripts/punchcard.py`'s, limits included.
         self.server = make_server(self.punchcard, "127.0.0.1", port, threads=threads,
                                   max_request_bytes=max_request_bytes, **server_options)
@@ -519,6 +521,7 @@ def test_allowed_data_roots_refuse_links_that_lead_out_of_them(secrets, tmp_path
                                   {**good, "data_path": str(path)})
             assert status == 400 and "outside the allowed data roots" in answer["error"], \
                 (path, answer)
+            assert str(outside) not in answer["error"]  # where the link leads is not said
             status, answer = _raw(running.url, "/api/submit", secret,
                                   {**good, "train_options": {"validation": str(path)}})
             assert status == 400 and "train_options.validation" in answer["error"], answer
@@ -594,6 +597,8 @@ def test_exposure_warnings_name_what_the_settings_open():
     from distkeras.job_deployment import _exposure_warnings
 
     assert _exposure_warnings("127.0.0.1", ["/data"]) == []
+    (confined,) = _exposure_warnings("127.0.0.1", [], allow_any_data_path=False)
+    assert "local paths are refused" in confined
     (open_host,) = _exposure_warnings("0.0.0.0", ["/data"])
     assert "0.0.0.0 over plain HTTP" in open_host and "TLS" in open_host
     assert len(_exposure_warnings("0.0.0.0", [])) == 2

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from test_punchcard import RunningServer, _deflated_config, _raw, _trainer, _with_config
 
-from distkeras.job_deployment import SECRET_HEADER, Job
+from distkeras.job_deployment import SECRET_HEADER, Job, JobError
 from distkeras.model_check import ModelChecker
 from distkeras.secrets_file import append_entry, generate_secret, make_entry
 
@@ -246,3 +246,81 @@ def test_an_unknown_secrets_upload_is_refused_before_its_body(server, secrets):
                                         f"{SECRET_HEADER}: {secrets[1][7]}\r\n"
                                         "Transfer-Encoding: chunked\r\n")
     assert answer.startswith(b"HTTP/1.1 411"), answer
+
+
+def test_without_data_roots_local_paths_are_refused(secrets, tmp_path):
+    """A one-step linear model of zero init came back holding a row of any Parquet file
+    the server's user could read."""
+    running = Server(secrets[0], str(tmp_path / "work"), allow_any_data_path=False)
+    try:
+        secret = secrets[1][0]
+        payload = _payload(secret)
+        for path in ["/etc/secret.parquet", "file:///etc/secret.parquet", "relative/x"]:
+            for body in ({**payload, "data_path": path},
+                         {**payload, "data_path": "hdfs:///data/x",
+                          "train_options": {"validation": path}}):
+                status, answer = _raw(running.url, "/api/submit", secret, body)
+                assert status == 400 and "reads no local path" in answer["error"], answer
+                assert "--allowed-data-root" in answer["error"]
+    finally:
+        running.stop()
+
+
+def test_errors_sent_to_a_client_name_no_outside_path_and_quote_no_data():
+    from distkeras.data_roots import redact
+
+    java = ("Py4JJavaError: java.lang.RuntimeException: file:/srv/secret/x.parquet is not a "
+            "Parquet file. Expected magic number at tail, but found [83, 69, 67, 82]")
+    assert "83, 69" not in redact(java, ["/data"]) and "/srv" not in redact(java, ["/data"])
+    assert redact(java, ["/data"]).startswith("Py4JJavaError: Spark failed")
+    message = ("AnalysisException: [PATH_NOT_FOUND] Path does not exist: "
+               "file:/data/mine/x.parquet. And /srv/other/y, /work/jobs/abc/model.keras")
+    redacted = redact(message, ["/data"])
+    assert "file:/data/mine/x.parquet" in redacted  # under the roots: the client's own
+    assert "/srv" not in redacted and "/work" not in redacted
+    assert redact("ValueError: /etc/passwd is odd", [], own_paths=["/etc/passwd"]) == \
+        "ValueError: /etc/passwd is odd"
+    assert redact(None, []) is None
+    wrapped = ("CommandError: /data/x is not a Parquet file (file:/data/x/p is not a Parquet "
+               "file. Expected magic number at tail, but found [88, 89, 90, 87]; length is "
+               "too low: 20)")
+    assert "88" not in redact(wrapped, ["/data"]) and "20" not in redact(wrapped, ["/data"])
+
+
+def test_a_failed_jobs_error_quotes_no_bytes_of_its_data(secrets, tmp_path):
+    """A job on a file that is not Parquet told its client the file's length and last
+    bytes (the innermost Java error, verbatim)."""
+    root = tmp_path / "data"
+    (root / "bad.parquet").mkdir(parents=True)
+    (root / "bad.parquet" / "part-00000.parquet").write_bytes(b"top secret row: XYZW")
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            allowed_data_roots=[str(root)], allow_any_data_path=False)
+    try:
+        job = Job(secrets[1][1], "bad", str(root / "bad.parquet"), 1, 1, _trainer())
+        job.send(running.url)
+        with pytest.raises(JobError) as failed:
+            job.wait_completion(timeout=300, poll_interval=0.5)
+        message = str(failed.value)
+        assert "88, 89, 90, 87" not in message and "XYZW" not in message, message
+        assert "length" not in message and str(tmp_path / "work") not in message, message
+        job.destroy()
+    finally:
+        running.stop()
+
+
+def test_a_link_planted_beside_the_secrets_file_does_not_receive_them(tmp_path):
+    """The temporary file had a predictable name (secrets.json.tmp-PID), opened without
+    O_EXCL: a link planted there took the secrets, and became the secrets file."""
+    import os
+
+    path = tmp_path / "secrets.json"
+    append_entry(str(path), make_entry("first", generate_secret()))
+    elsewhere = tmp_path / "attacker.json"
+    elsewhere.write_text("[]")
+    (tmp_path / f"secrets.json.tmp-{os.getpid()}").symlink_to(elsewhere)
+    append_entry(str(path), make_entry("second", generate_secret()))
+    assert not path.is_symlink() and elsewhere.read_text() == "[]"
+    assert [entry["identity"] for entry in json.loads(path.read_text())] == ["first", "second"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["secrets.json", "attacker.json", f"secrets.json.tmp-{os.getpid()}"])
