@@ -850,10 +850,18 @@ class Punchcard:
             child processes (a default one if None).
         allow_any_data_path: Without ``allowed_data_roots``, accept local paths (any file
             this server's user can read) rather than refuse them.
+        max_job_seconds: A running job is stopped (failed) after this long; None: never.
+        max_epochs: Submissions of more epochs (``num_epoch``) are refused; None: any.
+
+    Notes:
+        Queued jobs start fairly: the next one is of the identity with the fewest jobs
+        running (then the oldest), so one identity's many secrets cannot take every slot
+        while another waits.
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
-                 allowed_data_roots=(), model_checker=None, allow_any_data_path=False):
+                 allowed_data_roots=(), model_checker=None, allow_any_data_path=False,
+                 max_job_seconds=None, max_epochs=None):
         from distkeras.job_store import JobStore
         from distkeras.secrets_file import SecretChecker, load_secrets
 
@@ -872,6 +880,8 @@ class Punchcard:
         self.allowed_data_roots = tuple(allowed_data_roots)
         self.model_checker = model_checker or ModelChecker()
         self.allow_any_data_path = allow_any_data_path
+        self.max_job_seconds = max_job_seconds
+        self.max_epochs = max_epochs
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
@@ -887,6 +897,16 @@ class Punchcard:
         self._stop.set()
         self._scheduler.join(timeout=5)
         self.model_checker.close()
+
+    def _check_epochs(self, body):
+        """Refuses more epochs than the operator allows (before the model is checked)."""
+        trainer = body.get("trainer") if isinstance(body, dict) else None
+        config = trainer.get("config") if isinstance(trainer, dict) else None
+        epochs = config.get("num_epoch", 1) if isinstance(config, dict) else 1
+        if self.max_epochs is not None and isinstance(epochs, (int, float)) and \
+                not epochs <= self.max_epochs:  # NaN too
+            raise BadRequest(f"'num_epoch' must be at most {self.max_epochs} on this server "
+                             f"(punchcard --max-epochs). Received: {epochs!r}")
 
     def _check_in_child(self, model_text, trainer_class_name, config, workers):
         """`check_keras_parts` in a `model_check` child process (never in this one)."""
@@ -937,6 +957,7 @@ class Punchcard:
 
     def _queue(self, secret_hash, identity, body):
         """Validates a submission and stores it as a queued job (`submit`)."""
+        self._check_epochs(body)
         fields, trainer_class, config, model_bytes = validate_submission(
             body, self.allowed_data_roots, self._check_in_child, self.allow_any_data_path)
         job_id = uuid.uuid4().hex
@@ -1158,13 +1179,42 @@ class Punchcard:
         while not self._stop.is_set():
             try:
                 for job in self.store.by_state("running"):
+                    self._stop_if_overdue(job)
                     self._refresh(job)
-                running = len(self.store.by_state("running"))
-                for job in self.store.by_state("queued")[:max(0, self.max_running - running)]:
+                for job in self._next_jobs():
                     self._start(job)
             except Exception:  # the scheduler must survive anything one job does
                 logger.exception("Punchcard scheduler error")
             self._stop.wait(0.5)
+
+    def _next_jobs(self):
+        """The queued jobs to start now: one at a time to the identity with the fewest
+        jobs running (then the oldest job), for as many slots as are free."""
+        running = self.store.by_state("running")
+        counts = {}
+        for job in running:
+            counts[job["identity"]] = counts.get(job["identity"], 0) + 1
+        queued, chosen = self.store.by_state("queued"), []
+        for _ in range(max(0, self.max_running - len(running))):
+            if not queued:
+                break
+            job = min(queued, key=lambda job: (counts.get(job["identity"], 0), job["created"]))
+            queued.remove(job)
+            chosen.append(job)
+            counts[job["identity"]] = counts.get(job["identity"], 0) + 1
+        return chosen
+
+    def _stop_if_overdue(self, job):
+        """Fails and stops a job that has run longer than ``max_job_seconds``."""
+        if self.max_job_seconds is None or not job["started"] or \
+                time.time() - job["started"] <= self.max_job_seconds:
+            return
+        if self.store.finish(job["id"], "failed",
+                             f"the job ran longer than this server allows "
+                             f"({self.max_job_seconds:g} s, punchcard --max-job-minutes), and "
+                             "was stopped", only_if_state="running"):
+            logger.warning("Job %s ran past %s s: stopped", job["id"], self.max_job_seconds)
+            self._stop_process(job["id"], job["pid"])
 
     def command(self, job):
         """The job's command line: the same entry point as a user's own run."""
@@ -1427,6 +1477,10 @@ def serve(argv=None, prog="punchcard"):
                         help="Spark master for jobs: local[*], yarn (client mode), "
                              "spark://..., k8s://...")
     parser.add_argument("--max-running", type=int, default=1, help="jobs running at once")
+    parser.add_argument("--max-job-minutes", type=float, default=24 * 60,
+                        help="a running job is stopped (failed) after this long; 0: never")
+    parser.add_argument("--max-epochs", type=int, default=1000,
+                        help="submissions of more epochs (num_epoch) are refused")
     parser.add_argument("--max-request-mb", type=int, default=256,
                         help="largest accepted submission")
     parser.add_argument("--allowed-data-root", action="append", default=[],
@@ -1452,7 +1506,9 @@ def serve(argv=None, prog="punchcard"):
     try:
         punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
                               args.allowed_data_root,
-                              allow_any_data_path=args.allow_any_data_path)
+                              allow_any_data_path=args.allow_any_data_path,
+                              max_job_seconds=args.max_job_minutes * 60 or None,
+                              max_epochs=args.max_epochs)
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1

@@ -45,13 +45,15 @@ class RunningServer:
 
     def __init__(self, secrets_path, work_dir, max_request_bytes=64 << 20, max_running=1,
                  port=0, allowed_data_roots=(), punchcard_class=Punchcard, threads=24,
-                 model_checker=None, allow_any_data_path=True, **server_options):
+                 model_checker=None, allow_any_data_path=True, punchcard_options=None,
+                 **server_options):
         # Any data path by default: these tests' data are local folders of their own.
         self.punchcard = punchcard_class(secrets_path, work_dir, master="local[2]",
                                          max_running=max_running,
                                          allowed_data_roots=allowed_data_roots,
                                          model_checker=model_checker,
-                                         allow_any_data_path=allow_any_data_path)
+                                         allow_any_data_path=allow_any_data_path,
+                                         **(punchcard_options or {}))
         # The same waitress server as `scripts/punchcard.py`'s, limits included.
         self.server = make_server(self.punchcard, "127.0.0.1", port, threads=threads,
                                   max_request_bytes=max_request_bytes, **server_options)

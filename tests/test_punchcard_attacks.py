@@ -9,11 +9,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_punchcard import RunningServer, _deflated_config, _raw, _trainer, _with_config
+from test_punchcard import (RunningServer, _deflated_config, _raw, _trainer, _with_config,
+                            data_path)  # noqa: F401  (a fixture)
 
 from distkeras.job_deployment import SECRET_HEADER, Job, JobError
 from distkeras.model_check import ModelChecker
-from distkeras.secrets_file import append_entry, generate_secret, make_entry
+from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 
 @pytest.fixture(scope="module")
@@ -324,3 +325,47 @@ def test_a_link_planted_beside_the_secrets_file_does_not_receive_them(tmp_path):
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["secrets.json", "attacker.json", f"secrets.json.tmp-{os.getpid()}"])
+
+
+def test_a_job_past_the_operators_limits_is_refused_or_stopped(secrets, tmp_path, data_path):
+    """A job of num_epoch=1e9 held the only running slot for good."""
+    from test_punchcard import _group_alive, _wait_for
+
+    running = RunningServer(secrets[0], str(tmp_path / "work"),
+                            punchcard_options={"max_job_seconds": 2, "max_epochs": 100})
+    try:
+        secret = secrets[1][2]
+        status, answer = _raw(running.url, "/api/submit", secret,
+                              Job(secret, "long", data_path, 1, 1,
+                                  _trainer(num_epoch=10**9)).payload())
+        assert status == 400 and "'num_epoch' must be at most 100" in answer["error"]
+        job = Job(secret, "slow", data_path, 1, 1, _trainer(num_epoch=100))
+        job.send(running.url)
+        assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=120)
+        assert "ran longer than this server allows (2 s" in job.get_state()["error"]
+        pid = running.punchcard.job_of(secret_hash(secret))["pid"]
+        assert pid and not _group_alive(pid)
+    finally:
+        running.stop()
+
+
+def test_queued_jobs_start_fairly_across_identities(tmp_path):
+    """One identity's many secrets queued first took every slot that came free."""
+    from distkeras.job_deployment import Punchcard
+
+    path = str(tmp_path / "secrets.json")
+    for identity in ["alice", "alice", "alice", "bob"]:
+        append_entry(path, make_entry(identity, generate_secret()))
+    punchcard = Punchcard(path, str(tmp_path / "work"), max_running=0)
+    punchcard.close()  # no scheduler: only its choice is under test
+    for index, identity in enumerate(["alice", "alice", "alice", "bob"]):
+        punchcard.store.insert_if_free({
+            "id": f"job{index}", "secret_hash": f"hash{index}", "identity": identity,
+            "trainer_class": "ADAG", "job_dir": str(tmp_path / f"job{index}"),
+            "state": "queued", "created": 1000.0 + index, "name": f"job{index}",
+            "data_path": "hdfs:///x", "num_executors": 1, "num_processes": 1})
+    punchcard.max_running = 2
+    assert [job["id"] for job in punchcard._next_jobs()] == ["job0", "job3"]
+    punchcard.store.update("job0", state="running")
+    punchcard.max_running = 3
+    assert [job["id"] for job in punchcard._next_jobs()] == ["job3", "job1"]
