@@ -18,6 +18,7 @@ the disk. Here:
 """
 
 import json
+import logging
 import time
 
 from waitress.adjustments import Adjustments
@@ -26,6 +27,8 @@ from waitress.parser import HTTPRequestParser
 from waitress.receiver import FixedStreamReceiver
 from waitress.server import TcpWSGIServer
 from waitress.utilities import Error
+
+logger = logging.getLogger(__name__)
 
 SUBMIT_PATH = "/api/submit"
 # The body of any other route (they take none), and the unauthenticated body read and
@@ -74,6 +77,7 @@ class _Parser(HTTPRequestParser):
     identify = None  # set on the subclass `make_front` makes: secret -> identity or None
     secret_header = None  # its name as waitress keeps it (X_PUNCHCARD_SECRET)
     max_submit_bytes = 0
+    audit = None  # a function of (identity or None, path, status, message), or None
 
     def __init__(self, adj):
         super().__init__(adj)
@@ -102,6 +106,9 @@ class _Parser(HTTPRequestParser):
     def _refuse(self, code, reason, message):
         self.error = Refused(code, reason, message)
         self.completed = True
+        if self.audit is not None:
+            self.audit(self.identify(self.headers.get(self.secret_header, "")), self.path,
+                       code, message)
 
     def deadline(self, header_timeout, min_upload_rate):
         """When this request must be whole (time.time() seconds)."""
@@ -127,6 +134,7 @@ class _Channel(HTTPChannel):
 
 class _Server(TcpWSGIServer):
     channel_class = _Channel
+    dropped = 0
     header_timeout = 10.0
     min_upload_rate = 64 << 10
 
@@ -144,17 +152,24 @@ class _Server(TcpWSGIServer):
         channels = list(self.active_channels.values())
         victim = next((channel for channel in channels if channel.evictable()), channels[-1])
         victim.will_close = True
+        self.dropped += 1
 
     def maintenance(self, now):
         super().maintenance(now)
         for channel in list(self.active_channels.values()):
             if channel.overdue(now, self.header_timeout, self.min_upload_rate):
                 channel.will_close = True
+                self.dropped += 1
+        if self.dropped:  # at most a line a cleanup interval, however many
+            logger.warning("Dropped %d connections whose requests came too slowly, or to "
+                           "make room at the connection limit (%d)", self.dropped,
+                           self.adj.connection_limit)
+            self.dropped = 0
 
 
 def make_front(app, identify, host, port, threads=16, max_request_bytes=256 << 20,
                connection_limit=1000, header_timeout=10.0, min_upload_rate=64 << 10,
-               channel_timeout=30, secret_header="X-Punchcard-Secret"):
+               channel_timeout=30, secret_header="X-Punchcard-Secret", audit=None):
     """A waitress server of ``app`` with the checks above (call its ``run()``).
 
     Args:
@@ -169,6 +184,8 @@ def make_front(app, identify, host, port, threads=16, max_request_bytes=256 << 2
         min_upload_rate: The slowest upload accepted, in bytes a second.
         channel_timeout: Seconds an idle kept-alive connection is held.
         secret_header: The header that carries the client's secret.
+        audit: Called with ``(identity or None, path, status, message)`` for each request
+            refused here, or None.
 
     Returns:
         The server (a waitress ``TcpWSGIServer``): ``run()``, ``close()``,
@@ -176,6 +193,7 @@ def make_front(app, identify, host, port, threads=16, max_request_bytes=256 << 2
     """
     parser = type("PunchcardParser", (_Parser,), {
         "identify": staticmethod(identify), "max_submit_bytes": max_request_bytes,
+        "audit": None if audit is None else staticmethod(audit),
         "secret_header": secret_header.upper().replace("-", "_")})
     channel = type("PunchcardChannel", (_Channel,), {"parser_class": parser})
     server = type("PunchcardServer", (_Server,), {

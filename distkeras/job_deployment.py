@@ -852,6 +852,8 @@ class Punchcard:
             this server's user can read) rather than refuse them.
         max_job_seconds: A running job is stopped (failed) after this long; None: never.
         max_epochs: Submissions of more epochs (``num_epoch``) are refused; None: any.
+        audit_log: The audit log's path (`audit_log.AuditLog`): ``"default"`` for
+            ``audit.jsonl`` in ``work_dir``, None for none.
 
     Notes:
         Queued jobs start fairly: the next one is of the identity with the fewest jobs
@@ -861,11 +863,12 @@ class Punchcard:
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
                  allowed_data_roots=(), model_checker=None, allow_any_data_path=False,
-                 max_job_seconds=None, max_epochs=None):
+                 max_job_seconds=None, max_epochs=None, audit_log="default"):
         from distkeras.job_store import JobStore
-        from distkeras.secrets_file import SecretChecker, load_secrets
+        from distkeras.audit_log import AuditLog
+        from distkeras.secrets_file import SecretsFile
 
-        self.checker = SecretChecker(load_secrets(secrets_path))
+        self.checker = SecretsFile(secrets_path)
         self.work_dir = os.path.abspath(work_dir)
         # Owner only: it holds the job table (secret hashes) and every job's model, data
         # path and log, which no other user of this machine should read.
@@ -875,6 +878,8 @@ class Punchcard:
                            "(mode %o): its job table and models are private; chmod 700 it.",
                            self.work_dir, os.stat(self.work_dir).st_mode & 0o777)
         self.store = JobStore(os.path.join(self.work_dir, "jobs.sqlite"))
+        self.audit = AuditLog(os.path.join(self.work_dir, "audit.jsonl")
+                              if audit_log == "default" else audit_log)
         self.master = master
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
@@ -1290,7 +1295,7 @@ class Punchcard:
 
 def create_app(punchcard, max_request_bytes=256 << 20):
     """The Flask application serving ``punchcard``."""
-    from flask import Flask, jsonify, request
+    from flask import Flask, g, jsonify, request
 
     app = Flask("punchcard")
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
@@ -1302,6 +1307,20 @@ def create_app(punchcard, max_request_bytes=256 << 20):
 
     def caller():
         return punchcard.identify(request.headers.get(SECRET_HEADER, ""))
+
+    @app.after_request
+    def audit(response):
+        # Every request but a successful look at a job's state (clients poll it).
+        if request.path == "/api/state" and response.status_code < 400:
+            return response
+        who = caller()
+        answer = response.get_json(silent=True) if response.status_code >= 400 else None
+        punchcard.audit.record(
+            who[1] if who else None, request.path.rsplit("/", 1)[-1] or request.path,
+            "refused" if response.status_code >= 400 else "accepted",
+            response.status_code, g.get("job_id"),
+            answer.get("error") if isinstance(answer, dict) else None)
+        return response
 
     @app.errorhandler(413)
     def too_large(_error):
@@ -1354,6 +1373,8 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             return error(403, str(in_progress))
         if state is None:
             return busy(who[0])
+        job = punchcard.job_of(who[0])
+        g.job_id = job["id"] if job is not None else None
         return jsonify(state)
 
     def own_job():
@@ -1363,6 +1384,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         job = punchcard.job_of(who[0])
         if job is None:
             return None, error(404, "This secret has no job.")
+        g.job_id = job["id"]
         return job, None
 
     @app.get("/api/state")
@@ -1436,9 +1458,13 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
 
     # The secret and the body's size are checked from the headers, before the body is
     # read: Flask's own limit only applies once the whole body has been buffered.
+    def audit(who, path, status, message):
+        punchcard.audit.record(who[1] if who else None, path.rsplit("/", 1)[-1] or path,
+                               "refused", status, None, message)
+
     return make_front(create_app(punchcard, max_request_bytes), punchcard.identify, host,
                       port, threads=threads, max_request_bytes=max_request_bytes,
-                      secret_header=SECRET_HEADER, **limits)
+                      secret_header=SECRET_HEADER, audit=audit, **limits)
 
 
 def _exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
@@ -1491,6 +1517,9 @@ def serve(argv=None, prog="punchcard"):
                              "then reads any file this server's user can read, and its "
                              "model carries what it learned back to the client")
     parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
+    parser.add_argument("--audit-log", default=None,
+                        help="the audit log (JSON lines; default: audit.jsonl in the work "
+                             "folder); 'none' for none")
     parser.add_argument("--connection-limit", type=int, default=1000,
                         help="connections held at once; past it, the oldest connection "
                              "still sending its headers is closed for a new one")
@@ -1502,13 +1531,17 @@ def serve(argv=None, prog="punchcard"):
     parser.add_argument("--idle-timeout", type=int, default=30,
                         help="seconds an idle kept-alive connection is held")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # force: `distkeras punchcard` runs after the CLI configured WARNING, which dropped
+    # this server's INFO lines (jobs queued, started, reloads).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        force=True)
+    audit_log = {None: "default", "none": None}.get(args.audit_log, args.audit_log)
     try:
         punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
                               args.allowed_data_root,
                               allow_any_data_path=args.allow_any_data_path,
                               max_job_seconds=args.max_job_minutes * 60 or None,
-                              max_epochs=args.max_epochs)
+                              max_epochs=args.max_epochs, audit_log=audit_log)
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
@@ -1526,6 +1559,9 @@ def serve(argv=None, prog="punchcard"):
         sys.stderr.write(f"punchcard: error: cannot listen on {args.host}:{args.port}: "
                          f"{error}\n")
         return 1
+    punchcard.model_checker.prestart()  # the first submission's check, warm
+    # SIGHUP reads the secrets file again (as a change to it does, within a second).
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: punchcard.checker.reload())
     logger.info("Punchcard listening on %s:%s, jobs on %s", args.host, args.port, args.master)
     try:
         server.run()

@@ -9,10 +9,13 @@ in clear. One identity may own several secrets.
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import string
 import tempfile
+
+logger = logging.getLogger(__name__)
 
 SECRET_LENGTH = 64
 _ALPHABET = string.ascii_letters + string.digits
@@ -121,3 +124,60 @@ class SecretChecker:
             if hmac.compare_digest(digest, known_hash.encode("ascii")) and found is None:
                 found = (known_hash, identity)
         return found
+
+
+class SecretsFile:
+    """The secrets of a file, read again when it changes: `SecretChecker.identify`'s.
+
+    The file's modification time, size and inode are looked at, at most once a
+    ``check_interval`` seconds, when a secret is checked; `reload` reads it at once (on
+    SIGHUP). A file that fails to load keeps the previous secrets, and says why in the
+    log: a revoked secret is refused from the next check after the file is saved.
+
+    Args:
+        path: The secrets file.
+        check_interval: Seconds between two looks at the file.
+
+    Raises:
+        OSError, ValueError: If the file cannot be loaded at first.
+    """
+
+    def __init__(self, path, check_interval=1.0):
+        import time
+
+        self.path = path
+        self.check_interval = check_interval
+        self._clock = time.monotonic
+        self._stamp = self._file_stamp()
+        self._checker = SecretChecker(load_secrets(path))
+        self._checked = self._clock()
+
+    def _file_stamp(self):
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+    def reload(self):
+        """Reads the file again; returns whether its secrets replaced the previous ones."""
+        stamp = self._file_stamp()
+        try:
+            known = load_secrets(self.path)
+        except (OSError, ValueError) as error:
+            logger.error("Secrets file %s not reloaded, the previous secrets stay: %s",
+                         self.path, error)
+            self._stamp = stamp  # not again until it changes
+            return False
+        self._checker, self._stamp = SecretChecker(known), stamp
+        logger.info("Secrets file %s reloaded: %d secrets", self.path, len(known))
+        return True
+
+    def identify(self, offered):
+        """`SecretChecker.identify` with the file's current secrets."""
+        now = self._clock()
+        if now - self._checked >= self.check_interval:
+            self._checked = now
+            if self._file_stamp() != self._stamp:
+                self.reload()
+        return self._checker.identify(offered)

@@ -369,3 +369,77 @@ def test_queued_jobs_start_fairly_across_identities(tmp_path):
     punchcard.store.update("job0", state="running")
     punchcard.max_running = 3
     assert [job["id"] for job in punchcard._next_jobs()] == ["job3", "job1"]
+
+
+def _rewrite_secrets(path, entries):
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(entries, handle)
+
+
+def test_secrets_are_reloaded_when_the_file_changes(tmp_path):
+    """Secrets were read once: revoking one needed a restart."""
+    from distkeras.secrets_file import SecretsFile
+    from test_punchcard import _wait_for
+
+    path = str(tmp_path / "secrets.json")
+    old, new = generate_secret(), generate_secret()
+    _rewrite_secrets(path, [make_entry("old", old)])
+    running = Server(path, str(tmp_path / "work"))
+    try:
+        assert _raw(running.url, "/api/state", old)[0] == 404
+        assert _raw(running.url, "/api/state", new)[0] == 403
+        _rewrite_secrets(path, [make_entry("new", new)])  # one granted, one revoked
+        assert _wait_for(lambda: _raw(running.url, "/api/state", new)[0] == 404, timeout=10)
+        assert _raw(running.url, "/api/state", old)[0] == 403
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("[not json")  # a bad save keeps the secrets in force
+        time.sleep(1.5)
+        assert _raw(running.url, "/api/state", new)[0] == 404
+    finally:
+        running.stop()
+    # reload() (SIGHUP's) reads the file whatever the interval.
+    _rewrite_secrets(path, [make_entry("old", old)])
+    secrets_file = SecretsFile(path, check_interval=3600)
+    _rewrite_secrets(path, [make_entry("new", new)])
+    assert secrets_file.identify(new) is None
+    assert secrets_file.reload() and secrets_file.identify(new)[1] == "new"
+
+
+def test_distkeras_punchcard_logs_info_audits_and_reloads_on_sighup(secrets, tmp_path):
+    """`distkeras punchcard` dropped its INFO lines; refusals were logged nowhere."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_punchcard import _free_port, _reachable, _wait_for
+
+    port, audit = _free_port(), tmp_path / "audit.jsonl"
+    log = open(tmp_path / "server.log", "w+b")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "distkeras.cli", "punchcard", "--secrets", secrets[0],
+         "--host", "127.0.0.1", "--port", str(port), "--work-dir", str(tmp_path / "work"),
+         "--audit-log", str(audit)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _wait_for(lambda: _reachable(url), timeout=120)
+        assert _raw(url, "/api/submit", "wrong", {"job_name": "x"})[0] == 403
+        payload = {**_payload(secrets[1][3]), "data_path": "/etc/secret.parquet"}
+        assert _raw(url, "/api/submit", secrets[1][3], payload)[0] == 400
+        assert _raw(url, "/api/cancel", secrets[1][3])[0] == 404
+        server.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: b"reloaded" in (tmp_path / "server.log").read_bytes(),
+                         timeout=30)
+        records = [json.loads(line) for line in audit.read_text().splitlines()]
+        assert records[0]["action"] == "state"  # _reachable's probe, with no secret
+        records = records[1:]
+        assert [(r["identity"], r["action"], r["outcome"], r["status"]) for r in records] == [
+            (None, "submit", "refused", 403), ("user3", "submit", "refused", 400),
+            ("user3", "cancel", "refused", 404)]
+        assert "reads no local path" in records[1]["reason"]
+        assert all(set(r) == {"time", "identity", "action", "job", "outcome", "status",
+                              "reason"} for r in records)
+        assert b"INFO Punchcard listening on 127.0.0.1" in (tmp_path / "server.log").read_bytes()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
