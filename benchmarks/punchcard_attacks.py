@@ -32,7 +32,7 @@ SECRET_HEADER = "X-Punchcard-Secret"
 
 
 def _request(url, path, secret, body=None, timeout=600):
-    """(status, seconds) of one request."""
+    """(status, seconds) of one request; the refusal's message is logged."""
     data = None if body is None else (body if isinstance(body, bytes) else
                                       json.dumps(body).encode())
     request = urllib.request.Request(url + path, data=data, headers={
@@ -43,7 +43,7 @@ def _request(url, path, secret, body=None, timeout=600):
             response.read()
             status = response.status
     except urllib.error.HTTPError as error:
-        error.read()
+        sys.stderr.write(f"{error.code}: {error.read()[:300]!r}\n")
         status = error.code
     except (urllib.error.URLError, OSError):
         status = None
@@ -83,7 +83,8 @@ def main():
     server = subprocess.Popen(
         [sys.executable, "-m", "distkeras.cli", "punchcard", "--secrets", secrets_path,
          "--host", "127.0.0.1", "--port", str(port), "--work-dir", folder + "/work",
-         "--max-running", "0", "--connection-limit", "100", "--header-timeout", "10"],
+         "--max-running", "0", "--connection-limit", "100", "--header-timeout", "10",
+         "--allowed-data-root", "/data"],  # the payloads' data path (never read)
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows, notes = [], []
     try:
