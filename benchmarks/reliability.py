@@ -230,8 +230,11 @@ def main():
           "center is unchanged and honest workers go on. " + LIMITS + "\n\n"
         + LARGE_MODELS + "\n\n"
         + f"Fuzzing: {fuzz}\n")
+    # Sections other benchmarks wrote (## headings: punchcard_attacks.py's) stay.
+    kept = open(DOC, encoding="utf-8").read() if os.path.exists(DOC) else ""
+    kept = kept[kept.find("\n## "):] if "\n## " in kept else ""
     with open(DOC, "w", encoding="utf-8") as handle:
-        handle.write(text)
+        handle.write(text + kept)
     sys.stdout.write(text)
 
 

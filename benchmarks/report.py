@@ -34,25 +34,26 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def write_section(title, body, backend=None):
+def write_section(title, body, backend=None, doc=DOC):
     """Replaces (or appends) the section ``## title`` of docs/benchmarks.md.
 
     Args:
         title: The section's heading.
         body: Its text, after the command line and the machine's line.
         backend: The Keras backend(s) measured, where not this process's.
+        doc: The document, if not docs/benchmarks.md.
     """
     command = "python " + " ".join(sys.argv)
     section = (f"## {title}\n\n`{command}`\n\n{time.strftime('%Y-%m-%d')}, {machine(backend)}\n\n"
                f"{body.strip()}\n")
-    text = open(DOC, encoding="utf-8").read() if os.path.exists(DOC) else \
+    text = open(doc, encoding="utf-8").read() if os.path.exists(doc) else \
         "# Benchmarks\n\nRun by hand; each section says the command that wrote it.\n"
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text)
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    with open(DOC, "w", encoding="utf-8") as handle:
+    with open(doc, "w", encoding="utf-8") as handle:
         handle.write(text.rstrip("\n") + "\n")
     print(section)
 

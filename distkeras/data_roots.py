@@ -68,8 +68,8 @@ def check_resolves_under(path, roots):
         return
     real = os.path.realpath(local)
     if not _is_under(real, real_roots):
-        raise OutsideRoots(f"{path!r} resolves to {real!r}, outside the allowed data roots "
-                           "(a symbolic link leads out of them).")
+        raise OutsideRoots(f"{path!r} resolves outside the allowed data roots (a symbolic "
+                           "link leads out of them).")
     _check_entries_under(path, real, real_roots)
 
 
@@ -94,8 +94,52 @@ def _check_entries_under(path, real_folder, real_roots):
             real = os.path.realpath(entry.path) if entry.is_symlink() else entry.path
             if not _is_under(real, real_roots):
                 raise OutsideRoots(
-                    f"{entry.path!r} in {path!r} is a link to {real!r}, outside the allowed "
+                    f"{entry.path!r} in {path!r} is a link to a place outside the allowed "
                     "data roots.")
             if os.path.isdir(real) and real not in seen:
                 seen.add(real)
                 pending.append(real)
+
+
+# A local path or file: URL in an error message: up to a space, a quote or a bracket.
+_PATH_IN_TEXT = re.compile(r"(?:file:)?/[^\s'\"`,;()\[\]<>]*")
+# Java's errors (Spark, Parquet, Hadoop) say what they found in a file: its length, its
+# last bytes ("Expected magic number at tail, but found [83, 69, 67, 82]").
+_JAVA_ERROR = re.compile(r"Py4JJavaError|\bjava\.|\borg\.apache\.|\bscala\.")
+# The same details, quoted inside another error's message (the CLI's CommandError).
+_FILE_DETAILS = re.compile(r"found \[[-\d, ]*\]|length is too low: \d+|"
+                           r"Expected magic number at tail")
+
+
+def redact(message, roots, own_paths=()):
+    """An error message fit for a client: no path outside ``roots`` (other than
+    ``own_paths``, the ones the client named), no text of a Java error.
+
+    Args:
+        message: The error (a job's, as its process wrote it), or None.
+        roots: The allowed data roots (none: every local path is redacted).
+        own_paths: Paths the client gave (its data path), shown as they are.
+
+    Returns:
+        The message, or None for None.
+    """
+    if message is None:
+        return None
+    if _JAVA_ERROR.search(message):
+        # The innermost Java error quotes files' bytes and lengths: only its kind.
+        kind = message.split(":", 1)[0] if ":" in message[:80] else "The job's Spark error"
+        return (f"{kind}: Spark failed reading or processing the data (the details, which "
+                "may quote the data, are in the server's job log; ask its administrator).")
+    message = _FILE_DETAILS.sub("<details in the server's job log>", message)
+    real_roots = local_roots(roots)
+    own = set(own_paths)
+
+    def replace(match):
+        text = match.group(0)
+        local = local_path(text) or text
+        if text in own or text.rstrip(".") in own or \
+                (real_roots and _is_under(os.path.realpath(local.rstrip(".")), real_roots)):
+            return text
+        return "<a path outside the data roots>"
+
+    return _PATH_IN_TEXT.sub(replace, message)[:2000]

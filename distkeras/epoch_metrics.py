@@ -219,7 +219,8 @@ def unpack(message, worker_id):
         try:
             epoch, name, spec = int(entry["epoch"]), str(entry["name"]), dict(entry["spec"])
             shapes = [tuple(int(size) for size in shape) for shape in entry["shapes"]]
-        except (KeyError, TypeError, ValueError) as error:
+        # OverflowError: int() of an Infinity that JSON as Python reads it may hold.
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ProtocolError(f"Bad metric state entry: {error}") from error
         if any(size < 0 for shape in shapes for size in shape):
             raise ProtocolError("A metric state report names a negative dimension.")
@@ -232,7 +233,8 @@ def unpack(message, worker_id):
                 raise ProtocolError("A metric state report holds fewer values than it says.")
             try:
                 state.append(values[offset:offset + size].reshape(shape))
-            except ValueError as error:  # an empty state whose other dimensions overflow
+            # An empty state whose other dimensions overflow (numpy's int64, or C's long).
+            except (ValueError, OverflowError) as error:
                 raise ProtocolError(f"Bad metric state shape {list(shape)}: {error}") \
                     from error
             offset += size

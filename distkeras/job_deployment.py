@@ -38,6 +38,7 @@ import uuid
 import zipfile
 
 from distkeras import data_roots, train_options
+from distkeras.model_check import ModelChecker
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +200,12 @@ class Job:
                     f"{self.job_name!r} within {timeout} s. It may still be checking the "
                     "model and then queue the job: follow it with job.attach(url) in a "
                     "while, or send it with a longer timeout=.") from error
-            if not _closed_while_sending(error) or not self._reachable():
+            status = self._probe_status() if _closed_while_sending(error) else None
+            if status is None:
                 raise
+            if status == 403:  # the server refuses a large body of an unknown secret unread
+                raise JobError(f"Punchcard answered 403: Unknown secret (job "
+                               f"{self.job_name!r} was not sent).", status=403) from error
             megabytes = len(json.dumps(payload)) / (1 << 20)
             raise JobError(
                 f"The Punchcard server at {url} closed the connection while job "
@@ -210,15 +215,15 @@ class Job:
         self.state = answer.get("state")
         return answer
 
-    def _reachable(self):
-        """Whether the server answers a small request (whatever the answer)."""
+    def _probe_status(self):
+        """The status of a small request (200, or the refusal's), None if unreachable."""
         try:
             self._request("GET", "/api/state", timeout=10)
         except ServerUnreachable:
-            return False
-        except JobError:
-            pass  # 403 or 404: it answered
-        return True
+            return None
+        except JobError as refused:
+            return refused.status  # 403 or 404: it answered
+        return 200
 
     def attach(self, url):
         """Follows the job already submitted with this secret to the server at ``url``
@@ -396,7 +401,16 @@ class SubmissionInProgress(RuntimeError):
     """Another submission with the same secret is still being checked (HTTP 403)."""
 
 
-def _check_data_path(path, allowed_roots, name="data_path"):
+def _check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
+    """``path`` if a job may read it, else BadRequest.
+
+    Args:
+        path: The path the client gave.
+        allowed_roots: The allowed data roots (empty: any path of a cluster file system).
+        name: The field, for the message.
+        any_local_path: Whether, without roots, a local path (no scheme, or ``file:``)
+            is accepted: the server would read any file its user can.
+    """
     if not isinstance(path, str) or not path or len(path) > 4096:
         raise BadRequest(f"'{name}' must be a non-empty string.")
     if any(ord(char) < 32 for char in path):
@@ -405,6 +419,11 @@ def _check_data_path(path, allowed_roots, name="data_path"):
         raise BadRequest(f"'{name}' must not start with '-'. Received: {path!r}")
     if ".." in re.split(r"[/\\]", path):
         raise BadRequest(f"'{name}' must not contain '..' segments.")
+    if not allowed_roots and not any_local_path and data_roots.local_path(path) is not None:
+        raise BadRequest(
+            f"'{name}' must be a path of the cluster's file system (hdfs://..., s3a://...): "
+            "this server reads no local path, as its administrator named no folder of "
+            "training data (punchcard --allowed-data-root).")
     if allowed_roots and _GLOB_CHARACTERS & set(path):
         raise BadRequest(
             f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
@@ -442,19 +461,25 @@ def _check_count(body, name):
     return value
 
 
-def validate_submission(body, allowed_roots=()):
-    """Checks a submission; returns ``(fields, trainer class, config, model bytes)``.
+def validate_submission(body, allowed_roots=(), check=None, any_local_path=True):
+    """Checks a submission; returns ``(fields, trainer class name, config, model bytes)``.
 
-    The model is loaded with ``safe_mode=True`` and the trainer built from its config, so a
-    bad archive or configuration is refused now rather than failing later in the job.
+    The fields are checked here; the model and the trainer (`check_keras_parts`: the
+    model is loaded with ``safe_mode=True`` and the trainer built from its config) by
+    ``check``, so a bad archive or configuration is refused now rather than failing later
+    in the job.
+
+    Args:
+        body: The parsed JSON submission.
+        allowed_roots: The allowed data roots (empty: any path).
+        check: A function of ``(model base64, trainer class name, config, workers)``
+            returning the config to run, or raising BadRequest: a `model_check.ModelChecker`
+            's in a server (a child process), `check_keras_parts` (in this process) if None.
+        any_local_path: Without roots, whether local paths are accepted.
 
     Raises:
         BadRequest: Saying what was wrong.
     """
-    from distkeras.registry import get_trainer_class
-    from distkeras.trainers import EnsembleTrainer
-    from distkeras.utils import check_compile_arguments, deserialize_model
-
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if _nesting_depth(body) > MAX_JSON_DEPTH:
@@ -463,22 +488,70 @@ def validate_submission(body, allowed_roots=()):
     if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
         raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
                          "starting with a letter or digit.")
-    fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots),
+    fields = {"name": name, "data_path": _check_data_path(body.get("data_path"), allowed_roots,
+                                                          any_local_path=any_local_path),
               "num_executors": _check_count(body, "num_executors"),
               "num_processes": _check_count(body, "num_processes")}
     trainer = body.get("trainer")
     if not isinstance(trainer, dict) or not isinstance(trainer.get("class_name"), str) or \
             not isinstance(trainer.get("config"), dict):
         raise BadRequest("'trainer' must be {\"class_name\": ..., \"config\": {...}}.")
+    _trainer_class(trainer["class_name"])
+    model_bytes = _model_bytes(body.get("model"))
+    _scan_configs(model_bytes, trainer["config"])
     try:
-        trainer_class = get_trainer_class(trainer["class_name"])
+        fields["train_options"] = train_options.normalize(
+            body.get("train_options"),
+            lambda path: _check_data_path(path, allowed_roots, "train_options.validation",
+                                          any_local_path))
     except ValueError as error:
         raise BadRequest(str(error)) from error
-    if issubclass(trainer_class, EnsembleTrainer):
-        raise BadRequest(f"{trainer['class_name']} trains several models, and a Punchcard job "
-                         "returns one: train an ensemble from Python with your own Spark "
-                         "session, or submit another trainer.")
-    model_bytes = _model_bytes(body.get("model"))
+    config = dict(trainer["config"])
+    if "master_port" in config:
+        config["master_port"] = 0  # the server's OS picks the port, never the client
+    workers = fields["num_executors"] * fields["num_processes"]
+    if workers > MAX_WORKERS:
+        raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
+                         f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
+                         f"{fields['num_processes']} = {workers}")
+    factor = config.get("parallelism_factor", 1)
+    if isinstance(factor, int) and not isinstance(factor, bool) and \
+            factor > MAX_PARALLELISM_FACTOR:
+        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
+                         f"multiplies the {workers} workers' partitions). Received: {factor}")
+    config = (check or check_keras_parts)(body["model"], trainer["class_name"], config,
+                                          workers)
+    return fields, trainer["class_name"], config, model_bytes
+
+
+def check_keras_parts(model_text, trainer_class_name, config, workers):
+    """Checks what Keras builds of a submission: the model archive and the trainer.
+
+    The configurations are scanned as JSON first (`config_scan`: no code references, no
+    oversized metric state), the declared weights counted, then the model loaded
+    (``safe_mode=True``) and the trainer built. Run in a `model_check` child process
+    by the server: building allocates what the client's configuration declares.
+
+    Args:
+        model_text: The base64 `.keras` archive.
+        trainer_class_name: The registered trainer class's name.
+        config: The trainer's JSON config.
+        workers: The job's number of workers.
+
+    Returns:
+        The trainer config to run (``num_workers`` set to ``workers``).
+
+    Raises:
+        BadRequest: Saying what was wrong.
+    """
+    import keras
+
+    from distkeras.utils import check_compile_arguments, deserialize_model
+
+    model_bytes = _model_bytes(model_text)
+    _scan_configs(model_bytes, config, frozenset(keras.saving.get_custom_objects()))
+    trainer_class = _trainer_class(trainer_class_name)
+    _check_declared_weights(model_bytes)
     try:
         # Compiled, as the job's process loads it (`cli`): a model compiled with
         # loss=None trains on its own loss, which the trainer's checks read from it.
@@ -486,21 +559,8 @@ def validate_submission(body, allowed_roots=()):
     except Exception as error:  # any failure to load is the client's archive's fault
         raise BadRequest(f"The model archive was refused: {_archive_error(error)}") \
             from error
-    try:
-        fields["train_options"] = train_options.normalize(
-            body.get("train_options"),
-            lambda path: _check_data_path(path, allowed_roots, "train_options.validation"))
-    except ValueError as error:
-        raise BadRequest(str(error)) from error
-    config = dict(trainer["config"])
-    if "master_port" in config:
-        config["master_port"] = 0  # the server's OS picks the port, never the client
+    config = dict(config)
     _check_compile_configs(config)
-    workers = fields["num_executors"] * fields["num_processes"]
-    if workers > MAX_WORKERS:
-        raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
-                         f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
-                         f"{fields['num_processes']} = {workers}")
     try:
         built = trainer_class.from_config(config, keras_model=model)
         for attribute in ("num_workers", "num_ensembles"):
@@ -511,12 +571,39 @@ def validate_submission(body, allowed_roots=()):
         check_compile_arguments(built.worker_optimizer, built.loss, built.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
-    factor = config.get("parallelism_factor", 1)
-    if isinstance(factor, int) and not isinstance(factor, bool) and \
-            factor > MAX_PARALLELISM_FACTOR:
-        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
-                         f"multiplies the {workers} workers' partitions). Received: {factor}")
-    return fields, trainer_class, config, model_bytes
+    return config
+
+
+def _trainer_class(name):
+    """The registered trainer class ``name``, refused if unknown or an ensemble."""
+    from distkeras.registry import get_trainer_class
+    from distkeras.trainers import EnsembleTrainer
+
+    try:
+        trainer_class = get_trainer_class(name)
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+    if issubclass(trainer_class, EnsembleTrainer):
+        raise BadRequest(f"{name} trains several models, and a Punchcard job "
+                         "returns one: train an ensemble from Python with your own Spark "
+                         "session, or submit another trainer.")
+    return trainer_class
+
+
+def _scan_configs(model_bytes, trainer_config, registered=None):
+    """Refuses code references and oversized state in the archive's config.json and the
+    trainer's config (`config_scan`), before Keras reads either."""
+    from distkeras import config_scan
+
+    try:
+        config_scan.scan(config_scan.read_config(model_bytes), registered)
+    except config_scan.ConfigRefused as error:
+        raise BadRequest(f"The model archive was refused: {error}") from error
+    for field, value in trainer_config.items():
+        try:
+            config_scan.scan(value, registered, f"'{field}'")
+        except config_scan.ConfigRefused as error:
+            raise BadRequest(f"Bad trainer configuration: {error}") from error
 
 
 def _model_bytes(text):
@@ -532,7 +619,6 @@ def _model_bytes(text):
         raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
                          f"{len(data)} bytes that are not a zip file.")
     _check_unpacked_size(data)
-    _check_declared_weights(data)
     return data
 
 
@@ -760,14 +846,29 @@ class Punchcard:
         master: The Spark master jobs run on (``local[*]``, ``yarn``, ``spark://...``).
         max_running: Jobs running at once; the others wait, queued.
         allowed_data_roots: If given, ``data_path`` must be under one of these.
+        model_checker: The `model_check.ModelChecker` that checks submitted models in
+            child processes (a default one if None).
+        allow_any_data_path: Without ``allowed_data_roots``, accept local paths (any file
+            this server's user can read) rather than refuse them.
+        max_job_seconds: A running job is stopped (failed) after this long; None: never.
+        max_epochs: Submissions of more epochs (``num_epoch``) are refused; None: any.
+        audit_log: The audit log's path (`audit_log.AuditLog`): ``"default"`` for
+            ``audit.jsonl`` in ``work_dir``, None for none.
+
+    Notes:
+        Queued jobs start fairly: the next one is of the identity with the fewest jobs
+        running (then the oldest), so one identity's many secrets cannot take every slot
+        while another waits.
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
-                 allowed_data_roots=()):
+                 allowed_data_roots=(), model_checker=None, allow_any_data_path=False,
+                 max_job_seconds=None, max_epochs=None, audit_log="default"):
         from distkeras.job_store import JobStore
-        from distkeras.secrets_file import SecretChecker, load_secrets
+        from distkeras.audit_log import AuditLog
+        from distkeras.secrets_file import SecretsFile
 
-        self.checker = SecretChecker(load_secrets(secrets_path))
+        self.checker = SecretsFile(secrets_path)
         self.work_dir = os.path.abspath(work_dir)
         # Owner only: it holds the job table (secret hashes) and every job's model, data
         # path and log, which no other user of this machine should read.
@@ -777,9 +878,15 @@ class Punchcard:
                            "(mode %o): its job table and models are private; chmod 700 it.",
                            self.work_dir, os.stat(self.work_dir).st_mode & 0o777)
         self.store = JobStore(os.path.join(self.work_dir, "jobs.sqlite"))
+        self.audit = AuditLog(os.path.join(self.work_dir, "audit.jsonl")
+                              if audit_log == "default" else audit_log)
         self.master = master
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
+        self.model_checker = model_checker or ModelChecker()
+        self.allow_any_data_path = allow_any_data_path
+        self.max_job_seconds = max_job_seconds
+        self.max_epochs = max_epochs
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
@@ -794,6 +901,34 @@ class Punchcard:
     def close(self):
         self._stop.set()
         self._scheduler.join(timeout=5)
+        self.model_checker.close()
+
+    def _check_epochs(self, body):
+        """Refuses more epochs than the operator allows (before the model is checked)."""
+        trainer = body.get("trainer") if isinstance(body, dict) else None
+        config = trainer.get("config") if isinstance(trainer, dict) else None
+        epochs = config.get("num_epoch", 1) if isinstance(config, dict) else 1
+        if self.max_epochs is not None and isinstance(epochs, (int, float)) and \
+                not epochs <= self.max_epochs:  # NaN too
+            raise BadRequest(f"'num_epoch' must be at most {self.max_epochs} on this server "
+                             f"(punchcard --max-epochs). Received: {epochs!r}")
+
+    def _check_in_child(self, model_text, trainer_class_name, config, workers):
+        """`check_keras_parts` in a `model_check` child process (never in this one)."""
+        from distkeras.model_check import CheckFailed
+
+        try:
+            answer = self.model_checker.check({
+                "model": model_text, "trainer_class": trainer_class_name, "config": config,
+                "workers": workers})
+        except CheckFailed as error:
+            logger.warning("A submission's check failed: %s", error)
+            raise BadRequest(f"The model archive was refused: {error}") from error
+        if not answer["ok"]:
+            raise BadRequest(str(answer.get("error")))
+        if not isinstance(answer.get("config"), dict):
+            raise BadRequest("The model check answered no trainer configuration.")
+        return answer["config"]
 
     # -- requests ---------------------------------------------------------------------
 
@@ -827,8 +962,9 @@ class Punchcard:
 
     def _queue(self, secret_hash, identity, body):
         """Validates a submission and stores it as a queued job (`submit`)."""
+        self._check_epochs(body)
         fields, trainer_class, config, model_bytes = validate_submission(
-            body, self.allowed_data_roots)
+            body, self.allowed_data_roots, self._check_in_child, self.allow_any_data_path)
         job_id = uuid.uuid4().hex
         job_dir = os.path.join(self.work_dir, "jobs", job_id)  # never derived from input
         os.makedirs(os.path.dirname(job_dir), mode=0o700, exist_ok=True)
@@ -840,7 +976,7 @@ class Punchcard:
         with open(os.path.join(job_dir, "train_options.json"), "w", encoding="utf-8") as handle:
             json.dump(fields.pop("train_options"), handle)
         job = {"id": job_id, "secret_hash": secret_hash, "identity": identity,
-               "trainer_class": trainer_class.__name__, "job_dir": job_dir, "state": "queued",
+               "trainer_class": trainer_class, "job_dir": job_dir, "state": "queued",
                "created": time.time(), **fields}
         if not self.store.insert_if_free(job):
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -989,6 +1125,23 @@ class Punchcard:
         errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
         return " | ".join(errors[-count:])[-500:]
 
+    def client_error(self, job):
+        """The job's error as its client sees it (`data_roots.redact`)."""
+        options = self._train_options(job)
+        own = [job["data_path"]] + ([options["validation"]]
+                                    if isinstance(options.get("validation"), str) else [])
+        return data_roots.redact(job["error"], self.allowed_data_roots, own)
+
+    @staticmethod
+    def _train_options(job):
+        try:
+            with open(os.path.join(job["job_dir"], "train_options.json"),
+                      encoding="utf-8") as handle:
+                options = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        return options if isinstance(options, dict) else {}
+
     def public_state(self, job):
         """What a client sees of its job."""
         status = self._read_status(job) or {}
@@ -997,7 +1150,7 @@ class Punchcard:
             "job_name": job["name"],
             "state": job["state"],
             "running": job["state"] in ("queued", "running"),
-            "error": job["error"],
+            "error": self.client_error(job),
             "progress": {"phase": status.get("state", job["state"]),
                          "seconds_running": round(now - job["started"], 1)
                          if job["started"] and job["state"] == "running" else None},
@@ -1031,13 +1184,42 @@ class Punchcard:
         while not self._stop.is_set():
             try:
                 for job in self.store.by_state("running"):
+                    self._stop_if_overdue(job)
                     self._refresh(job)
-                running = len(self.store.by_state("running"))
-                for job in self.store.by_state("queued")[:max(0, self.max_running - running)]:
+                for job in self._next_jobs():
                     self._start(job)
             except Exception:  # the scheduler must survive anything one job does
                 logger.exception("Punchcard scheduler error")
             self._stop.wait(0.5)
+
+    def _next_jobs(self):
+        """The queued jobs to start now: one at a time to the identity with the fewest
+        jobs running (then the oldest job), for as many slots as are free."""
+        running = self.store.by_state("running")
+        counts = {}
+        for job in running:
+            counts[job["identity"]] = counts.get(job["identity"], 0) + 1
+        queued, chosen = self.store.by_state("queued"), []
+        for _ in range(max(0, self.max_running - len(running))):
+            if not queued:
+                break
+            job = min(queued, key=lambda job: (counts.get(job["identity"], 0), job["created"]))
+            queued.remove(job)
+            chosen.append(job)
+            counts[job["identity"]] = counts.get(job["identity"], 0) + 1
+        return chosen
+
+    def _stop_if_overdue(self, job):
+        """Fails and stops a job that has run longer than ``max_job_seconds``."""
+        if self.max_job_seconds is None or not job["started"] or \
+                time.time() - job["started"] <= self.max_job_seconds:
+            return
+        if self.store.finish(job["id"], "failed",
+                             f"the job ran longer than this server allows "
+                             f"({self.max_job_seconds:g} s, punchcard --max-job-minutes), and "
+                             "was stopped", only_if_state="running"):
+            logger.warning("Job %s ran past %s s: stopped", job["id"], self.max_job_seconds)
+            self._stop_process(job["id"], job["pid"])
 
     def command(self, job):
         """The job's command line: the same entry point as a user's own run."""
@@ -1113,7 +1295,7 @@ class Punchcard:
 
 def create_app(punchcard, max_request_bytes=256 << 20):
     """The Flask application serving ``punchcard``."""
-    from flask import Flask, jsonify, request
+    from flask import Flask, g, jsonify, request
 
     app = Flask("punchcard")
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
@@ -1125,6 +1307,20 @@ def create_app(punchcard, max_request_bytes=256 << 20):
 
     def caller():
         return punchcard.identify(request.headers.get(SECRET_HEADER, ""))
+
+    @app.after_request
+    def audit(response):
+        # Every request but a successful look at a job's state (clients poll it).
+        if request.path == "/api/state" and response.status_code < 400:
+            return response
+        who = caller()
+        answer = response.get_json(silent=True) if response.status_code >= 400 else None
+        punchcard.audit.record(
+            who[1] if who else None, request.path.rsplit("/", 1)[-1] or request.path,
+            "refused" if response.status_code >= 400 else "accepted",
+            response.status_code, g.get("job_id"),
+            answer.get("error") if isinstance(answer, dict) else None)
+        return response
 
     @app.errorhandler(413)
     def too_large(_error):
@@ -1144,33 +1340,41 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         return error(405, f"{request.method} is not allowed on {request.path}: submit with "
                           "POST, everything else with GET.")
 
+    def busy(secret_hash):
+        job = punchcard.job_of(secret_hash)
+        known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
+        return error(403, f"This secret already has a job{known}: wait for it with "
+                          "job.wait_completion(), or clear it with job.destroy() (after "
+                          "job.cancel() if it still runs), before submitting another.")
+
     @app.post("/api/submit")
     def submit():
+        from distkeras.config_scan import ConfigRefused, loads_bounded
+
         who = caller()
         if who is None:
             return error(403, "Unknown secret.")
-        try:
-            body = request.get_json(silent=True)
-        except RecursionError:  # silent covers ValueError only: nesting too deep is not one
-            return error(400, "The request body is JSON nested too deeply.")
-        if body is None and not request.is_json:
+        # Before the body is parsed: a busy secret's body costs nothing to refuse.
+        if punchcard.store.by_secret(who[0]) is not None:
+            return busy(who[0])
+        if not request.is_json:
             # Flask reads no body of another type: it may be JSON, sent as a form.
             return error(400, "The request body must be JSON, sent with the header "
                               "Content-Type: application/json.")
-        if body is None:
-            return error(400, "The request body must be JSON.")
+        try:
+            body = loads_bounded(request.get_data(cache=False))
+        except ConfigRefused as refused:
+            return error(400, str(refused))
         try:
             state = punchcard.submit(who[0], who[1], body)
         except BadRequest as bad:
             return error(400, str(bad))
-        except SubmissionInProgress as busy:
-            return error(403, str(busy))
+        except SubmissionInProgress as in_progress:
+            return error(403, str(in_progress))
         if state is None:
-            job = punchcard.job_of(who[0])
-            known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
-            return error(403, f"This secret already has a job{known}: wait for it with "
-                              "job.wait_completion(), or clear it with job.destroy() (after "
-                              "job.cancel() if it still runs), before submitting another.")
+            return busy(who[0])
+        job = punchcard.job_of(who[0])
+        g.job_id = job["id"] if job is not None else None
         return jsonify(state)
 
     def own_job():
@@ -1180,6 +1384,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         job = punchcard.job_of(who[0])
         if job is None:
             return None, error(404, "This secret has no job.")
+        g.job_id = job["id"]
         return job, None
 
     @app.get("/api/state")
@@ -1232,27 +1437,46 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             results = punchcard.results(job)
         if results is None or not punchcard.destroy(job):
             return error(404, "This secret has no job: another request destroyed it.")
-        return jsonify({**results, "state": job["state"], "error": job["error"]})
+        return jsonify({**results, "state": job["state"], "error": punchcard.client_error(job)})
 
     return app
 
 
-def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20):
-    """The waitress server of `create_app(punchcard)` (call its ``run()``)."""
-    import waitress
+def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
+                **limits):
+    """The HTTP server of `create_app(punchcard)` (call its ``run()``).
 
-    # waitress itself refuses a larger body, before reading it: Flask's own limit only
-    # applies once waitress has buffered the whole body (up to 1 GiB by default).
-    return waitress.create_server(create_app(punchcard, max_request_bytes), host=host,
-                                  port=port, threads=threads, ident="punchcard",
-                                  max_request_body_size=max_request_bytes)
+    Args:
+        punchcard: The `Punchcard`.
+        host, port: Where to listen.
+        threads: Worker threads serving requests.
+        max_request_bytes: The largest submission.
+        **limits: `http_front.make_front`'s ``connection_limit``, ``header_timeout``,
+            ``min_upload_rate``, ``channel_timeout``.
+    """
+    from distkeras.http_front import make_front
+
+    # The secret and the body's size are checked from the headers, before the body is
+    # read: Flask's own limit only applies once the whole body has been buffered.
+    def audit(who, path, status, message):
+        punchcard.audit.record(who[1] if who else None, path.rsplit("/", 1)[-1] or path,
+                               "refused", status, None, message)
+
+    return make_front(create_app(punchcard, max_request_bytes), punchcard.identify, host,
+                      port, threads=threads, max_request_bytes=max_request_bytes,
+                      secret_header=SECRET_HEADER, audit=audit, **limits)
 
 
-def _exposure_warnings(host, allowed_data_roots):
+def _exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
     """What a server started with these settings exposes that its administrator may not
     mean to: said once, at start-up."""
     warnings = []
-    if not allowed_data_roots:
+    if not allowed_data_roots and not allow_any_data_path:
+        warnings.append(
+            "No --allowed-data-root: jobs may read paths of cluster file systems "
+            "(hdfs://, s3a://) only, and local paths are refused. Give the folders that "
+            "hold training data.")
+    elif not allowed_data_roots:
         warnings.append(
             "No --allowed-data-root: a job may train on any path this server's user can "
             "read (its model then carries what it learned from that data back to the "
@@ -1279,29 +1503,65 @@ def serve(argv=None, prog="punchcard"):
                         help="Spark master for jobs: local[*], yarn (client mode), "
                              "spark://..., k8s://...")
     parser.add_argument("--max-running", type=int, default=1, help="jobs running at once")
+    parser.add_argument("--max-job-minutes", type=float, default=24 * 60,
+                        help="a running job is stopped (failed) after this long; 0: never")
+    parser.add_argument("--max-epochs", type=int, default=1000,
+                        help="submissions of more epochs (num_epoch) are refused")
     parser.add_argument("--max-request-mb", type=int, default=256,
                         help="largest accepted submission")
     parser.add_argument("--allowed-data-root", action="append", default=[],
-                        help="only accept data_path under this prefix (repeatable)")
+                        help="only accept data_path under this prefix (repeatable); "
+                             "without one, local paths are refused")
+    parser.add_argument("--allow-any-data-path", action="store_true",
+                        help="without --allowed-data-root, accept local paths too: a job "
+                             "then reads any file this server's user can read, and its "
+                             "model carries what it learned back to the client")
     parser.add_argument("--threads", type=int, default=16, help="HTTP worker threads")
+    parser.add_argument("--audit-log", default=None,
+                        help="the audit log (JSON lines; default: audit.jsonl in the work "
+                             "folder); 'none' for none")
+    parser.add_argument("--connection-limit", type=int, default=1000,
+                        help="connections held at once; past it, the oldest connection "
+                             "still sending its headers is closed for a new one")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a request's headers may take to arrive (a trickling "
+                             "client is dropped after it)")
+    parser.add_argument("--min-upload-kbps", type=int, default=64,
+                        help="slowest accepted upload of a submission, in KiB/s")
+    parser.add_argument("--idle-timeout", type=int, default=30,
+                        help="seconds an idle kept-alive connection is held")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # force: `distkeras punchcard` runs after the CLI configured WARNING, which dropped
+    # this server's INFO lines (jobs queued, started, reloads).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        force=True)
+    audit_log = {None: "default", "none": None}.get(args.audit_log, args.audit_log)
     try:
         punchcard = Punchcard(args.secrets, args.work_dir, args.master, args.max_running,
-                              args.allowed_data_root)
+                              args.allowed_data_root,
+                              allow_any_data_path=args.allow_any_data_path,
+                              max_job_seconds=args.max_job_minutes * 60 or None,
+                              max_epochs=args.max_epochs, audit_log=audit_log)
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1
-    for warning in _exposure_warnings(args.host, args.allowed_data_root):
+    for warning in _exposure_warnings(args.host, args.allowed_data_root,
+                                      args.allow_any_data_path):
         logger.warning(warning)
     try:
         server = make_server(punchcard, args.host, args.port, args.threads,
-                             args.max_request_mb << 20)
+                             args.max_request_mb << 20, connection_limit=args.connection_limit,
+                             header_timeout=args.header_timeout,
+                             min_upload_rate=args.min_upload_kbps << 10,
+                             channel_timeout=args.idle_timeout)
     except OSError as error:  # the port taken (another server running?) or not ours
         punchcard.close()
         sys.stderr.write(f"punchcard: error: cannot listen on {args.host}:{args.port}: "
                          f"{error}\n")
         return 1
+    punchcard.model_checker.prestart()  # the first submission's check, warm
+    # SIGHUP reads the secrets file again (as a change to it does, within a second).
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: punchcard.checker.reload())
     logger.info("Punchcard listening on %s:%s, jobs on %s", args.host, args.port, args.master)
     try:
         server.run()

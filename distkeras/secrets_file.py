@@ -9,9 +9,13 @@ in clear. One identity may own several secrets.
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import string
+import tempfile
+
+logger = logging.getLogger(__name__)
 
 SECRET_LENGTH = 64
 _ALPHABET = string.ascii_letters + string.digits
@@ -83,11 +87,18 @@ def append_entry(path, entry):
         with open(path, encoding="utf-8") as handle:
             entries = json.load(handle)
     entries.append(entry)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-              encoding="utf-8") as handle:
-        json.dump(entries, handle, indent=2)
-    os.replace(temporary, path)
+    # mkstemp: an unpredictable name, created with O_EXCL and mode 0600, so a file or a
+    # link planted beside the secrets file cannot receive them.
+    descriptor, temporary = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(path)),
+        prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with open(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(entries, handle, indent=2)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 class SecretChecker:
@@ -113,3 +124,60 @@ class SecretChecker:
             if hmac.compare_digest(digest, known_hash.encode("ascii")) and found is None:
                 found = (known_hash, identity)
         return found
+
+
+class SecretsFile:
+    """The secrets of a file, read again when it changes: `SecretChecker.identify`'s.
+
+    The file's modification time, size and inode are looked at, at most once a
+    ``check_interval`` seconds, when a secret is checked; `reload` reads it at once (on
+    SIGHUP). A file that fails to load keeps the previous secrets, and says why in the
+    log: a revoked secret is refused from the next check after the file is saved.
+
+    Args:
+        path: The secrets file.
+        check_interval: Seconds between two looks at the file.
+
+    Raises:
+        OSError, ValueError: If the file cannot be loaded at first.
+    """
+
+    def __init__(self, path, check_interval=1.0):
+        import time
+
+        self.path = path
+        self.check_interval = check_interval
+        self._clock = time.monotonic
+        self._stamp = self._file_stamp()
+        self._checker = SecretChecker(load_secrets(path))
+        self._checked = self._clock()
+
+    def _file_stamp(self):
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+    def reload(self):
+        """Reads the file again; returns whether its secrets replaced the previous ones."""
+        stamp = self._file_stamp()
+        try:
+            known = load_secrets(self.path)
+        except (OSError, ValueError) as error:
+            logger.error("Secrets file %s not reloaded, the previous secrets stay: %s",
+                         self.path, error)
+            self._stamp = stamp  # not again until it changes
+            return False
+        self._checker, self._stamp = SecretChecker(known), stamp
+        logger.info("Secrets file %s reloaded: %d secrets", self.path, len(known))
+        return True
+
+    def identify(self, offered):
+        """`SecretChecker.identify` with the file's current secrets."""
+        now = self._clock()
+        if now - self._checked >= self.check_interval:
+            self._checked = now
+            if self._file_stamp() != self._stamp:
+                self.reload()
+        return self._checker.identify(offered)

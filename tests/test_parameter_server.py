@@ -330,8 +330,8 @@ def test_history_with_missing_values(servers):
 
 
 
-def _metric_report(shape):
-    return {"metric_state_index": [{"epoch": 0, "name": "m", "spec": {"mean": True},
+def _metric_report(shape, epoch=0):
+    return {"metric_state_index": [{"epoch": epoch, "name": "m", "spec": {"mean": True},
                                     "shapes": [shape]}],
             "metric_state_values": np.zeros(4, np.float32)}
 
@@ -348,6 +348,12 @@ MALFORMED_HISTORY = {
     "metric_state_shape_beyond_int64": {"history": {}, **_metric_report([2**70])},
     "metric_state_empty_shape_too_big": {"history": {}, **_metric_report([0, 2**70])},
     "metric_state_one_negative_dimension": {"history": {}, **_metric_report([-1])},
+    # JSON as Python reads it holds Infinity and NaN: int() of them raised OverflowError,
+    # counted as the server's bug, which stopped the training.
+    "metric_state_epoch_infinite": {"history": {}, **_metric_report([4], float("inf"))},
+    "metric_state_epoch_nan": {"history": {}, **_metric_report([4], float("nan"))},
+    "metric_state_shape_infinite": {"history": {}, **_metric_report([float("inf")])},
+    "metric_state_shape_minus_infinite": {"history": {}, **_metric_report([float("-inf")])},
 }
 
 

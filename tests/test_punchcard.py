@@ -44,13 +44,19 @@ class RunningServer:
     """A Punchcard application behind waitress, in this process, on a free port."""
 
     def __init__(self, secrets_path, work_dir, max_request_bytes=64 << 20, max_running=1,
-                 port=0, allowed_data_roots=(), punchcard_class=Punchcard):
+                 port=0, allowed_data_roots=(), punchcard_class=Punchcard, threads=24,
+                 model_checker=None, allow_any_data_path=True, punchcard_options=None,
+                 **server_options):
+        # Any data path by default: these tests' data are local folders of their own.
         self.punchcard = punchcard_class(secrets_path, work_dir, master="local[2]",
                                          max_running=max_running,
-                                         allowed_data_roots=allowed_data_roots)
+                                         allowed_data_roots=allowed_data_roots,
+                                         model_checker=model_checker,
+                                         allow_any_data_path=allow_any_data_path,
+                                         **(punchcard_options or {}))
         # The same waitress server as `scripts/punchcard.py`'s, limits included.
-        self.server = make_server(self.punchcard, "127.0.0.1", port, threads=24,
-                                  max_request_bytes=max_request_bytes)
+        self.server = make_server(self.punchcard, "127.0.0.1", port, threads=threads,
+                                  max_request_bytes=max_request_bytes, **server_options)
         self.port = self.server.effective_port
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -517,6 +523,7 @@ def test_allowed_data_roots_refuse_links_that_lead_out_of_them(secrets, tmp_path
                                   {**good, "data_path": str(path)})
             assert status == 400 and "outside the allowed data roots" in answer["error"], \
                 (path, answer)
+            assert str(outside) not in answer["error"]  # where the link leads is not said
             status, answer = _raw(running.url, "/api/submit", secret,
                                   {**good, "train_options": {"validation": str(path)}})
             assert status == 400 and "train_options.validation" in answer["error"], answer
@@ -592,6 +599,8 @@ def test_exposure_warnings_name_what_the_settings_open():
     from distkeras.job_deployment import _exposure_warnings
 
     assert _exposure_warnings("127.0.0.1", ["/data"]) == []
+    (confined,) = _exposure_warnings("127.0.0.1", [], allow_any_data_path=False)
+    assert "local paths are refused" in confined
     (open_host,) = _exposure_warnings("0.0.0.0", ["/data"])
     assert "0.0.0.0 over plain HTTP" in open_host and "TLS" in open_host
     assert len(_exposure_warnings("0.0.0.0", [])) == 2
@@ -861,29 +870,35 @@ def test_a_model_archive_that_unpacks_to_far_more_than_it_holds_is_refused(secre
     """A .keras archive whose config.json deflates 200 MiB (still valid JSON: trailing
     spaces) into 200 KiB: Keras would read all of it into the server's memory as it loads
     the model, and queued the job; it is refused from the archive's directory."""
+    payload = Job(secrets[1][13], "bomb", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+    bomb = _deflated_config(payload, 200 << 20)
+    assert len(bomb) < 4 << 20
+    running = RunningServer(secrets[0], str(tmp_path / "work"), max_request_bytes=8 << 20,
+                            max_running=0)  # nothing starts, should a job be queued
+    try:
+        status, answer = _raw(running.url, "/api/submit", secrets[1][13],
+                              {**payload, "model": base64.b64encode(bomb).decode()})
+        assert status == 400, answer
+        assert "declare" in answer["error"] and "keras.saving.save_model" in answer["error"]
+        assert running.punchcard.store.by_state("queued", "running") == []
+    finally:
+        running.stop()
+
+
+def _deflated_config(payload, padding):
+    """The payload's archive with ``padding`` spaces after its config.json, deflated."""
     import io
     import zipfile
 
-    payload = Job(secrets[1][13], "bomb", "/data/fashion.parquet", 1, 1, _trainer()).payload()
     original = zipfile.ZipFile(io.BytesIO(base64.b64decode(payload["model"])))
     bomb = io.BytesIO()
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive:
         for info in original.infolist():
             content = original.read(info.filename)
             if info.filename == "config.json":
-                content += b" " * (200 << 20)
+                content += b" " * padding
             archive.writestr(info.filename, content)
-    assert len(bomb.getvalue()) < 4 << 20
-    running = RunningServer(secrets[0], str(tmp_path / "work"), max_request_bytes=8 << 20,
-                            max_running=0)  # nothing starts, should a job be queued
-    try:
-        status, answer = _raw(running.url, "/api/submit", secrets[1][13],
-                              {**payload, "model": base64.b64encode(bomb.getvalue()).decode()})
-        assert status == 400, answer
-        assert "declare" in answer["error"] and "keras.saving.save_model" in answer["error"]
-        assert running.punchcard.store.by_state("queued", "running") == []
-    finally:
-        running.stop()
+    return bomb.getvalue()
 
 
 def _with_config(model_bytes, edit):

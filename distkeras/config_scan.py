@@ -1,0 +1,209 @@
+"""Checks a client's Keras configuration as plain JSON, before Keras reads any of it.
+
+Keras's ``safe_mode`` refuses a `Lambda` layer's lambda, but not a reference to one of
+Keras's own exported functions (``{"class_name": "function", "module":
+"keras.distribution", "config": "set_distribution"}``), which a layer then calls with
+arguments of the client's choosing. So Punchcard walks the configuration first: functions
+only from an allow-list (activations, losses, metrics, `keras.ops` math, or functions
+registered on the server), classes only from Keras's modelling modules, no `Lambda` or
+other code-holding layer, and metric state (AUC's ``num_thresholds``, MeanIoU's
+``num_classes``) counted against a limit. Nothing here imports Keras.
+"""
+
+import io
+import json
+import zipfile
+
+# What a config.json may inflate to, and how many JSON lists and objects a body or a
+# config may hold: json.loads builds a Python object of ~100 bytes for each ({} or []).
+MAX_CONFIG_BYTES = 16 << 20
+MAX_JSON_CONTAINERS = 200_000
+MAX_JSON_SEPARATORS = 2_000_000
+# Metric state a config declares: AUC and its kin keep num_thresholds accumulators per
+# label, MeanIoU and its kin a num_classes x num_classes matrix.
+MAX_THRESHOLDS = 10_000
+MAX_CLASSES = 4096
+MAX_THRESHOLD_STATE = 1_000_000  # num_thresholds x num_labels
+
+# Layers that hold or call code: refused whatever their arguments.
+_CODE_LAYERS = frozenset({"Lambda", "TorchModuleWrapper", "TFSMLayer", "JaxLayer",
+                          "FlaxLayer", "__lambda__"})
+# Keras's modules whose classes a model's configuration may name (after "keras." and an
+# optional "src."): layers, models and what they are made of.
+_CLASS_MODULES = frozenset({"layers", "models", "optimizers", "losses", "metrics",
+                            "initializers", "regularizers", "constraints", "activations",
+                            "dtype_policies", "backend"})
+_NOT_MODELLING = frozenset({"get", "serialize", "deserialize"})
+# keras.ops functions a configuration may name: element-wise and reduction math.
+_OPS_MATH = frozenset({
+    "abs", "absolute", "add", "subtract", "multiply", "divide", "negative", "square",
+    "sqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "logsumexp", "maximum",
+    "minimum", "mean", "sum", "max", "min", "prod", "clip", "sign", "round", "floor",
+    "ceil", "tanh", "sinh", "cosh", "sin", "cos", "tan", "arctan", "sigmoid", "softmax",
+    "log_softmax", "relu", "relu6", "elu", "selu", "gelu", "silu", "softplus", "softsign",
+    "leaky_relu", "hard_sigmoid", "hard_silu", "erf", "power", "reciprocal", "matmul"})
+_FUNCTION_MODULES = {"keras.activations": None, "keras.losses": None,
+                     "keras.metrics": None, "builtins": None, "keras.ops": _OPS_MATH}
+
+
+class ConfigRefused(ValueError):
+    """A configuration this server does not build (its message says what and why)."""
+
+
+def read_config(data, max_bytes=MAX_CONFIG_BYTES):
+    """The parsed ``config.json`` of a `.keras` archive, its size checked before it is
+    inflated.
+
+    Args:
+        data: The archive's bytes.
+        max_bytes: The most bytes config.json may inflate to.
+
+    Raises:
+        ConfigRefused: Not a zip with a config.json, a config.json larger than
+            ``max_bytes`` (by its zip header, and as read), or JSON too large to parse.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            info = archive.getinfo("config.json")
+            if info.file_size > max_bytes:
+                raise ConfigRefused(
+                    f"its config.json unpacks to {info.file_size} bytes, more than this "
+                    f"server reads ({max_bytes}).")
+            with archive.open(info) as handle:
+                text = handle.read(max_bytes + 1)
+    except (KeyError, zipfile.BadZipFile, ValueError, OSError) as error:
+        if isinstance(error, ConfigRefused):
+            raise
+        raise ConfigRefused(f"it has no readable config.json ({error}).") from error
+    if len(text) > max_bytes:
+        raise ConfigRefused(f"its config.json unpacks to more than {max_bytes} bytes, more "
+                            "than this server reads.")
+    return loads_bounded(text, "its config.json")
+
+
+def loads_bounded(text, what="The request body"):
+    """``json.loads(text)``, refused unparsed when it would build too many objects.
+
+    Raises:
+        ConfigRefused: More than `MAX_JSON_CONTAINERS` lists and objects, or
+            `MAX_JSON_SEPARATORS` commas, or not JSON.
+    """
+    raw = text if isinstance(text, bytes) else text.encode("utf-8")
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > MAX_JSON_CONTAINERS or raw.count(b",") > MAX_JSON_SEPARATORS:
+        raise ConfigRefused(
+            f"{what} holds more than {MAX_JSON_CONTAINERS} JSON lists and objects or "
+            f"{MAX_JSON_SEPARATORS} items, more than this server parses.")
+    try:
+        return json.loads(raw)
+    except RecursionError as error:
+        raise ConfigRefused(f"{what} is JSON nested too deeply.") from error
+    except ValueError as error:  # UnicodeDecodeError is one
+        raise ConfigRefused(f"{what} is not valid JSON ({str(error)[:200]}).") from error
+
+
+def scan(config, registered=None, where="the model"):
+    """Refuses code references and oversized metric state in a Keras configuration.
+
+    Args:
+        config: Parsed JSON (a model's config.json, a trainer's loss or metrics).
+        registered: Names of objects registered on this server (their packages are
+            installed by its administrator, and may be named); None where they are not
+            known (Keras not imported): references outside Keras's own modules pass, to
+            be scanned again with the registry.
+        where: What ``config`` is, for the message.
+
+    Raises:
+        ConfigRefused: Naming the object and why it is refused.
+    """
+    pending = [config]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        _check_object(item, registered, where)
+        _check_state(item, where)
+        pending.extend(item.values())
+
+
+def _check_object(item, registered, where):
+    class_name, module = item.get("class_name"), item.get("module")
+    if not isinstance(class_name, str):
+        return
+    if class_name in _CODE_LAYERS:
+        raise ConfigRefused(
+            f"{where} holds a {class_name} layer, whose code this server never runs. "
+            "Replace it with built-in layers, or with a custom layer registered "
+            "(@keras.saving.register_keras_serializable()) in a package installed on the "
+            "server.")
+    registered_name = item.get("registered_name")
+    if class_name == "function":
+        name = item.get("config")
+        if _allowed_function(module, name) or (registered is None and not _is_keras(module)) \
+                or _registered(name, registered) or _registered(registered_name, registered):
+            return
+        raise ConfigRefused(
+            f"{where} refers to the function {_short(module)}.{_short(name)}, which this "
+            "server does not call: only activations, losses, metrics and keras.ops math, "
+            "or functions registered in a package installed on the server.")
+    if not isinstance(module, str) or _registered(registered_name, registered):
+        return
+    package, _, rest = module.partition(".")
+    if package == "keras":
+        section = rest[4:] if rest.startswith("src.") else rest
+        if module != "keras" and section.split(".")[0] not in _CLASS_MODULES:
+            raise ConfigRefused(
+                f"{where} names the class {_short(module)}.{_short(class_name)}, which is not "
+                "a layer, model, optimizer, loss, metric or their parts: this server does not "
+                "build it.")
+    elif package in ("keras_hub", "keras_cv", "keras_nlp"):
+        raise ConfigRefused(f"{where} names the class {_short(module)}.{_short(class_name)}: "
+                            f"this server does not build {package}'s objects.")
+
+
+def _short(value, limit=80):
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _registered(name, registered):
+    return registered is not None and isinstance(name, str) and name in registered
+
+
+def _is_keras(module):
+    return isinstance(module, str) and module.split(".")[0] in (
+        "keras", "builtins", "keras_hub", "keras_cv", "keras_nlp")
+
+
+def _allowed_function(module, name):
+    if module not in _FUNCTION_MODULES or not isinstance(name, str):
+        return False
+    allowed = _FUNCTION_MODULES[module]
+    if allowed is not None:
+        return name in allowed
+    return name.isidentifier() and not name.startswith("_") and name not in _NOT_MODELLING
+
+
+def _check_state(item, where):
+    """Refuses metric settings that would allocate more state than the limits."""
+    for key, limit in (("num_thresholds", MAX_THRESHOLDS), ("num_classes", MAX_CLASSES),
+                       ("num_labels", MAX_CLASSES)):
+        value = item.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                not value <= limit:  # NaN too
+            raise ConfigRefused(
+                f"{where} sets {key}={value!r}, more than this server allocates "
+                f"(at most {limit}).")
+    labels = item.get("num_labels")
+    if isinstance(item.get("num_thresholds"), int) and isinstance(labels, int) and \
+            item["num_thresholds"] * labels > MAX_THRESHOLD_STATE:
+        raise ConfigRefused(
+            f"{where} sets num_thresholds x num_labels = {item['num_thresholds'] * labels}, "
+            f"more than this server allocates (at most {MAX_THRESHOLD_STATE}).")
+    thresholds = item.get("thresholds")
+    if isinstance(thresholds, list) and len(thresholds) > MAX_THRESHOLDS:
+        raise ConfigRefused(f"{where} sets {len(thresholds)} thresholds, more than this "
+                            f"server allocates (at most {MAX_THRESHOLDS}).")

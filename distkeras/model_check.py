@@ -1,0 +1,194 @@
+"""Checks a client's model and trainer in a short-lived process of their own.
+
+Building a client's model runs Keras on the client's configuration: it allocates what the
+configuration declares and may change Keras's process-wide state. Punchcard never does
+that in its own process. Each check runs in a child (``python -m distkeras.model_check``)
+under an address-space limit (RLIMIT_AS), a CPU-time limit (RLIMIT_CPU) and a wall-clock
+timeout; the child reads one JSON request on stdin, answers JSON on its original stdout
+and exits. What comes back is data only.
+
+A child importing Keras takes seconds, so one child is kept ready ("warm") ahead of the
+next check: it imports Keras, then waits for its request. Each child serves one check.
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BYTES = 4 << 30
+DEFAULT_CPU_SECONDS = 300
+DEFAULT_TIMEOUT = 300
+
+
+class CheckFailed(ValueError):
+    """The check did not end with an answer: it ran out of memory, CPU time or time."""
+
+
+class ModelChecker:
+    """Runs `job_deployment.check_keras_parts` in child processes with resource limits.
+
+    Args:
+        memory_bytes: The child's address-space limit (RLIMIT_AS).
+        cpu_seconds: The child's CPU-time limit (RLIMIT_CPU), its Keras import included.
+        timeout: Seconds a check may take, from the request sent to the answer.
+        max_concurrent: Checks running at once; more wait their turn.
+    """
+
+    def __init__(self, memory_bytes=DEFAULT_MEMORY_BYTES, cpu_seconds=DEFAULT_CPU_SECONDS,
+                 timeout=DEFAULT_TIMEOUT, max_concurrent=2):
+        self.memory_bytes = memory_bytes
+        self.cpu_seconds = cpu_seconds
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._lock = threading.Lock()
+        self._spare = None
+        self._closed = False
+
+    def _spawn(self):
+        limits = json.dumps({"memory_bytes": self.memory_bytes,
+                             "cpu_seconds": self.cpu_seconds})
+        # Fewer malloc arenas: each thread's reserves 64 MiB of address space otherwise.
+        env = dict(os.environ, MALLOC_ARENA_MAX="2", TF_CPP_MIN_LOG_LEVEL="2")
+        env.pop("PYSPARK_GATEWAY_PORT", None)
+        return subprocess.Popen([sys.executable, "-m", "distkeras.model_check", limits],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def prestart(self):
+        """Starts the warm child now (rather than at the first check)."""
+        with self._lock:
+            if self._spare is None and not self._closed:
+                self._spare = self._spawn()
+
+    def _take(self):
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.poll() is None:
+            return spare
+        return self._spawn()
+
+    def check(self, request):
+        """The child's answer to ``request`` (a JSON-able dict).
+
+        Returns:
+            The answer: ``{"ok": True, "config": ...}`` or ``{"ok": False, "error": ...}``.
+
+        Raises:
+            CheckFailed: The child exceeded a limit, or ended without an answer.
+        """
+        with self._slots:
+            process = self._take()
+            try:
+                return self._run(process, json.dumps(request).encode("utf-8"))
+            finally:
+                self.prestart()  # the next check's child imports Keras meanwhile
+
+    def _run(self, process, request):
+        try:
+            out, _ = process.communicate(request, timeout=self.timeout)
+        except subprocess.TimeoutExpired as error:
+            _kill(process)
+            raise CheckFailed(f"the check took longer than {self.timeout} s, the most this "
+                              "server gives one.") from error
+        except OSError as error:  # the child died before it read the request
+            _kill(process)
+            raise CheckFailed(_ended(process.returncode, self)) from error
+        try:
+            answer = json.loads(out.decode("utf-8"))
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+            raise CheckFailed(_ended(process.returncode, self))
+        return answer
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            _kill(spare)
+
+
+def _kill(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+def _ended(code, checker):
+    """Why a child ended without an answer, in the client's terms."""
+    if code in (-signal.SIGXCPU, -signal.SIGKILL):
+        return (f"the check used more CPU time than this server gives one "
+                f"({checker.cpu_seconds} s).")
+    return (f"the check stopped without an answer (exit {code}): it may need more memory "
+            f"than this server gives one ({checker.memory_bytes >> 20} MiB).")
+
+
+def _limit_resources(limits):
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"],) * 2)
+    cpu = limits["cpu_seconds"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _warm_up():
+    """A check of this module's own small model and trainer, before the request comes:
+    the imports and the backend's start-up (seconds) are then out of the client's check."""
+    import base64
+
+    import keras
+
+    from distkeras import job_deployment, utils
+    from distkeras.trainers import ADAG
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    trainer = ADAG(keras_model=model, worker_optimizer="adam",
+                   loss="categorical_crossentropy", metrics=["accuracy"], num_workers=1)
+    job_deployment.check_keras_parts(base64.b64encode(utils.serialize_model(model)).decode(),
+                                     "ADAG", trainer.get_config(), 1)
+
+
+def main(argv=None):
+    """The child: limits itself, imports Keras, answers one request, exits."""
+    argv = sys.argv[1:] if argv is None else argv
+    _limit_resources(json.loads(argv[0]))
+    # The answer goes to the original stdout; anything Keras prints, to stderr.
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    from distkeras import job_deployment
+
+    _warm_up()
+    try:
+        request = json.loads(sys.stdin.buffer.read())
+        config = job_deployment.check_keras_parts(
+            request["model"], request["trainer_class"], request["config"],
+            request["workers"])
+        answer = {"ok": True, "config": config}
+    except job_deployment.BadRequest as error:
+        answer = {"ok": False, "error": str(error)}
+    except MemoryError:
+        answer = {"ok": False, "error": "The submission needs more memory to check than "
+                                        "this server gives a check."}
+    except Exception as error:  # anything Keras raises on a client's config
+        answer = {"ok": False, "error": "The submission could not be checked: "
+                                        f"{type(error).__name__}: {str(error)[:500]}"}
+    with os.fdopen(answer_fd, "wb") as out:
+        out.write(json.dumps(answer).encode("utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    main()
+    # Without the interpreter's teardown (seconds with the backend's threads): the
+    # answer is written, and nothing else of this process is kept.
+    os._exit(0)
