@@ -175,7 +175,8 @@ def make_front(app, identify, host, port, threads=16, max_request_bytes=256 << 2
     Args:
         app: The WSGI application.
         identify: A function of a secret: its identity, or None for an unknown secret.
-        host, port: Where to listen (one address: the first ``host`` resolves to).
+        host: Where to listen (one address: the first ``host`` resolves to).
+        port: The port to listen on.
         threads: Worker threads serving requests.
         max_request_bytes: The largest submission body.
         connection_limit: Connections held at once.

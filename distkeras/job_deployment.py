@@ -1448,7 +1448,8 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
 
     Args:
         punchcard: The `Punchcard`.
-        host, port: Where to listen.
+        host: Where to listen.
+        port: The port to listen on.
         threads: Worker threads serving requests.
         max_request_bytes: The largest submission.
         **limits: `http_front.make_front`'s ``connection_limit``, ``header_timeout``,
