@@ -102,7 +102,8 @@ def _check_entries_under(path, real_folder, real_roots):
 
 
 # A local path or file: URL in an error message: up to a space, a quote or a bracket.
-_PATH_IN_TEXT = re.compile(r"(?:file:)?/[^\s'\"`,;()\[\]<>]*")
+# Not after a word character or a dot: 26/11/30 (a date) or a relative a/b names no path.
+_PATH_IN_TEXT = re.compile(r"(?<![\w./])(?:file:)?/[^\s'\"`,;()\[\]<>]*")
 # Java's errors (Spark, Parquet, Hadoop) say what they found in a file: its length, its
 # last bytes ("Expected magic number at tail, but found [83, 69, 67, 82]").
 _JAVA_ERROR = re.compile(r"Py4JJavaError|\bjava\.|\borg\.apache\.|\bscala\.")

@@ -13,7 +13,9 @@ application behind the waitress WSGI server. Each job runs as its own process an
 application (``python -m distkeras.cli train ...``, arguments as a list, no shell), in its
 own folder; the job table lives in SQLite. Nothing a client sends is executed: the trainer
 travels as a registered class name and its JSON configuration, the model as a `.keras`
-archive loaded with ``safe_mode=True``.
+archive loaded with ``safe_mode=True``, after its configuration was walked as JSON
+(`config_scan`), and only in a child process with resource limits (`model_check`). The
+HTTP front (`http_front`) checks secrets and sizes from the headers and drops slow clients.
 """
 
 import argparse
@@ -1490,6 +1492,24 @@ def _exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
     return warnings
 
 
+# The model check's and the HTTP front's limits: (flag, type, default, help).
+_LIMIT_FLAGS = (
+    ("--check-memory-mb", int, 4096,
+     "address space of the child process that checks a submitted model (RLIMIT_AS)"),
+    ("--check-seconds", int, 300,
+     "CPU time (RLIMIT_CPU) and wall-clock time of a model's check"),
+    ("--max-concurrent-checks", int, 2, "model checks running at once (each a child process)"),
+    ("--connection-limit", int, 1000,
+     "connections held at once; past it, the oldest connection still sending its headers "
+     "is closed for a new one"),
+    ("--header-timeout", float, 10.0,
+     "seconds a request's headers may take to arrive (a trickling client is dropped after "
+     "it)"),
+    ("--min-upload-kbps", int, 64, "slowest accepted upload of a submission, in KiB/s"),
+    ("--idle-timeout", int, 30, "seconds an idle kept-alive connection is held"),
+)
+
+
 def serve(argv=None, prog="punchcard"):
     """``punchcard``: runs the job server (waitress, a production WSGI server)."""
     parser = argparse.ArgumentParser(
@@ -1521,16 +1541,8 @@ def serve(argv=None, prog="punchcard"):
     parser.add_argument("--audit-log", default=None,
                         help="the audit log (JSON lines; default: audit.jsonl in the work "
                              "folder); 'none' for none")
-    parser.add_argument("--connection-limit", type=int, default=1000,
-                        help="connections held at once; past it, the oldest connection "
-                             "still sending its headers is closed for a new one")
-    parser.add_argument("--header-timeout", type=float, default=10.0,
-                        help="seconds a request's headers may take to arrive (a trickling "
-                             "client is dropped after it)")
-    parser.add_argument("--min-upload-kbps", type=int, default=64,
-                        help="slowest accepted upload of a submission, in KiB/s")
-    parser.add_argument("--idle-timeout", type=int, default=30,
-                        help="seconds an idle kept-alive connection is held")
+    for flag, kind, default, text in _LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args(argv)
     # force: `distkeras punchcard` runs after the CLI configured WARNING, which dropped
     # this server's INFO lines (jobs queued, started, reloads).
@@ -1542,7 +1554,10 @@ def serve(argv=None, prog="punchcard"):
                               args.allowed_data_root,
                               allow_any_data_path=args.allow_any_data_path,
                               max_job_seconds=args.max_job_minutes * 60 or None,
-                              max_epochs=args.max_epochs, audit_log=audit_log)
+                              max_epochs=args.max_epochs, audit_log=audit_log,
+                              model_checker=ModelChecker(
+                                  args.check_memory_mb << 20, args.check_seconds,
+                                  args.check_seconds, args.max_concurrent_checks))
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1

@@ -93,7 +93,7 @@ def _trainer(**kwargs):
     return ADAG(**settings)
 
 
-def _raw(url, path, secret=None, body=None, method=None, data=None):
+def _raw(url, path, secret=None, body=None, method=None, data=None, timeout=60):
     headers = {"Content-Type": "application/json"}
     if secret is not None:
         headers[SECRET_HEADER] = secret
@@ -101,7 +101,7 @@ def _raw(url, path, secret=None, body=None, method=None, data=None):
     request = urllib.request.Request(url + path, data=payload, headers=headers,
                                      method=method or ("POST" if payload is not None else "GET"))
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")
@@ -367,12 +367,17 @@ def test_refusals(secrets, tmp_path, data_path):
 def test_twenty_concurrent_clients_then_cancel_mid_training(server, secrets, data_path):
     payloads = [Job(secret, f"job{index}", data_path, 1, 2, _trainer()).payload()
                 for index, secret in enumerate(secrets[1][:20])]
+    # Each model is checked in a child process of its own, two at a time: minutes for 20,
+    # in which the first job would run to its end. None starts until all are in.
+    server.punchcard.max_running = 0
     with ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(lambda args: _raw(server.url, "/api/submit", *args),
+        answers = list(pool.map(lambda args: _raw(server.url, "/api/submit", *args,
+                                                  timeout=600),
                                 zip(secrets[1][:20], payloads)))
     assert [status for status, _ in answers] == [200] * 20
     states = [_raw(server.url, "/api/state", secret)[1]["state"] for secret in secrets[1][:20]]
     assert set(states) <= {"queued", "running"} and states.count("running") <= 1
+    server.punchcard.max_running = 1
 
     # The one that runs: wait until it trains, cancel it, and its whole process tree is gone.
     store = server.punchcard.store

@@ -282,6 +282,9 @@ def test_errors_sent_to_a_client_name_no_outside_path_and_quote_no_data():
     assert redact("ValueError: /etc/passwd is odd", [], own_paths=["/etc/passwd"]) == \
         "ValueError: /etc/passwd is odd"
     assert redact(None, []) is None
+    dated = "result: 26/11/30 ERROR Executor: lost executor 1 (see /srv/x)"
+    assert redact(dated, []) == "result: 26/11/30 ERROR Executor: lost executor 1 " \
+        "(see <a path outside the data roots>)"
     wrapped = ("CommandError: /data/x is not a Parquet file (file:/data/x/p is not a Parquet "
                "file. Expected magic number at tail, but found [88, 89, 90, 87]; length is "
                "too low: 20)")
@@ -344,7 +347,7 @@ def test_a_job_past_the_operators_limits_is_refused_or_stopped(secrets, tmp_path
         assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=120)
         assert "ran longer than this server allows (2 s" in job.get_state()["error"]
         pid = running.punchcard.job_of(secret_hash(secret))["pid"]
-        assert pid and not _group_alive(pid)
+        assert pid and _wait_for(lambda: not _group_alive(pid), timeout=60)
     finally:
         running.stop()
 
