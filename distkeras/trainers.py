@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from distkeras import affinity
+from distkeras import batch_statistics
 from distkeras import compat
 from distkeras import custom_objects
 from distkeras import dataframes
@@ -80,6 +81,11 @@ class Trainer(compat.TrainerAccessors):
         batch_size: Rows per minibatch.
         num_epoch: Passes over the data.
     """
+
+    # Whether the returned weights are an average no replica trained with (an elastic
+    # center, a mean): their BatchNormalization statistics are then measured again
+    # (`batch_statistics`), as no replica's describe them.
+    averages_weights = False
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  loss_weights=None, features_col="features", label_col="label",
@@ -367,6 +373,9 @@ class Trainer(compat.TrainerAccessors):
                 self.history.sort(
                     key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
             model = self._compile(model)
+            if self.averages_weights:
+                batch_statistics.measure_again(model, dataframe, self.features_col,
+                                               self.label_col)
             validated = len(self.get_validation_history())
             self._validate_returned(model)
             report_returned_validation(self._run_label(),
@@ -1481,6 +1490,7 @@ class AEASGD(AsynchronousDistributedTrainer):
     """
 
     default_window = 32
+    averages_weights = True
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
@@ -1621,6 +1631,8 @@ class AveragingTrainer(DistributedTrainer):
         once. Otherwise each epoch is a Spark job of its own, and the driver averages the
         results.
     """
+
+    averages_weights = True
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  features_col="features", label_col="label", num_epoch=1, batch_size=32,
