@@ -14,6 +14,7 @@ re-exported here: users catch it as ``distkeras.trainers.TrainingError``.
 """
 
 import contextlib
+import copy
 import logging
 import math
 import threading
@@ -1522,24 +1523,41 @@ class AEASGD(AsynchronousDistributedTrainer):
                                     learning_rate=self.learning_rate)
 
 
+def carries_momentum(optimizer):
+    """Whether a Keras optimizer (an instance, a name or a config) keeps a moving average
+    of its gradients: Adam and its kin (a ``beta_1``), SGD or RMSprop with a momentum."""
+    import keras
+
+    if isinstance(optimizer, (str, dict)):
+        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))
+    if hasattr(optimizer, "beta_1"):
+        return True
+    return bool(getattr(optimizer, "momentum", 0.0))
+
+
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
     Takes `AEASGD`'s arguments as well; the ones below are its own.
 
     Args:
-        momentum: The local momentum (0 gives AEASGD).
+        momentum: The local momentum, in [0, 1) (0 gives AEASGD). None: 0.9, the paper's
+            setting, for a worker optimizer without momentum of its own (plain SGD,
+            Adagrad, RMSprop without momentum); 0 for one that has it (Adam and its
+            kin, SGD or RMSprop with momentum).
 
     Notes:
         Each local step is taken by the Keras optimizer at the look-ahead point
-        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. The momentum is
-        the paper's setting for plain SGD: with Adam it compounds with Adam's own.
+        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. On top of Adam's
+        own moving average of the gradients, a momentum of 0.9 made the zoo's MLP 12 points
+        less accurate than `fit` (0.706 against 0.829; 0.824 with momentum 0): hence the
+        default of 0 there.
     """
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
+                 momentum=None, master_port=0, loss_weights=None, parallelism_factor=1,
                  worker_timeout=None, overlap_communication=False):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
@@ -1554,15 +1572,29 @@ class EAMSGD(AEASGD):
 
     def validate_arguments(self):
         super().validate_arguments()
+        if self.momentum is None:
+            return
         if isinstance(self.momentum, bool) or \
                 not isinstance(self.momentum, (int, float, np.number)) \
                 or not 0.0 <= self.momentum < 1.0:
             raise ValueError(
-                f"`momentum` must be a number in [0, 1). Received: momentum={self.momentum!r}")
+                f"`momentum` must be a number in [0, 1), or None to choose it from the "
+                f"worker optimizer. Received: momentum={self.momentum!r}")
+
+    def local_momentum(self):
+        """The momentum the workers use: ``momentum``, or where None the default for the
+        worker optimizer (see the class's Args)."""
+        if self.momentum is not None:
+            return self.momentum
+        momentum = 0.0 if carries_momentum(self.worker_optimizer) else 0.9
+        logger.info("EAMSGD: local momentum %s for the worker optimizer %s (pass momentum= "
+                    "to choose)", momentum, type(self.worker_optimizer).__name__)
+        return momentum
 
     def allocate_worker(self):
         return workers.EAMSGDWorker(self.master_model, rho=self.rho,
-                                    learning_rate=self.learning_rate, momentum=self.momentum)
+                                    learning_rate=self.learning_rate,
+                                    momentum=self.local_momentum())
 
 
 class Experimental(AsynchronousDistributedTrainer):

@@ -958,6 +958,8 @@ class EAMSGDWorker(AEASGDWorker):
         self.velocity = None
 
     def train_step(self, x, y, sample_weight=None):
+        if not self.momentum:  # AEASGD's step: no weights to read and set around it
+            return super().train_step(x, y, sample_weight)
         weights = self.model.get_weights()
         if self.velocity is None:
             self.velocity = weights * 0.0
