@@ -1416,6 +1416,15 @@ class DOWNPOUR(AsynchronousDistributedTrainer):
         return workers.DOWNPOURWorker(self.master_model)
 
 
+def window_up_to_workers(cls, num_workers):
+    """The default window of a rule that divides a commit by its window (ADAG,
+    Experimental): the number of workers, at most ``cls.default_window``. Each commit then
+    moves the center about one step's worth, ``num_workers`` commits per window."""
+    if isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1:
+        return min(num_workers, cls.default_window)
+    return cls.default_window  # a bad num_workers is refused by train()
+
+
 class ADAG(AsynchronousDistributedTrainer):
     """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
 
@@ -1434,13 +1443,7 @@ class ADAG(AsynchronousDistributedTrainer):
 
     default_window = 12
     sets_worker_learning_rate = True
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        if isinstance(num_workers, int) and not isinstance(num_workers, bool) \
-                and num_workers >= 1:
-            return min(num_workers, cls.default_window)
-        return cls.default_window  # a bad num_workers is refused by train()
+    default_window_for = classmethod(window_up_to_workers)
 
     def allocate_worker(self):
         return workers.ADAGWorker(self.master_model)
@@ -1600,16 +1603,19 @@ class EAMSGD(AEASGD):
 class Experimental(AsynchronousDistributedTrainer):
     """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
 
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 and
-    ``learning_rate`` 1.0 by default.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
+    number of workers, at most 5, and ``learning_rate`` 1.0 by default.
 
     Notes:
         Workers commit ADAG's residual and the center they pulled. The server damps each
         weight's update by how far the center moved since:
-        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
+        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``. The residual is divided by the
+        window, as ADAG's: with 2 workers the window of 5 left three zoo models 5-6 points
+        below `fit`; a window of 2 left them 0.3-3.3 points below.
     """
 
     default_window = 5
+    default_window_for = classmethod(window_up_to_workers)
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
