@@ -352,3 +352,6 @@ def _timed_out(error):
 def _closed_while_sending(error):
     """Whether a request failed because the server closed the connection under it (as
     waitress does on a body larger than its limit, while the client still sends it)."""
+    cause = error.__cause__
+    reason = getattr(cause, "reason", cause)
+    return isinstance(reason, (ConnectionResetError, BrokenPipeError))

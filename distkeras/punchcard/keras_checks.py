@@ -166,4 +166,3 @@ def _config_leaves(value):
     if isinstance(value, dict) and "class_name" not in value:  # one entry per output
         return [leaf for item in value.values() for leaf in _config_leaves(item)]
     return [value]
-

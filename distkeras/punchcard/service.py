@@ -79,6 +79,7 @@ class Punchcard:
         self._scheduler = scheduler.run_every(self.schedule, self._stop)
 
     def close(self):
+        """Stops the scheduler and the model checker (jobs' processes run on)."""
         self._stop.set()
         self._scheduler.join(timeout=5)
         self.model_checker.close()
@@ -112,6 +113,7 @@ class Punchcard:
     # -- requests ---------------------------------------------------------------------
 
     def identify(self, secret):
+        """``(secret hash, identity)`` of a known secret, else None (`secrets_file`)."""
         return self.checker.identify(secret)
 
     def submit(self, secret_hash, identity, body):
@@ -157,6 +159,7 @@ class Punchcard:
         return self.public_state(self.store.by_secret(secret_hash))
 
     def job_of(self, secret_hash):
+        """The secret's job's row, brought up to date with its process, or None."""
         job = self.store.by_secret(secret_hash)
         if job is not None:
             job = self._refresh(job)
@@ -220,6 +223,7 @@ class Punchcard:
             raise
 
     def forget(self, job):
+        """Deletes the job's row and folder."""
         self.store.delete(job["id"])
         shutil.rmtree(job["job_dir"], ignore_errors=True)
 
