@@ -29,7 +29,8 @@ from distkeras.dataframes import (check_column_order, check_first_row, check_inp
                                   columns_by_name, sparse_vector_columns, vector_values)
 from distkeras.feed import integer_dtype, output_names
 from distkeras.training_jobs import check_executor_python
-from distkeras.transformers import OUTPUT_TYPES, _kind, as_output_type
+from distkeras.ml.columns import as_output_type, column_kind
+from distkeras.ml.params import OUTPUT_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 _CACHE = {}
 
 
-def _check_batch_size(batch_size):
+def check_batch_size(batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or \
             batch_size < 1:
         raise ValueError(
@@ -347,7 +348,7 @@ class ModelPredictor:
         if not isinstance(self.model, keras.Model):
             raise TypeError("`keras_model` must be a keras.Model. "
                             f"Received: keras_model={type(self.model).__name__}")
-        _check_batch_size(self.batch_size)
+        check_batch_size(self.batch_size)
         if self.output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}. Received: "
                              f"output_type={self.output_type!r}")
@@ -363,7 +364,7 @@ class ModelPredictor:
         outputs = self._output_columns()
         for name in outputs:
             check_output_column_free(dataframe, name)
-        kinds = [_kind(dataframe, name, "features column", nested=True, packed=True)
+        kinds = [column_kind(dataframe, name, "features column", nested=True, packed=True)
                  for name in features]
         # What would fail every task is refused here, from the first row (None: no rows).
         # A stream has none to read before it runs (Spark refuses `first()` on it): its

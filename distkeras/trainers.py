@@ -1139,9 +1139,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         `sets_worker_learning_rate`."""
         if not self.sets_worker_learning_rate or self.learning_rate is None:
             return self.worker_optimizer
-        from distkeras.estimators import _optimizer_config
+        from distkeras.ml.estimators import optimizer_config
 
-        return _optimizer_config(self.worker_optimizer, self.learning_rate, self.master_model)
+        return optimizer_config(self.worker_optimizer, self.learning_rate, self.master_model)
 
     def allocate_worker(self):
         """Returns the worker that every task runs; subclasses define it."""

@@ -399,7 +399,7 @@ def _stage_classes():
 
     from pyspark.ml.param import Params
 
-    from distkeras import estimators, evaluators, transformers
+    from distkeras.ml import estimators, evaluators, transformers
 
     return [cls for module in (transformers, evaluators, estimators)
             for name, cls in vars(module).items()
@@ -574,3 +574,28 @@ def test_output_type_vector_gives_dist_keras_dense_vectors(tiny):
     with pytest.raises(TypeError, match="'vector'.*toArray"):
         OneHotTransformer(3, "idx", "o", output_type="DenseVector")
     assert OneHotTransformer(3, "idx", "o").setOutputType("vector").getOutputType() == "vector"
+
+
+def test_a_stage_saved_under_the_old_module_path_still_loads(tiny, tmp_path):
+    """Stages moved to distkeras.ml; a pipeline saved before names distkeras.transformers."""
+    import glob
+    import json
+    import os
+
+    from pyspark.ml import PipelineModel
+
+    from distkeras.transformers import OneHotTransformer
+
+    path = str(tmp_path / "saved")
+    PipelineModel(stages=[OneHotTransformer(3, "idx", "o")]).save(path)
+    [metadata] = glob.glob(f"{path}/stages/*/metadata/part-00000*")
+    with open(metadata) as handle:
+        record = json.loads(handle.read())
+    assert record["class"] == "distkeras.ml.transformers.OneHotTransformer"
+    record["class"] = "distkeras.transformers.OneHotTransformer"
+    with open(metadata, "w") as handle:
+        handle.write(json.dumps(record))
+    for checksum in glob.glob(f"{path}/stages/*/metadata/.part-00000*.crc"):
+        os.remove(checksum)  # Hadoop checks a file against its checksum: edited, it has none
+    loaded = PipelineModel.load(path)
+    assert _column(loaded.transform(tiny), "o") == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
