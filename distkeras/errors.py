@@ -26,3 +26,8 @@ class BackendUnavailableError(UnretryableError, ImportError):
 
 class TrainingError(RuntimeError):
     """A worker or the parameter server failed during training."""
+
+
+class DataSourceError(UnretryableError, OSError):
+    """Data that cannot be read where the DataFrame said it was (a Parquet file deleted or
+    moved after the DataFrame was created)."""
