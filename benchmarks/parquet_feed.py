@@ -9,8 +9,10 @@ the Python workers read the files with pyarrow. Measured, interleaved run by run
    trains on none: rows per CPU second (this process, the JVM and its Python workers);
 2. train: SingleTrainer and ADAG (2 workers), 1 epoch, on the MLP and the CNN of
    benchmarks/zoo.py: wall seconds and rows per CPU second;
-3. predict: ModelPredictor on the test images (written alike) against ``model.predict``
-   in the driver: rows per CPU second.
+3. predict: ModelPredictor on the test images (or, for more than 10,000 rows, training
+   images; written alike) against ``model.predict`` in the driver: rows per CPU second;
+   all columns written (to Spark's ``noop`` sink), or only the label and the prediction
+   (``predict-select``, as an evaluator reads them).
 
 Read the ratios (b)/(a), not the seconds: the machine may be shared.
 
@@ -165,21 +167,20 @@ def measure_training(spark, folder, rows, models, trainer_names, repeat, clock):
                         features_col="features", label_col="label", **extra)
                     trainer.train(frame, verbose=0)
                 runs[f"train {kind} {trainer_name} {name}"] = _with_setting(spark, value, train)
-    _interleave(runs, repeat, clock, warm=0)
+    _interleave(runs, repeat, clock)
 
 
 def measure_prediction(spark, folder, rows, models, repeat, clock):
     """ModelPredictor on each path, and the driver's ``model.predict``."""
-    import numpy as np
-
     from distkeras.datasets import load_fashion_mnist_numpy
     from distkeras.predictors import ModelPredictor
     from zoo import arrange, build_model
 
     runs = {}
-    images, _ = load_fashion_mnist_numpy("test")
+    split = "test" if rows <= 10000 else "train"  # the test images, or more
+    images, _ = load_fashion_mnist_numpy(split)
     for kind in models:
-        frame = spark.read.parquet(write_fashion_mnist(spark, folder, "test", rows, kind))
+        frame = spark.read.parquet(write_fashion_mnist(spark, folder, split, rows, kind))
         model = build_model(kind)
         x = arrange(kind, images[:rows])
         for name, value in PATHS.items():
@@ -187,9 +188,14 @@ def measure_prediction(spark, folder, rows, models, repeat, clock):
                 ModelPredictor(model, "features", batch_size=1024).predict(frame) \
                     .write.format("noop").mode("overwrite").save()
             runs[f"predict {kind} {name}"] = _with_setting(spark, value, predict)
+
+            def evaluate(model=model, frame=frame):  # what an evaluator reads
+                ModelPredictor(model, "features", batch_size=1024).predict(frame) \
+                    .select("label", "prediction").write.format("noop").mode("overwrite") \
+                    .save()
+            runs[f"predict-select {kind} {name}"] = _with_setting(spark, value, evaluate)
         runs[f"predict {kind} driver"] = \
             lambda model=model, x=x: model.predict(x, batch_size=1024, verbose=0)
-        np.asarray(x)
     _interleave(runs, repeat, clock)
 
 
@@ -237,7 +243,8 @@ def main():
     warm_up_executors(spark, 2)
     folder = tempfile.mkdtemp(prefix="distkeras-parquet-feed-")
     clock = Clock()
-    counts = {"feed": args.rows, "train": args.train_rows, "predict": args.predict_rows}
+    counts = {"feed": args.rows, "train": args.train_rows, "predict": args.predict_rows,
+              "predict-select": args.predict_rows}
     try:
         if "feed" in args.only:
             path = write_fashion_mnist(spark, folder, "train", args.rows)

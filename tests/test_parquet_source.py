@@ -150,6 +150,30 @@ def test_single_trainer_trains_on_the_files_as_on_sparks_rows(spark, tmp_path, c
         np.testing.assert_array_equal(got, expected)
 
 
+def test_adag_workers_read_the_files_and_train_on_every_row(parquet, spark, caplog):
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(10)])
+    with caplog.at_level("INFO", logger="distkeras.dataframes"):
+        trainer = ADAG(model, worker_optimizer="sgd", loss="sparse_categorical_crossentropy",
+                       metrics=[], num_workers=2, batch_size=100)
+        trainer.train(parquet.select("features", "label"), verbose=0)
+    assert "Reading 2 partitions of Parquet files in the workers" in caplog.text
+    assert sum(record["batch_size"] for record in trainer.get_history()) == 3000
+
+
+def test_a_plain_scan_is_not_copied_to_disk_for_epochs(parquet):
+    frame = dataframes.training_frame(parquet, "features", "label")
+    with dataframes.kept_for_epochs(frame, 3):
+        assert not frame.is_cached  # its files give the same rows at each read
+    filtered = frame.where("label > 1")
+    with dataframes.kept_for_epochs(filtered, 3):
+        assert filtered.is_cached
+    assert not filtered.is_cached
+
+
 def test_a_file_deleted_after_the_dataframe_was_made_is_named(parquet):
     frame = dataframes.training_frame(parquet, "features", "label")
     files = sorted(parquet.inputFiles())
