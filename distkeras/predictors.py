@@ -5,7 +5,10 @@ rebuilt with ``safe_mode=True`` once per Python worker process: Spark reuses its
 workers, and each keeps the last model it rebuilt (with its compiled predict function),
 keyed by a hash of the archive. Predictions come from an Arrow UDF (``arrow_udf``,
 iterator form): only the feature columns travel to Python and only the prediction comes
-back, while Spark carries every other column of the row itself.
+back, while Spark carries every other column of the row itself. A plain Parquet scan is
+read by the Python workers themselves instead (`distkeras.parquet_source`), which send
+back every column with the predictions: Spark's row-to-Arrow conversion was most of the
+cost (docs/parquet-feed.md).
 
 Example::
 
@@ -401,6 +404,12 @@ class ModelPredictor:
         output_col: Name of the prediction column to add; for a multi-output model, a list
             of names (one per output, in order) or a prefix.
         batch_size: Rows per model call.
+
+    Notes:
+        On a plain Parquet scan of local files (`distkeras.parquet_source`), the tasks
+        read the files with pyarrow, over the scan's own partitions and in its row order,
+        and the result is their ``mapInArrow``; the Spark setting
+        ``distkeras.parquetDirect=false`` turns that off.
     """
 
     def __init__(self, keras_model, features_col="features", output_col="prediction",
@@ -475,6 +484,8 @@ class ModelPredictor:
                 (`distkeras.errors.InvalidDataError`); Spark's retries of its task on the
                 same executor raise it again at once, without predicting.
             TypeError: For a feature column that is not numeric.
+            distkeras.errors.DataSourceError: A file of a plain Parquet scan is gone
+                (deleted or moved after the DataFrame was created).
         """
         import keras
         from pyspark.sql import functions as F
