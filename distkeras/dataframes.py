@@ -10,6 +10,7 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from distkeras import parquet_source
 from distkeras.feed import arrow_name, integer_dtype, padding_hint
 from distkeras.tensors import packed_size
 
@@ -514,6 +515,10 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
     your partitions, or pass ``shuffle=True``); otherwise rows are spread round-robin.
     Later epochs are the workers' own (`epochs.Replay`), so this lays out one pass.
 
+    Without ``shuffle``, a plain Parquet scan is laid out as a
+    `parquet_source.ParquetSource`, whose workers read the files themselves: Spark's own
+    partitions where it has ``num_partitions``, else consecutive runs of equal rows.
+
     Args:
         dataframe: The training columns.
         num_partitions: Number of worker tasks.
@@ -526,6 +531,13 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
         A DataFrame with ``num_partitions`` partitions.
     """
     if not shuffle:
+        source = parquet_source.direct_source(dataframe, num_partitions, _feed_batch_rows(
+            dataframe.sparkSession))
+        if source is not None:
+            logger.info("Reading %d partitions of Parquet files in the workers (pyarrow); "
+                        "%s=false turns this off.", source.num_partitions(),
+                        parquet_source.SETTING)
+            return source
         # Keep the DataFrame's own partitioning when it already fits: a shuffle of the
         # whole data set costs seconds before the first step.
         if dataframe.rdd.getNumPartitions() == num_partitions:
@@ -539,6 +551,14 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
             .repartition(num_partitions)
             .sortWithinPartitions("__distkeras_order")
             .drop("__distkeras_order"))
+
+
+def _feed_batch_rows(spark):
+    """Rows per record batch the workers get: the session's Arrow setting, else the
+    trainers' (`training_jobs.FEED_RECORDS_PER_BATCH`)."""
+    from distkeras.training_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH
+
+    return int(spark.conf.get(ARROW_BATCH_KEY, None) or FEED_RECORDS_PER_BATCH)
 
 
 def barrier_compatible(dataframe, num_partitions):
@@ -577,12 +597,14 @@ def kept_for_epochs(frame, num_epoch):
     depending only on how many task slots the cluster has. A frame the user cached is
     read as it is, and so is one whose rows all come from a cache through steps that give
     the same rows each time (the training columns selected from the user's cached frame):
-    a copy on disk would add nothing.
+    a copy on disk would add nothing. So is a plain Parquet scan (`parquet_source`), whose
+    files give the same rows each time.
 
     Yields:
         ``frame``.
     """
-    if num_epoch < 2 or frame.is_cached or _read_from_cache(frame):
+    if num_epoch < 2 or frame.is_cached or _read_from_cache(frame) or \
+            parquet_source.plain_scan(frame):
         yield frame
         return
     logger.info(

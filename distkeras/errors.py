@@ -31,3 +31,8 @@ class ExecutorEnvironmentError(ImportError):
 
 class TrainingError(RuntimeError):
     """A worker or the parameter server failed during training."""
+
+
+class DataSourceError(UnretryableError, OSError):
+    """Data that cannot be read where the DataFrame said it was (a Parquet file deleted or
+    moved after the DataFrame was created)."""

@@ -5,7 +5,10 @@ rebuilt with ``safe_mode=True`` once per Python worker process: Spark reuses its
 workers, and each keeps the last model it rebuilt (with its compiled predict function),
 keyed by a hash of the archive. Predictions come from an Arrow UDF (``arrow_udf``,
 iterator form): only the feature columns travel to Python and only the prediction comes
-back, while Spark carries every other column of the row itself.
+back, while Spark carries every other column of the row itself. A plain Parquet scan is
+read by the Python workers themselves instead (`distkeras.parquet_source`), which send
+back every column with the predictions: Spark's row-to-Arrow conversion was most of the
+cost (docs/parquet-feed.md).
 
 Example::
 
@@ -218,6 +221,40 @@ def _raise_remembered_failure(key):
                 "rows.)")
 
 
+def _predictions(batches, key, model_bytes, backend, names, input_shapes, batch_size,
+                 objects=None, output_fields=None, dtypes=None):
+    """Yields, on an executor, the predictions of each batch of feature columns (a tuple
+    of Arrow arrays, one per input): a ``list<float>`` array, or for several outputs a
+    struct of them named ``output_fields``.
+
+    Rows that no retry can predict (`errors.UnretryableError`: nulls, arrays of the wrong
+    size) are remembered for the task's retries (`_remember_failure`).
+    """
+    import pyarrow as pa
+
+    from distkeras.executor_backend import _ensure_backend
+
+    _raise_remembered_failure(key)
+    model = None
+    try:
+        for columns in batches:
+            if not len(columns[0]):
+                empty = pa.array([], pa.list_(pa.float32()))
+                yield empty if output_fields is None else pa.StructArray.from_arrays(
+                    [empty] * len(output_fields), names=list(output_fields))
+                continue
+            arrays = _input_arrays(columns, names, input_shapes,
+                                   dtypes or [None] * len(names))
+            if model is None:  # not for an empty partition, nor for bad first rows
+                _ensure_backend(backend)
+                model = _cached_model(key, model_bytes, objects)
+            yield _predict_arrays(model, arrays, batch_size, output_fields)
+            _settle()
+    except errors.UnretryableError as error:
+        _remember_failure(key, error)
+        raise
+
+
 def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objects=None,
                     output_fields=None, dtypes=None):
     """The Arrow UDF (iterator form) that predicts on the executors: one ``array<float>``
@@ -242,34 +279,74 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
     def predict(batches):
         # Imported here, not captured: cloudpickle would copy the module's _CACHE.
         from distkeras import predictors
-        from distkeras.executor_backend import _ensure_backend
 
-        predictors._raise_remembered_failure(key)
-        model = None
-        try:
-            for columns in batches:
-                columns = (columns,) if single else tuple(columns)
-                if not len(columns[0]):
-                    empty = pa.array([], pa.list_(pa.float32()))
-                    yield empty if output_fields is None else pa.StructArray.from_arrays(
-                        [empty] * len(output_fields), names=list(output_fields))
-                    continue
-                arrays = predictors._input_arrays(columns, names, input_shapes,
-                                                  dtypes or [None] * len(names))
-                if model is None:  # not for an empty partition, nor for bad first rows
-                    _ensure_backend(backend)
-                    model = predictors._cached_model(key, model_bytes, objects)
-                yield predictors._predict_arrays(model, arrays, batch_size, output_fields)
-                predictors._settle()
-        except errors.UnretryableError as error:
-            predictors._remember_failure(key, error)
-            raise
+        yield from predictors._predictions(
+            ((columns,) if single else tuple(columns) for columns in batches), key,
+            model_bytes, backend, names, input_shapes, batch_size, objects, output_fields,
+            dtypes)
 
     # Spark picks the UDF's form from these type hints.
     argument = pa.Array if single else typing.Tuple[pa.Array, ...]
     predict.__annotations__ = {"batches": typing.Iterator[argument],
                                "return": typing.Iterator[pa.Array]}
     return F.arrow_udf(predict, return_type)
+
+
+def _read_in_workers(dataframe, outputs, settings):
+    """``dataframe`` with the prediction columns ``outputs`` added, its Parquet files read
+    in the Python workers (`parquet_source`); None where it is not a plain Parquet scan.
+
+    Each task reads the row groups of one of the scan's partitions, in Spark's order, and
+    yields them with their predictions: the result has the scan's partitions and, within
+    each, its rows in the same order as the Arrow UDF's.
+
+    Args:
+        dataframe: The DataFrame to predict on.
+        outputs: The prediction columns' names.
+        settings: `_prediction_udf`'s arguments.
+    """
+    from pyspark.sql import types as T
+
+    from distkeras import parquet_source
+
+    if dataframe.isStreaming:
+        return None
+    batch_rows = int(dataframe.sparkSession.conf.get(
+        "spark.sql.execution.arrow.maxRecordsPerBatch", None) or 10000)
+    source = parquet_source.direct_source(dataframe, batch_rows=batch_rows)
+    if source is None:
+        return None
+    model_bytes, backend, names, input_shapes, batch_size, objects, fields, dtypes = settings
+    key = _model_key(model_bytes)
+
+    def predict(record_batches):
+        import pyarrow as pa
+
+        # Imported here, not captured: cloudpickle would copy the module's _CACHE.
+        from distkeras import predictors
+
+        held = []  # the batches whose predictions are being made, in order
+
+        def columns():
+            for batch in record_batches:
+                held.append(batch)
+                yield tuple(batch.column(name) for name in names)
+
+        for predicted in predictors._predictions(columns(), key, model_bytes, backend,
+                                                 names, input_shapes, batch_size, objects,
+                                                 fields, dtypes):
+            batch = held.pop(0)
+            added = [predicted] if fields is None else \
+                [predicted.field(index) for index in range(len(fields))]
+            yield pa.RecordBatch.from_arrays(batch.columns + added,
+                                             names=batch.schema.names + list(outputs))
+
+    schema = T.StructType(dataframe.schema.fields + [
+        T.StructField(name, T.ArrayType(T.FloatType())) for name in outputs])
+    logger.info("Predicting on %d partitions of Parquet files read in the workers "
+                "(pyarrow); %s=false turns this off.", source.num_partitions(),
+                parquet_source.SETTING)
+    return source.mapInArrow(predict, schema)
 
 
 COLUMNAR_UDF_INPUT = "spark.sql.execution.arrow.pythonUDF.columnarInput.enabled"
@@ -332,6 +409,12 @@ class ModelPredictor:
         output_type: ``"array"`` (``array<float>``) or ``"vector"`` (Spark ML
             ``DenseVector``s, as dist-keras's predictor wrote: ``row[col].toArray()``
             works).
+
+    Notes:
+        On a plain Parquet scan of local files (`distkeras.parquet_source`), the tasks
+        read the files with pyarrow, over the scan's own partitions and in its row order,
+        and the result is their ``mapInArrow``; the Spark setting
+        ``distkeras.parquetDirect=false`` turns that off.
     """
 
     def __init__(self, keras_model, features_col="features", output_col="prediction",
@@ -410,6 +493,8 @@ class ModelPredictor:
                 (`distkeras.errors.InvalidDataError`); Spark's retries of its task on the
                 same executor raise it again at once, without predicting.
             TypeError: For a feature column that is not numeric.
+            distkeras.errors.DataSourceError: A file of a plain Parquet scan is gone
+                (deleted or moved after the DataFrame was created).
         """
         import keras
         from pyspark.sql import functions as F
@@ -432,9 +517,16 @@ class ModelPredictor:
         # Several outputs: one struct column from one UDF call, then a column per field.
         fields = None if len(outputs) == 1 else [f"output_{index}"
                                                  for index in range(len(outputs))]
-        udf = _prediction_udf(model_bytes, keras.backend.backend(), features,
-                              input_shapes, int(self.batch_size), objects, fields,
-                              [integer_dtype(tensor) for tensor in self.model.inputs])
+        settings = (model_bytes, keras.backend.backend(), features, input_shapes,
+                    int(self.batch_size), objects, fields,
+                    [integer_dtype(tensor) for tensor in self.model.inputs])
+        direct = _read_in_workers(dataframe, outputs, settings)
+        if direct is not None:
+            if self.output_type == "array":
+                return direct
+            return direct.withColumns({name: as_output_type(F.col(name), self.output_type)
+                                       for name in outputs})
+        udf = _prediction_udf(*settings)
         logger.debug("Predicting %s from %s with batch_size=%d", outputs, features,
                      self.batch_size)
         if fields is None:

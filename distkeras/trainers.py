@@ -316,6 +316,8 @@ class Trainer(compat.TrainerAccessors):
                 an array of the wrong length, a label out of range), naming the column.
             distkeras.errors.TrainingError: A worker or the parameter server failed, or a
                 worker stalled past ``worker_timeout``.
+            distkeras.errors.DataSourceError: A file of a plain Parquet scan, which the
+                workers read themselves (docs/parquet-feed.md), is gone.
         """
         # One run at a time: a run keeps its state on the trainer (copies of a Spark ML
         # estimator share one, and CrossValidator may fit them in parallel threads).

@@ -93,3 +93,18 @@ def test_phases_and_epochs_give_no_rate_for_an_epoch_of_one_window():
     assert math.isnan(phases.timed_train(OneWindowTrainer(), None)["rate"])
     epochs = load_script("epochs")
     assert all(math.isnan(rate) for rate in epochs.epoch_rates(trainer.get_history()))
+
+
+def test_parquet_feed_compares_each_path_with_sparks_and_the_feed_net_of_an_empty_job():
+    feed = load_script("parquet_feed")
+    clock = feed.Clock()
+    clock.runs = {"feed spark": [(3.0, 2.0)], "feed direct": [(2.0, 1.5)],
+                  "feed none": [(1.0, 1.0)], "predict mlp spark": [(2.0, 2.0)],
+                  "predict mlp direct": [(1.0, 1.0)], "predict mlp driver": [(0.5, 0.5)]}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in feed.table(clock, lambda name: 100).splitlines()[2:]}
+    # The feed: 100 rows in 1.0 and 0.5 CPU seconds once the empty job's 1.0 is taken off.
+    assert rows["feed spark"][3] == "100" and rows["feed direct"][3] == "200"
+    assert rows["feed direct"][4] == "2.00 |" and rows["feed none"][3:] == ["-", "- |"]
+    assert rows["predict mlp direct"][4] == "2.00 |"  # nothing taken off outside the feed
+    assert rows["predict mlp driver"][4] == "4.00 |" and rows["predict mlp spark"][4] == "- |"
