@@ -32,6 +32,7 @@ from distkeras.epochs import Replay
 from distkeras import model_state
 from distkeras import networking
 from distkeras import parameter_servers
+from distkeras import parquet_source
 from distkeras import sample_weights
 from distkeras import step_history
 from distkeras import validation
@@ -1708,8 +1709,9 @@ class AveragingTrainer(DistributedTrainer):
         input of a barrier stage. It refuses a stage whose RDDs do not all have the
         stage's number of partitions (a ``coalesce``, a ``union``), and the refusal
         stops the whole SparkContext (Spark 4)."""
-        if shuffle or (layout is not frame and self.num_partitions() > 1):
-            return True  # laid out by a shuffle of its own
+        if shuffle or isinstance(layout, parquet_source.ParquetSource) or \
+                (layout is not frame and self.num_partitions() > 1):
+            return True  # laid out by a shuffle of its own, or read over spark.range
         if layout is not frame:
             return False  # coalesce(1)
         return dataframes.barrier_compatible(layout, self.num_partitions())

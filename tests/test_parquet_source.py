@@ -164,7 +164,8 @@ def test_adag_workers_read_the_files_and_train_on_every_row(parquet, spark, capl
     assert sum(record["batch_size"] for record in trainer.get_history()) == 3000
 
 
-def test_averaging_workers_read_the_files_in_one_barrier_job(parquet, spark, caplog):
+@pytest.mark.parametrize("workers", [2, 1])
+def test_averaging_workers_read_the_files_in_one_barrier_job(parquet, spark, caplog, workers):
     import keras
 
     from distkeras.trainers import AveragingTrainer
@@ -173,9 +174,9 @@ def test_averaging_workers_read_the_files_in_one_barrier_job(parquet, spark, cap
     with caplog.at_level("INFO", logger="distkeras.dataframes"):
         trainer = AveragingTrainer(model, worker_optimizer="sgd",
                                    loss="sparse_categorical_crossentropy", metrics=[],
-                                   num_workers=2, batch_size=100, num_epoch=2)
+                                   num_workers=workers, batch_size=100, num_epoch=2)
         trainer.train(parquet.select("features", "label"), verbose=0)
-    assert "Reading 2 partitions of Parquet files in the workers" in caplog.text
+    assert f"Reading {workers} partitions of Parquet files in the workers" in caplog.text
     assert trainer.parameter_server is not None  # every epoch in one (barrier) job
     assert [sum(record["batch_size"] for record in trainer.get_history()
                 if record["epoch"] == epoch) for epoch in range(2)] == [3000, 3000]
