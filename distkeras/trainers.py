@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from distkeras import affinity
+from distkeras import algorithms
 from distkeras import compat
 from distkeras import custom_objects
 from distkeras import dataframes
@@ -1387,208 +1388,165 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             getattr(worker, "communication_window", None), type(worker).__name__)
 
 
-class DOWNPOUR(AsynchronousDistributedTrainer):
-    """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
+def _algorithm_init(algorithm):
+    """A trainer's ``__init__`` for ``algorithm``: `AsynchronousDistributedTrainer`'s
+    arguments with the algorithm's hyperparameters after ``communication_window``, where
+    AEASGD, EAMSGD and Experimental always had theirs (an inspectable signature: the
+    command line's flags come from it)."""
+    import inspect
 
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
-    default.
+    base = inspect.signature(AsynchronousDistributedTrainer.__init__).parameters
+    hyper = {parameter.name: parameter for parameter in algorithm.hyperparameters}
+    parameters = []
+    for name, parameter in base.items():
+        if name in hyper:
+            continue  # the algorithm's own, with its default, after communication_window
+        parameters.append(parameter)
+        if name == "communication_window":
+            parameters.extend(inspect.Parameter(name, parameter.kind, default=given.default)
+                              for name, given in hyper.items())
+    signature = inspect.Signature(parameters)
 
-    Notes:
-        Works best with small windows, under 5. Each commit adds a whole window's change,
-        computed from weights that others moved meanwhile, so large windows overshoot.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        del values["self"]
+        own = {name: values.pop(name) for name in hyper if name != "learning_rate"}
+        AsynchronousDistributedTrainer.__init__(self, **values)
+        for name, value in own.items():
+            setattr(self, name, value)
+
+    __init__.__signature__ = signature
+    return __init__
+
+
+class AlgorithmTrainer(AsynchronousDistributedTrainer):
+    """The trainer of an `Algorithm` (``algorithm``, a class): its workers and server run it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments and the algorithm's
+    hyperparameters (after ``communication_window``); `trainer_for` makes one.
     """
 
-    default_window = 5
-    sets_worker_learning_rate = True
+    algorithm = None
 
-    def allocate_worker(self):
-        return workers.DOWNPOURWorker(self.master_model)
-
-
-class ADAG(AsynchronousDistributedTrainer):
-    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
-
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
-    number of workers, at most 12, by default.
-
-    Notes:
-        Each commit moves the center by about one step's worth of progress, however long
-        the window, so at equal epochs the center advances about ``num_workers / window``
-        times as far as one worker would. The original's window of 12 suits 12 or more
-        workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
-        points below `fit`'s (docs/benchmarks.md, "Model zoo"). Non-trainable weights,
-        such as BatchNormalization's statistics, are committed whole.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
-    """
-
-    default_window = 12
-    sets_worker_learning_rate = True
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        algorithm = vars(cls).get("algorithm")
+        if algorithm is None:
+            return
+        cls.default_window = algorithm.default_window
+        cls.sets_worker_learning_rate = algorithm.sets_worker_learning_rate
+        if "__init__" not in vars(cls):
+            cls.__init__ = _algorithm_init(algorithm)
 
     @classmethod
     def default_window_for(cls, num_workers):
-        if isinstance(num_workers, int) and not isinstance(num_workers, bool) \
-                and num_workers >= 1:
-            return min(num_workers, cls.default_window)
-        return cls.default_window  # a bad num_workers is refused by train()
+        return cls.algorithm.default_window_for(num_workers)
 
-    def allocate_worker(self):
-        return workers.ADAGWorker(self.master_model)
-
-    def allocate_parameter_server(self):
-        return parameter_servers.ADAGParameterServer(
-            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
-
-
-class DynSGD(AsynchronousDistributedTrainer):
-    """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
-
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
-    default.
-
-    Notes:
-        Workers commit ``W - W_pull`` with the update count they saw at their last pull.
-        The server applies ``C += delta / (num_updates - last_update + 1)``, so a commit
-        that others overtook counts less.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
-    """
-
-    default_window = 5
-    sets_worker_learning_rate = True
-
-    def allocate_worker(self):
-        return workers.DynSGDWorker(self.master_model)
-
-    def allocate_parameter_server(self):
-        return parameter_servers.DynSGDParameterServer(self.master_model, self.master_port)
-
-
-class AEASGD(AsynchronousDistributedTrainer):
-    """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
-
-    Takes `AsynchronousDistributedTrainer`'s arguments as well; the ones below are its own.
-    ``communication_window`` is 32 by default.
-
-    Args:
-        rho: Strength of the elastic force.
-        learning_rate: Multiplies the elastic force (``rho * learning_rate`` must be <= 1).
-
-    Notes:
-        Every ``communication_window`` steps a worker pulls C, computes the elastic force
-        ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``. The
-        server adds it, ``C += E``. Workers explore on their own between exchanges, so
-        large windows, over 25, suit it.
-    """
-
-    default_window = 32
-
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication)
-        self.rho = rho
+    def make_algorithm(self):
+        """The algorithm with this trainer's hyperparameters."""
+        return self.algorithm(**{parameter.name: getattr(self, parameter.name)
+                                 for parameter in self.algorithm.hyperparameters})
 
     def get_config(self):
         config = super().get_config()
-        config["rho"] = self.rho
+        config.update(self.make_algorithm().get_config())
         return config
 
     def validate_arguments(self):
         super().validate_arguments()
-        _check_number("rho", self.rho)
-        _check_number("learning_rate", self.learning_rate)
-        if self.rho * self.learning_rate > 1.0:
+        self.make_algorithm().validate()
+        if self.reuse_server_buffers and not self.algorithm.adds_commits_as_sent:
             raise ValueError(
-                "`rho * learning_rate` must be at most 1 (the elastic step would overshoot "
-                f"the center). Received: rho={self.rho}, learning_rate={self.learning_rate}")
+                f"`reuse_server_buffers` is for rules that add commits as sent; "
+                f"{type(self).__name__}'s does not. Leave it False.")
 
     def allocate_worker(self):
-        return workers.AEASGDWorker(self.master_model, rho=self.rho,
-                                    learning_rate=self.learning_rate)
+        return workers.WindowedWorker(self.master_model, algorithm=self.make_algorithm())
+
+    def allocate_parameter_server(self):
+        return parameter_servers.AlgorithmServer(
+            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
+            algorithm=self.make_algorithm())
+
+
+def trainer_for(algorithm, name=None):
+    """A trainer class (an `AlgorithmTrainer`) for an `Algorithm` class.
+
+    Args:
+        algorithm: The `algorithms.Algorithm` subclass.
+        name: The class name (default: the algorithm's, plus ``Trainer``). Assign the
+            class to that name in the algorithm's module, so that it pickles.
+
+    Returns:
+        The new trainer class, documented by the algorithm's docstring.
+    """
+    return type(name or f"{algorithm.__name__}Trainer", (AlgorithmTrainer,),
+                {"algorithm": algorithm, "__doc__": algorithm.__doc__,
+                 "__module__": algorithm.__module__})
+
+
+class DOWNPOUR(AlgorithmTrainer):
+    """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default. The rule: `algorithms.downpour.DOWNPOUR`.
+    """
+
+    algorithm = algorithms.DOWNPOUR
+
+
+class ADAG(AlgorithmTrainer):
+    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
+    number of workers, at most 12, by default. The rule: `algorithms.adag.ADAG`.
+    """
+
+    algorithm = algorithms.ADAG
+
+
+class DynSGD(AlgorithmTrainer):
+    """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default. The rule: `algorithms.dynsgd.DynSGD`.
+    """
+
+    algorithm = algorithms.DynSGD
+
+
+class AEASGD(AlgorithmTrainer):
+    """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
+
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``rho`` (5.0) and
+    ``learning_rate`` (0.1, multiplying the elastic force; ``rho * learning_rate`` must
+    be at most 1); ``communication_window`` is 32 by default. The rule:
+    `algorithms.aeasgd.AEASGD`.
+    """
+
+    algorithm = algorithms.AEASGD
 
 
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
-    Takes `AEASGD`'s arguments as well; the ones below are its own.
-
-    Args:
-        momentum: The local momentum (0 gives AEASGD).
-
-    Notes:
-        Each local step is taken by the Keras optimizer at the look-ahead point
-        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. The momentum is
-        the paper's setting for plain SGD: with Adam it compounds with Adam's own.
+    Takes `AEASGD`'s arguments and ``momentum`` (0.9; 0 gives AEASGD). The rule:
+    `algorithms.eamsgd.EAMSGD`.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 momentum=0.9, master_port=0, loss_weights=None, parallelism_factor=1,
-                 worker_timeout=None, overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         rho, learning_rate, master_port, loss_weights, parallelism_factor,
-                         worker_timeout, overlap_communication)
-        self.momentum = momentum
-
-    def get_config(self):
-        config = super().get_config()
-        config["momentum"] = self.momentum
-        return config
-
-    def validate_arguments(self):
-        super().validate_arguments()
-        if isinstance(self.momentum, bool) or \
-                not isinstance(self.momentum, (int, float, np.number)) \
-                or not 0.0 <= self.momentum < 1.0:
-            raise ValueError(
-                f"`momentum` must be a number in [0, 1). Received: momentum={self.momentum!r}")
-
-    def allocate_worker(self):
-        return workers.EAMSGDWorker(self.master_model, rho=self.rho,
-                                    learning_rate=self.learning_rate, momentum=self.momentum)
+    algorithm = algorithms.EAMSGD
 
 
-class Experimental(AsynchronousDistributedTrainer):
-    """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
+class Experimental(AlgorithmTrainer):
+    """The research scaffold: ADAG's commit, damped by the disagreement on the server.
 
     Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 and
-    ``learning_rate`` 1.0 by default.
-
-    Notes:
-        Workers commit ADAG's residual and the center they pulled. The server damps each
-        weight's update by how far the center moved since:
-        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``.
+    ``learning_rate`` 1.0 by default. The rule: `algorithms.experimental.Experimental`.
     """
 
-    default_window = 5
-
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
-                 loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication)
-
-    def validate_arguments(self):
-        super().validate_arguments()
-        _check_number("learning_rate", self.learning_rate)
-
-    def allocate_worker(self):
-        return workers.ExperimentalWorker(self.master_model)
-
-    def allocate_parameter_server(self):
-        return parameter_servers.ExperimentalParameterServer(
-            self.master_model, self.master_port, learning_rate=self.learning_rate)
+    algorithm = algorithms.Experimental
 
 
 def _next_iterations(records):

@@ -1,0 +1,23 @@
+"""The research scaffold: ADAG's commit, damped on the server by the disagreement."""
+
+from distkeras import update_rules
+from distkeras.algorithms.base import Algorithm, Hyperparameter
+from distkeras.training_checks import _check_number
+
+
+class Experimental(Algorithm):
+    """Workers commit ADAG's residual and the center they pulled; the server damps each
+    weight's update by how far the center moved since:
+    ``C += residual / ((1/lr) * (C - C_stale)**2 + 1)``.
+    """
+
+    hyperparameters = (
+        Hyperparameter("learning_rate", 1.0, _check_number, "The rule's learning rate."),)
+    sends_pulled = True
+
+    def commit(self, weights, pulled, context):
+        return update_rules.adag_residual(weights, pulled, context.window, context.trainable)
+
+    def apply(self, center, update, context):
+        return update_rules.experimental_update(center, update, context.pulled,
+                                                self.learning_rate, context.trainable)
