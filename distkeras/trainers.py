@@ -1046,8 +1046,9 @@ class DistributedTrainer(Trainer, compat.DistributedAccessors):
 class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAccessors):
     """Workers train asynchronously against a parameter server on the driver.
 
-    Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
-    (default: `DeltaParameterServer`, ``C += delta``).
+    An `algorithms.Algorithm`'s trainer is an `AlgorithmTrainer` (see `trainer_for`).
+    Otherwise (the escape hatch), subclasses define `allocate_worker()` and may define
+    `allocate_parameter_server()` (default: `DeltaParameterServer`, ``C += delta``).
 
     Takes `DistributedTrainer`'s arguments as well; the ones below are its own.
 
@@ -1062,14 +1063,16 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             training stops with an error naming it (None: wait forever). Before its first
             step and while it compiles a step (a short last batch's) a worker may take
             `TrainingMonitor.STARTUP_TIMEOUT` (120 s, or worker_timeout if longer).
-        overlap_communication: DOWNPOUR, ADAG and DynSGD only: exchange with the server on
-            a background thread while the next window trains, applying the worker's own
-            update locally instead of waiting to pull it back (see `WindowedWorker`). The
-            same path for one worker; with several, others' commits arrive a window later.
-        reuse_server_buffers: DOWNPOUR and ADAG only, opt-in: their parameter server reads
-            commits into one buffer per worker and writes each new center into memory it
-            used before (`parameter_servers._AddingServer`): the same centers bit for
-            bit, for less server CPU per commit on large models (docs/scaling.md).
+        overlap_communication: Algorithms that commit, then pull (all built-ins but
+            AEASGD, EAMSGD and Experimental): exchange with the server on a background
+            thread while the next window trains, applying the worker's own update locally
+            instead of waiting to pull it back (see `WindowedWorker`). The same path for
+            one worker; with several, others' commits arrive a window later.
+        reuse_server_buffers: Algorithms that add commits as sent (DOWNPOUR, ADAG, AEASGD,
+            EAMSGD), opt-in: their parameter server reads commits into one buffer per
+            worker and writes each new center into memory it used before
+            (`parameter_servers._AddingServer`): the same centers bit for bit, for less
+            server CPU per commit on large models (docs/scaling.md).
     """
 
     default_window = 5
@@ -1547,6 +1550,29 @@ class Experimental(AlgorithmTrainer):
     """
 
     algorithm = algorithms.Experimental
+
+
+class DiLoCo(AlgorithmTrainer):
+    """DiLoCo, asynchronous: H local steps (the window, 20 by default), then an outer
+    Nesterov step on the center along the change, divided by its staleness + 1.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``outer_learning_rate`` (0.7) and
+    ``outer_momentum`` (0.9). The rule: `algorithms.diloco.DiLoCo`.
+    """
+
+    algorithm = algorithms.DiLoCo
+
+
+class FedAdam(AlgorithmTrainer):
+    """FedAdam, asynchronous: the server moves the center by Adam along each worker's
+    change over its window (10 steps by default).
+
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``server_learning_rate`` (0.003),
+    ``beta_1`` (0.9), ``beta_2`` (0.99) and ``epsilon`` (0.001). The rule:
+    `algorithms.fedadam.FedAdam`.
+    """
+
+    algorithm = algorithms.FedAdam
 
 
 def _next_iterations(records):
