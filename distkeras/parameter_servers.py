@@ -852,7 +852,12 @@ class AlgorithmServer(_AddingServer):
     memory is taken per commit.
 
     Args:
-        model, master_port, host, handshake_timeout, reuse_buffers: See `_AddingServer`.
+        model: The master `keras.Model`; its weights are the first center.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+        host: Address to bind; the trainer sets the driver's address.
+        handshake_timeout: Seconds a new connection has, in all, to present the token.
+        reuse_buffers: Opt-in, for algorithms that add commits as sent: see
+            `_AddingServer`.
         algorithm: The `Algorithm`; None: the class's ``algorithm_class()``.
     """
 

@@ -208,7 +208,10 @@ def adam_outer_step(center, delta, moments, learning_rate, beta_1, beta_2, epsil
         center: The center variable.
         delta: A worker's change over its window, ``W - W_pull``.
         moments: ``(m, v)`` (same layout as the weights), or None before the first step.
-        learning_rate, beta_1, beta_2, epsilon: The server's Adam settings.
+        learning_rate: The server's Adam learning rate.
+        beta_1: The first moment's decay.
+        beta_2: The second moment's decay.
+        epsilon: Added to ``sqrt(v)`` (the paper's tau).
         trainable: Optional flags, one per weight: where False (a non-trainable weight),
             the change is added as it is.
 

@@ -804,7 +804,8 @@ class WindowedWorker(NetworkWorker):
     window later.
 
     Args:
-        model, *args: See `NetworkWorker`.
+        model: A `keras.Model` or the bytes of a `.keras` archive.
+        *args: `NetworkWorker`'s other arguments, in its order.
         algorithm: The `Algorithm` to run; None: the class's ``algorithm_class`` built
             from the keyword arguments that name its hyperparameters.
         **kwargs: See `NetworkWorker`, and the hyperparameters.
