@@ -904,8 +904,8 @@ class WindowedWorker(NetworkWorker):
         if not able:
             raise ValueError(
                 f"{type(self).__name__} cannot overlap communication: its algorithm "
-                "pulls before it commits. Use overlap_communication=False (the CLI: leave "
-                "out --overlap-communication).")
+                "pulls before it commits, or sends the center it pulled. Use "
+                "overlap_communication=False (the CLI: leave out --overlap-communication).")
 
     def communicate_overlapped(self):
         """Sends this window's update in the background and trains on without waiting."""

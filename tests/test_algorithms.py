@@ -214,3 +214,21 @@ def test_hyperparameter_is_a_declaration():
     parameter = Hyperparameter("rho", 5.0)
     assert parameter.check is None and parameter.doc == ""
     assert algorithms.AEASGD().get_config() == {"rho": 5.0, "learning_rate": 0.1}
+
+
+@pytest.mark.parametrize("name, overlaps", [
+    ("DOWNPOUR", True), ("ADAG", True), ("DynSGD", True), ("DiLoCo", True),
+    ("FedAdam", True), ("AEASGD", False), ("EAMSGD", False), ("Experimental", False)])
+def test_only_algorithms_that_commit_then_pull_their_update_alone_overlap(name, overlaps):
+    """AEASGD pulls first; Experimental's overlapped commit would lack the center it
+    pulled, which its server needs: both are refused on the driver."""
+    trainer = getattr(trainers, name)(small_model(), "adam", "mse",
+                                      overlap_communication=True)
+    worker = trainer.allocate_worker()
+    worker.overlap_communication = True
+    assert getattr(algorithms, name)().overlaps is overlaps
+    if overlaps:
+        worker._check_overlap()
+        return
+    with pytest.raises(ValueError, match="cannot overlap communication"):
+        worker._check_overlap()

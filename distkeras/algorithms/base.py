@@ -131,8 +131,10 @@ class Algorithm:
 
     @property
     def overlaps(self):
-        """Whether the exchange can run while the next window trains (commit, then pull)."""
-        return not self.pull_first
+        """Whether the exchange can run while the next window trains: the worker commits,
+        then pulls, and sends nothing but its update (the overlapped exchange goes on
+        from the last center plus its own update)."""
+        return not (self.pull_first or self.sends_pulled)
 
     # -- the rule ------------------------------------------------------------------------
 
