@@ -232,3 +232,15 @@ def test_only_algorithms_that_commit_then_pull_their_update_alone_overlap(name, 
         return
     with pytest.raises(ValueError, match="cannot overlap communication"):
         worker._check_overlap()
+
+
+def test_the_command_line_offers_each_hyperparameter_with_its_line_and_default(capsys):
+    from distkeras import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--trainer", "DiLoCo", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("--outer-momentum OUTER_MOMENTUM the outer SGD's Nesterov momentum, in "
+                 "[0, 1) (default: 0.9)", "--outer-learning-rate OUTER_LEARNING_RATE"):
+        assert text in out

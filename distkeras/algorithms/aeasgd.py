@@ -15,9 +15,9 @@ class AEASGD(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("rho", 5.0, _check_number, "Strength of the elastic force."),
+        Hyperparameter("rho", 5.0, _check_number, "the elastic force's strength"),
         Hyperparameter("learning_rate", 0.1, _check_number,
-                       "Multiplies the elastic force (rho * learning_rate <= 1)."),
+                       "multiplies the elastic force (rho * learning_rate <= 1)"),
     )
     default_window = 32
     adds_commits_as_sent = True

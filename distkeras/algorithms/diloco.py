@@ -20,8 +20,10 @@ class DiLoCo(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("outer_learning_rate", 0.7, _check_number, "The outer SGD's rate."),
-        Hyperparameter("outer_momentum", 0.9, _check_fraction, "Its Nesterov momentum."),
+        Hyperparameter("outer_learning_rate", 0.7, _check_number,
+                       "the outer SGD's learning rate"),
+        Hyperparameter("outer_momentum", 0.9, _check_fraction,
+                       "the outer SGD's Nesterov momentum, in [0, 1)"),
     )
     default_window = 20
     uses_staleness = True

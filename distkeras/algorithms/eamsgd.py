@@ -15,7 +15,7 @@ class EAMSGD(AEASGD):
     """
 
     hyperparameters = AEASGD.hyperparameters + (
-        Hyperparameter("momentum", 0.9, _check_fraction, "The local momentum, in [0, 1)."),)
+        Hyperparameter("momentum", 0.9, _check_fraction, "the local Nesterov momentum, in [0, 1)"),)
 
     def local_step(self, model, batch, state):
         weights = model.get_weights()

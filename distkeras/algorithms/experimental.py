@@ -12,7 +12,7 @@ class Experimental(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("learning_rate", 1.0, _check_number, "The rule's learning rate."),)
+        Hyperparameter("learning_rate", 1.0, _check_number, "the damping's learning rate"),)
     sends_pulled = True
 
     def commit(self, weights, pulled, context):

@@ -18,10 +18,10 @@ class FedAdam(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("server_learning_rate", 0.003, _check_number, "Server Adam's rate."),
-        Hyperparameter("beta_1", 0.9, _check_fraction, "Its first moment's decay."),
-        Hyperparameter("beta_2", 0.99, _check_fraction, "Its second moment's decay."),
-        Hyperparameter("epsilon", 1e-3, _check_number, "Its tau: the adaptivity's floor."),
+        Hyperparameter("server_learning_rate", 0.003, _check_number, "server Adam's rate"),
+        Hyperparameter("beta_1", 0.9, _check_fraction, "its first moment's decay"),
+        Hyperparameter("beta_2", 0.99, _check_fraction, "its second moment's decay"),
+        Hyperparameter("epsilon", 1e-3, _check_number, "added to sqrt(v) (the paper's tau)"),
     )
     default_window = 10
 
