@@ -181,6 +181,8 @@ def test_hyperparameters_declared_once_make_the_trainer_its_config_flags_and_che
     rebuilt = trainers.DiLoCo.from_config(config, keras_model=small_model())
     assert rebuilt.get_config() == config
     assert rebuilt.make_algorithm().outer_momentum == 0.5
+    inner = trainers.DiLoCo(small_model(), "adam", "mse", learning_rate=0.25)
+    assert inner._workers_optimizer()["config"]["learning_rate"] == 0.25
     options = cli.trainer_options(trainers.FedAdam)
     assert {"server_learning_rate": 0.003, "beta_1": 0.9, "beta_2": 0.99,
             "epsilon": 1e-3}.items() <= options.items()

@@ -27,6 +27,7 @@ class DiLoCo(Algorithm):
     )
     default_window = 20
     uses_staleness = True
+    sets_worker_learning_rate = True
 
     def commit(self, weights, pulled, context):
         return update_rules.downpour_delta(weights, pulled)

@@ -24,6 +24,7 @@ class FedAdam(Algorithm):
         Hyperparameter("epsilon", 1e-3, _check_number, "added to sqrt(v) (the paper's tau)"),
     )
     default_window = 10
+    sets_worker_learning_rate = True
 
     def commit(self, weights, pulled, context):
         return update_rules.downpour_delta(weights, pulled)
