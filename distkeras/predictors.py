@@ -28,7 +28,7 @@ from distkeras.dataframes import (check_column_order, check_first_row, check_inp
                                   check_spark_dataframe, column,
                                   columns_by_name, sparse_vector_columns, vector_values)
 from distkeras.feed import integer_dtype, output_names
-from distkeras.transformers import _kind
+from distkeras.transformers import OUTPUT_TYPES, _kind, as_output_type
 
 logger = logging.getLogger(__name__)
 
@@ -327,14 +327,18 @@ class ModelPredictor:
         output_col: Name of the prediction column to add; for a multi-output model, a list
             of names (one per output, in order) or a prefix.
         batch_size: Rows per model call.
+        output_type: ``"array"`` (``array<float>``) or ``"vector"`` (Spark ML
+            ``DenseVector``s, as dist-keras's predictor wrote: ``row[col].toArray()``
+            works).
     """
 
     def __init__(self, keras_model, features_col="features", output_col="prediction",
-                 batch_size=1024):
+                 batch_size=1024, output_type="array"):
         self.model = keras_model
         self.features_col = features_col
         self.output_col = output_col
         self.batch_size = batch_size
+        self.output_type = output_type
 
     def _validate(self, dataframe):
         import keras
@@ -343,6 +347,9 @@ class ModelPredictor:
             raise TypeError("`keras_model` must be a keras.Model. "
                             f"Received: keras_model={type(self.model).__name__}")
         _check_batch_size(self.batch_size)
+        if self.output_type not in OUTPUT_TYPES:
+            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}. Received: "
+                             f"output_type={self.output_type!r}")
         check_spark_dataframe(dataframe, "DataFrame to predict on")
         check_known_inputs(self.model)
         self.features_col = columns_by_name(self.features_col, self.model, "inputs",
@@ -428,8 +435,10 @@ class ModelPredictor:
         logger.debug("Predicting %s from %s with batch_size=%d", outputs, features,
                      self.batch_size)
         if fields is None:
-            return dataframe.withColumn(outputs[0], udf(*columns))
+            return dataframe.withColumn(outputs[0],
+                                        as_output_type(udf(*columns), self.output_type))
         struct = "__distkeras_predictions"
         predicted = dataframe.withColumn(struct, udf(*columns))
         return predicted.withColumns(
-            {name: F.col(struct)[field] for name, field in zip(outputs, fields)}).drop(struct)
+            {name: as_output_type(F.col(struct)[field], self.output_type)
+             for name, field in zip(outputs, fields)}).drop(struct)

@@ -260,6 +260,42 @@ def _to_label(value):
     raise TypeError(f"`label` must be a string or a number. Received: {value!r}")
 
 
+OUTPUT_TYPES = ("array", "vector")
+
+
+def _to_output_type(value):
+    """TypeConverter: ``"array"`` or ``"vector"`` (what a transformer's output holds)."""
+    if value not in OUTPUT_TYPES:
+        raise TypeError(f"`output_type` must be 'array' (array<float>, what the trainers read "
+                        "directly) or 'vector' (Spark ML DenseVectors, as dist-keras wrote: "
+                        f"`row[col].toArray()` works). Received: {value!r}")
+    return value
+
+
+def as_output_type(values, output_type):
+    """``values`` (an array column) as ``output_type`` asks: ``array<float>`` or a dense
+    Spark ML vector (null stays null)."""
+    if _to_output_type(output_type) == "vector":
+        return F.when(values.isNotNull(), array_to_vector(values))
+    return values.cast(FLOAT_ARRAY)
+
+
+class _HasOutputType(Params):
+    """The ``outputType`` Param: ``"array"`` (default) or ``"vector"``."""
+
+    outputType = Param(Params._dummy(), "outputType", "'array' (array<float>) or 'vector' "
+                       "(Spark ML DenseVector, as dist-keras wrote)",
+                       typeConverter=_to_output_type)
+
+    def getOutputType(self):
+        """Gets the value of :py:attr:`outputType` or its default value."""
+        return self.getOrDefault(self.outputType)
+
+    def setOutputType(self, value):
+        """Sets the value of :py:attr:`outputType`."""
+        return self._set(outputType=value)
+
+
 class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsReadable,
                          DefaultParamsWritable):
     """Base of the transformers here: one input column in, one output column added."""
@@ -287,7 +323,7 @@ class _ColumnTransformer(Transformer, HasInputCol, HasOutputCol, DefaultParamsRe
 # -- transformers ---------------------------------------------------------------------------
 
 
-class OneHotTransformer(_ColumnTransformer):
+class OneHotTransformer(_ColumnTransformer, _HasOutputType):
     """Turns a class index into a one-hot ``array<float>`` of length ``output_dim``.
 
     An index that is null, negative, fractional or ``>= output_dim`` stops the job with an
@@ -297,6 +333,8 @@ class OneHotTransformer(_ColumnTransformer):
         output_dim: Number of classes (length of the output arrays).
         input_col: Column of class indices (any numeric type).
         output_col: Name of the new column.
+        output_type: ``"array"`` (``array<float>``) or ``"vector"`` (Spark ML
+            ``DenseVector``s, as dist-keras wrote: ``row[col].toArray()`` works).
     """
 
     outputDim = Param(Params._dummy(), "outputDim", "number of classes (length of the output "
@@ -304,9 +342,11 @@ class OneHotTransformer(_ColumnTransformer):
     setOutputDim = _setter("outputDim")
     getOutputDim = _getter("outputDim")
 
-    def __init__(self, output_dim=None, input_col=None, output_col=None):
+    def __init__(self, output_dim=None, input_col=None, output_col=None, output_type="array"):
         super().__init__()
-        _set_given(self, outputDim=output_dim, inputCol=input_col, outputCol=output_col)
+        self._setDefault(outputType="array")
+        _set_given(self, outputDim=output_dim, inputCol=input_col, outputCol=output_col,
+                   outputType=output_type)
 
     def _expression(self, dataset, input_col):
         size = _require(self, self.outputDim)
@@ -321,7 +361,7 @@ class OneHotTransformer(_ColumnTransformer):
         valid = (index >= 0) & (index < size) & (index == F.floor(index))
         one_hot = F.transform(F.sequence(F.lit(0), F.lit(size - 1)),
                               lambda i: F.when(i == index, 1.0).otherwise(0.0))
-        return F.when(valid, one_hot.cast(FLOAT_ARRAY)).otherwise(_fail(
+        return F.when(valid, as_output_type(one_hot, self.getOutputType())).otherwise(_fail(
             f"OneHotTransformer: column {input_col!r} holds a value that is not a class "
             f"index in [0, {size - 1}] (null, negative, fractional or too large)."))
 
@@ -766,7 +806,7 @@ class LabelIndexTransformer(_ColumnTransformer):
             f"not output_dim={size}."))
 
 
-class BinaryLabelTransformer(_ColumnTransformer):
+class BinaryLabelTransformer(_ColumnTransformer, _HasOutputType):
     """Turns a column into a two-class one-hot label: ``[1, 0]`` where it equals ``label``,
     ``[0, 1]`` elsewhere (nulls included).
 
@@ -778,6 +818,8 @@ class BinaryLabelTransformer(_ColumnTransformer):
             name) too.
         output_col: Name of the new column; ``output_column`` too.
         label: The value that counts as the positive class.
+        output_type: ``"array"`` (``array<float>``) or ``"vector"`` (Spark ML
+            ``DenseVector``s, as dist-keras wrote: ``row[col].toArray()`` works).
     """
 
     label = Param(Params._dummy(), "label", "the value of the positive class",
@@ -786,12 +828,14 @@ class BinaryLabelTransformer(_ColumnTransformer):
     getLabel = _getter("label")
 
     def __init__(self, input_col=None, output_col=None, label=None, *, input_column=None,
-                 output_column=None):
+                 output_column=None, output_type="array"):
         super().__init__()
+        self._setDefault(outputType="array")
         # dist-keras named them input_column and output_column.
         input_col = _one_of("input_col", input_col, "input_column", input_column)
         output_col = _one_of("output_col", output_col, "output_column", output_column)
-        _set_given(self, inputCol=input_col, outputCol=output_col, label=label)
+        _set_given(self, inputCol=input_col, outputCol=output_col, label=label,
+                   outputType=output_type)
 
     def _expression(self, dataset, input_col):
         label = _require(self, self.label)
@@ -809,5 +853,6 @@ class BinaryLabelTransformer(_ColumnTransformer):
         if isinstance(data_type, T.BooleanType):
             values = values.cast(T.DoubleType())  # True is 1, False 0
         matches = F.coalesce(values == F.lit(label), F.lit(False))
-        return F.when(matches, F.array(F.lit(1.0), F.lit(0.0))) \
-            .otherwise(F.array(F.lit(0.0), F.lit(1.0))).cast(FLOAT_ARRAY)
+        return as_output_type(F.when(matches, F.array(F.lit(1.0), F.lit(0.0)))
+                              .otherwise(F.array(F.lit(0.0), F.lit(1.0))),
+                              self.getOutputType())

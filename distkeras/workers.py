@@ -984,6 +984,16 @@ class EAMSGDWorker(AEASGDWorker):
 
     algorithm_class = algorithms.EAMSGD
 
+    def __init__(self, model, *args, momentum=0.9, **kwargs):
+        if kwargs.get("algorithm") is None:
+            kwargs["momentum"] = momentum
+        super().__init__(model, *args, **kwargs)
+
+    @property
+    def momentum(self):
+        """The local momentum (0: AEASGD's steps, on the window path)."""
+        return self.algorithm.momentum
+
     @property
     def velocity(self):
         """The local momentum's velocity (None before the first step)."""

@@ -35,23 +35,50 @@ SPARK_WITHOUT_FIXTURE = {
     ("test_backends.py", "test_training_and_prediction_run_on_the_backend"),
     ("test_workflow_notebook.py", "test_workflow_notebook_runs"),
     ("test_reliability.py", "test_ctrl_c_stops_everything_and_the_next_training_works"),
+    ("test_dist_keras_compat.py",
+     "test_an_executor_python_without_distkeras_is_named_with_the_setting_to_change"),
+    ("test_punchcard_attacks.py", "test_a_failed_jobs_error_quotes_no_bytes_of_its_data"),
 }
+
+# Tests that start no JVM but run whole scripts or several Python processes that each import
+# Keras (a benchmark script, a second worker process, a strict docs build, Punchcard's model
+# checks in children): 10-80 s each on 2 cores. They get the `slow` marker, so that the
+# day-to-day subset, `pytest -m "not spark and not slow"`, runs in under two minutes.
+SLOW = {
+    "test_scaling_scripts.py",
+    "test_compilation_cache.py",
+    ("test_model_transport.py", "test_moving_models_does_not_import_an_installed_tensorflow"),
+    ("test_docs_site.py", "test_site_builds_strictly"),
+    ("test_punchcard_attacks.py", "test_threads_stay_healthy_after_hostile_submissions"),
+    ("test_punchcard.py", "test_a_stale_destroy_after_the_secrets_next_job_was_sent_deletes_nothing"),
+    ("test_punchcard.py", "test_a_cluster_job_asks_spark_for_the_executors_it_was_given"),
+    ("test_punchcard.py",
+     "test_a_model_declaring_more_weights_than_its_archive_holds_is_refused_unbuilt"),
+    ("test_punchcard.py", "test_a_restart_stops_the_process_of_a_job_cancelled_just_before"),
+    ("test_punchcard.py", "test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process"),
+}
+
+
+def _listed(item, names):
+    """Whether ``item``'s file, or its (file, test name) pair, is in ``names``."""
+    name = item.path.name
+    return name in names or (name, getattr(item, "originalname", item.name)) in names
 
 
 def needs_spark(item):
     """Whether ``item`` starts Spark: through the `spark` fixture (directly or through
     another fixture, such as `fashion_train`), or as listed in `SPARK_WITHOUT_FIXTURE`."""
-    name = item.path.name
-    return ("spark" in getattr(item, "fixturenames", ()) or name in SPARK_WITHOUT_FIXTURE
-            or (name, getattr(item, "originalname", item.name)) in SPARK_WITHOUT_FIXTURE)
+    return "spark" in getattr(item, "fixturenames", ()) or _listed(item, SPARK_WITHOUT_FIXTURE)
 
 
 def pytest_collection_modifyitems(items):
-    """Marks the tests that start Spark (`needs_spark`), then runs the longest files first
-    (see LONGEST_FILES_FIRST); the rest keep their order."""
+    """Marks the tests that start Spark (`needs_spark`) and the slow ones (`SLOW`), then runs
+    the longest files first (see LONGEST_FILES_FIRST); the rest keep their order."""
     for item in items:
         if needs_spark(item):
             item.add_marker(pytest.mark.spark)
+        if _listed(item, SLOW):
+            item.add_marker(pytest.mark.slow)
 
     def rank(item):
         name = item.path.name

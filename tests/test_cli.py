@@ -186,7 +186,7 @@ def test_help_lists_trainer_options_with_defaults(capsys):
         cli.main(["train", "--trainer", "EAMSGD", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--momentum MOMENTUM", "(default: 0.9)", "--rho RHO", "(default: 5.0)",
+    for option in ("--momentum MOMENTUM", "(default: None)", "--rho RHO", "(default: 5.0)",
                    "--batch-size", "(default: 32)"):
         assert option in out
 

@@ -854,3 +854,19 @@ def test_a_string_features_column_is_refused_with_what_to_do(spark):
                               keras.layers.Flatten(), keras.layers.Dense(1)])
     with pytest.raises(TypeError, match="has type string.*integer ids"):
         ModelPredictor(keras_model=model, features_col="color").predict(frame)
+
+
+def test_output_type_vector_gives_dense_vectors_as_dist_keras(spark):
+    from distkeras.predictors import ModelPredictor
+
+    model = _mlp((6,), seed=1)
+    x = _features(0, 6)
+    frame = spark.createDataFrame(
+        [(i, x[i].tolist()) for i in range(ROWS)], "id int, features array<float>")
+    out = ModelPredictor(model, batch_size=8, output_type="vector").predict(frame)
+    assert out.schema["prediction"].dataType.simpleString() == "vector"
+    rows = out.orderBy("id").collect()
+    np.testing.assert_allclose(np.array([row.prediction.toArray() for row in rows]),
+                               model.predict(x, verbose=0), atol=1e-5)
+    with pytest.raises(ValueError, match="output_type"):
+        ModelPredictor(model, output_type="list").predict(frame)

@@ -389,7 +389,7 @@ _PARAM_VALUES = {
     "label": "cat", "columns": ["a", "b"], "suffix": "_n",
     "multiLabel": True, "loss": "mse", "batchSize": 8, "validation": 0.25, "shuffle": True,
     "classWeight": {1: 2.0}, "numEpoch": 3, "trainingBatchSize": 16,
-    "workerOptimizer": "sgd", "learningRate": 0.5,
+    "workerOptimizer": "sgd", "learningRate": 0.5, "outputType": "vector",
 }
 
 
@@ -555,3 +555,22 @@ def test_a_rescaled_vector_reads_as_dist_keras_code_reads_it(tiny):
     assert _column(LabelIndexTransformer(4, "norm", "i").transform(out), "i") == [1, 3, 3]
     standardized = StandardTransformer("v", "z", mean=1.0, std=2.0).transform(tiny)
     assert _dense(_column(standardized, "z"))[2] == [-0.5, -0.5, -0.5, 3.5]
+
+
+def test_output_type_vector_gives_dist_keras_dense_vectors(tiny):
+    """dist-keras's OneHot and BinaryLabel transformers wrote DenseVectors: `.toArray()`."""
+    from distkeras.transformers import BinaryLabelTransformer, OneHotTransformer
+
+    out = OneHotTransformer(3, "idx", "o", output_type="vector").transform(tiny)
+    assert out.schema["o"].dataType.simpleString() == "vector"
+    assert [list(value.toArray()) for value in _column(out, "o")] == \
+        [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    out = BinaryLabelTransformer(input_column="c", output_column="b", label="cat",
+                                 output_type="vector").transform(tiny)
+    assert [list(value.toArray()) for value in _column(out, "b")] == \
+        [[1, 0], [0, 1], [1, 0]]
+    arrays = BinaryLabelTransformer("c", "b", "cat").transform(tiny)
+    assert arrays.schema["b"].dataType.simpleString() == "array<float>"
+    with pytest.raises(TypeError, match="'vector'.*toArray"):
+        OneHotTransformer(3, "idx", "o", output_type="DenseVector")
+    assert OneHotTransformer(3, "idx", "o").setOutputType("vector").getOutputType() == "vector"
