@@ -1563,13 +1563,11 @@ def carries_momentum(optimizer):
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
-    Takes `AEASGD`'s arguments and ``momentum``. The rule: `algorithms.eamsgd.EAMSGD`.
-
-    Args:
-        momentum: The local momentum, in [0, 1) (0 gives AEASGD). None: 0.9, the paper's
-            setting, for a worker optimizer without momentum of its own (plain SGD,
-            Adagrad, RMSprop without momentum); 0 for one that has it (Adam and its
-            kin, SGD or RMSprop with momentum).
+    Takes `AEASGD`'s arguments and ``momentum``, the local momentum, in [0, 1) (0 gives
+    AEASGD). ``momentum=None`` (the default) is 0.9, the paper's setting, for a worker
+    optimizer without momentum of its own (plain SGD, Adagrad, RMSprop without momentum),
+    and 0 for one that has it (Adam and its kin, SGD or RMSprop with momentum). The rule:
+    `algorithms.eamsgd.EAMSGD`.
 
     Notes:
         On top of Adam's own moving average of the gradients, a momentum of 0.9 made the
@@ -1581,7 +1579,7 @@ class EAMSGD(AEASGD):
 
     def local_momentum(self):
         """The momentum the workers use: ``momentum``, or where None the default for the
-        worker optimizer (see the class's Args)."""
+        worker optimizer (see the class's docstring)."""
         if self.momentum is not None:
             return self.momentum
         momentum = 0.0 if carries_momentum(self.worker_optimizer) else 0.9
