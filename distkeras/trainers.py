@@ -1610,7 +1610,7 @@ class DiLoCo(AlgorithmTrainer):
     Nesterov step on the center along the change, divided by its staleness + 1.
 
     Takes `AsynchronousDistributedTrainer`'s arguments, ``outer_learning_rate`` (0.7) and
-    ``outer_momentum`` (0.9). The rule: `algorithms.diloco.DiLoCo`.
+    ``outer_momentum`` (0.5). The rule: `algorithms.diloco.DiLoCo`.
     """
 
     algorithm = algorithms.DiLoCo

@@ -125,7 +125,7 @@ def fedadam_by_hand(lr, b1, b2, eps):
 
 
 CASES = {
-    "DiLoCo": (algorithms.DiLoCo(), diloco_by_hand(0.7, 0.9)),
+    "DiLoCo": (algorithms.DiLoCo(), diloco_by_hand(0.7, 0.5)),
     "FedAdam": (algorithms.FedAdam(), fedadam_by_hand(0.003, 0.9, 0.99, 1e-3)),
 }
 
@@ -174,13 +174,13 @@ def test_hyperparameters_declared_once_make_the_trainer_its_config_flags_and_che
     window = parameters.index("communication_window")
     assert parameters[window + 1:window + 3] == ["outer_learning_rate", "outer_momentum"]
     trainer = trainers.DiLoCo(small_model(), "adam", "categorical_crossentropy",
-                              outer_momentum=0.5)
+                              outer_momentum=0.25)
     assert trainer.communication_window == 20
     config = trainer.get_config()
-    assert config["outer_learning_rate"] == 0.7 and config["outer_momentum"] == 0.5
+    assert config["outer_learning_rate"] == 0.7 and config["outer_momentum"] == 0.25
     rebuilt = trainers.DiLoCo.from_config(config, keras_model=small_model())
     assert rebuilt.get_config() == config
-    assert rebuilt.make_algorithm().outer_momentum == 0.5
+    assert rebuilt.make_algorithm().outer_momentum == 0.25
     inner = trainers.DiLoCo(small_model(), "adam", "mse", learning_rate=0.25)
     assert inner._workers_optimizer()["config"]["learning_rate"] == 0.25
     options = cli.trainer_options(trainers.FedAdam)
@@ -244,5 +244,5 @@ def test_the_command_line_offers_each_hyperparameter_with_its_line_and_default(c
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     for text in ("--outer-momentum OUTER_MOMENTUM the outer SGD's Nesterov momentum, in "
-                 "[0, 1) (default: 0.9)", "--outer-learning-rate OUTER_LEARNING_RATE"):
+                 "[0, 1) (default: 0.5)", "--outer-learning-rate OUTER_LEARNING_RATE"):
         assert text in out

@@ -16,13 +16,13 @@ class DiLoCo(Algorithm):
         made since its pull). With k workers in step, that is about k: a round of k
         commits adds up to their mean, DiLoCo's pseudo-gradient; a commit that slower
         workers overtook, made from an older center, counts less; one worker alone is
-        DiLoCo with one replica, exactly.
+        DiLoCo with one replica, exactly. The paper's momentum, 0.9, overshot at short
+        windows (docs/algorithms/diloco.md): 0.5 by default.
     """
 
     hyperparameters = (
-        Hyperparameter("outer_learning_rate", 0.7, _check_number,
-                       "the outer SGD's learning rate"),
-        Hyperparameter("outer_momentum", 0.9, _check_fraction,
+        Hyperparameter("outer_learning_rate", 0.7, _check_number, "the outer SGD's rate"),
+        Hyperparameter("outer_momentum", 0.5, _check_fraction,
                        "the outer SGD's Nesterov momentum, in [0, 1)"),
     )
     default_window = 20
