@@ -64,7 +64,7 @@ def _threads(pid):
 
 def main():
     import report
-    from distkeras.secrets_file import append_entry, generate_secret, make_entry
+    from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry
     from test_punchcard_attacks import _hostile_submissions, _lambda_layer, _archive, \
         _activation, _payload, _trickle
 

@@ -223,7 +223,7 @@ def plot(kind, results, folder):
     return path
 
 
-def _run_name(text):
+def run_name(text):
     name, _, window = text.partition("/")
     if name not in RUNS or (window and not window.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(RUNS)}, "
@@ -234,7 +234,7 @@ def _run_name(text):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), type=_run_name,
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), type=run_name,
                         help=f"Of {', '.join(RUNS)}; NAME/W sets communication_window=W.")
     parser.add_argument("--limit", type=int, default=12000)
     parser.add_argument("--epochs", type=int, default=3)

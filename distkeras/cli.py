@@ -558,10 +558,10 @@ COMMANDS = {
 def _extra_commands():
     commands = dict(COMMANDS)
     try:
-        from distkeras import job_deployment
+        from distkeras.punchcard.commands import CLI_COMMANDS
     except ImportError:
         return commands
-    commands.update(job_deployment.CLI_COMMANDS)
+    commands.update(CLI_COMMANDS)
     return commands
 
 

@@ -24,5 +24,10 @@ class BackendUnavailableError(UnretryableError, ImportError):
     driver runs ``KERAS_BACKEND=torch``, the executors have no torch installed)."""
 
 
+class ExecutorEnvironmentError(ImportError):
+    """The executors' Python cannot import distkeras or its dependencies: the message names
+    the Python to give them (``spark.pyspark.python`` / ``PYSPARK_PYTHON``)."""
+
+
 class TrainingError(RuntimeError):
     """A worker or the parameter server failed during training."""

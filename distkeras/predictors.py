@@ -28,6 +28,7 @@ from distkeras.dataframes import (check_column_order, check_first_row, check_inp
                                   check_spark_dataframe, column,
                                   columns_by_name, sparse_vector_columns, vector_values)
 from distkeras.feed import integer_dtype, output_names
+from distkeras.training_jobs import check_executor_python
 from distkeras.transformers import OUTPUT_TYPES, _kind, as_output_type
 
 logger = logging.getLogger(__name__)
@@ -416,6 +417,7 @@ class ModelPredictor:
         from distkeras.utils import serialize_model
 
         features, kinds, outputs, first_row = self._validate(dataframe)
+        check_executor_python(dataframe.sparkSession.sparkContext)
         _avoid_columnar_udf_input(dataframe)
         sparse = sparse_vector_columns(dataframe, features, first_row)
         columns = [vector_values(name) if kind == "vector" and name not in sparse

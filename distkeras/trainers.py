@@ -1598,8 +1598,9 @@ class EAMSGD(AEASGD):
 class Experimental(AlgorithmTrainer):
     """The research scaffold: ADAG's commit, damped by the disagreement on the server.
 
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 and
-    ``learning_rate`` 1.0 by default. The rule: `algorithms.experimental.Experimental`.
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
+    number of workers, at most 5, and ``learning_rate`` 1.0 by default. The rule:
+    `algorithms.experimental.Experimental`.
     """
 
     algorithm = algorithms.Experimental

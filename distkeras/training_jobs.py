@@ -191,6 +191,39 @@ def _environment_hint(cause):
             "--conf spark.pyspark.python=/path/to/env/bin/python on a cluster")
 
 
+# Applications whose executors were seen to import distkeras (`check_executor_python`).
+_EXECUTOR_PYTHON_CHECKED = set()
+
+
+def _imports_distkeras(_):
+    # Spark unpickles this function on the executor, which imports distkeras (and numpy)
+    # there: a Python without them fails here, before any model is sent.
+    return True
+
+
+def check_executor_python(spark_context):
+    """Checks, once per Spark application, that the executors' Python imports distkeras.
+
+    Raises:
+        distkeras.errors.ExecutorEnvironmentError: When it cannot, naming the Python to
+            give the executors (``spark.pyspark.python`` or ``PYSPARK_PYTHON``).
+    """
+    from distkeras.errors import ExecutorEnvironmentError
+
+    application = spark_context.applicationId
+    if application in _EXECUTOR_PYTHON_CHECKED:
+        return
+    try:
+        spark_context.parallelize([0], 1).map(_imports_distkeras).collect()
+    except Exception as error:  # Spark's Py4JJavaError or PythonException, by its text
+        hint = _environment_hint(_worker_error_message(error))
+        if not hint:
+            raise
+        raise ExecutorEnvironmentError(
+            f"The executors cannot run distkeras{hint}.") from error
+    _EXECUTOR_PYTHON_CHECKED.add(application)
+
+
 def _crashed_worker_message(text):
     """What to tell the user when a task's Python process died, from Spark's ``text``."""
     task = re.search(r"Lost (task \S+ in stage \S+)", text)

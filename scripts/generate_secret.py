@@ -2,7 +2,7 @@
 
 import sys
 
-from distkeras.job_deployment import secret_command
+from distkeras.punchcard.commands import secret_command
 
 if __name__ == "__main__":
     sys.exit(secret_command())

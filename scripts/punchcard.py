@@ -2,7 +2,7 @@
 
 import sys
 
-from distkeras.job_deployment import serve
+from distkeras.punchcard.commands import serve
 
 if __name__ == "__main__":
     sys.exit(serve())

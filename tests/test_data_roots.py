@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from distkeras import data_roots
+from distkeras.punchcard import data_roots
 from distkeras.job_deployment import BadRequest, validate_submission
 
 

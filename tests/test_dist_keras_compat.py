@@ -271,6 +271,14 @@ try:
     SingleTrainer(model, "sgd", "mse").train(rows, verbose=0)
 except TrainingError as error:
     print("MESSAGE", error)
+
+from distkeras.errors import ExecutorEnvironmentError
+from distkeras.predictors import ModelPredictor
+
+try:
+    ModelPredictor(model).predict(rows)
+except ExecutorEnvironmentError as error:
+    print("MESSAGE", error)
 """
 
 
@@ -287,11 +295,12 @@ def test_an_executor_python_without_distkeras_is_named_with_the_setting_to_chang
     env = {key: value for key, value in os.environ.items() if key != "PYSPARK_PYTHON"}
     result = subprocess.run([sys.executable, str(script), str(tmp_path / "bare/bin/python")],
                             capture_output=True, text=True, env=env, timeout=300)
-    message = [line for line in result.stdout.splitlines() if line.startswith("MESSAGE")]
-    assert message, result.stderr[-3000:]
-    assert "No module named" in message[0]
-    assert "spark.pyspark.python" in message[0]
-    assert f"PYSPARK_PYTHON={sys.executable}" in message[0]
+    messages = [line for line in result.stdout.splitlines() if line.startswith("MESSAGE")]
+    assert len(messages) == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    for message in messages:  # the trainer's, then ModelPredictor's (before any action)
+        assert "No module named" in message or "cannot import" in message
+        assert "spark.pyspark.python" in message
+        assert f"PYSPARK_PYTHON={sys.executable}" in message
 
 
 def test_dist_keras_readme_trainer_lines_by_position_and_by_name(spark):

@@ -11,20 +11,24 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 
 
 def _modules():
-    """The package's modules, by name, without ``__init__``."""
-    names = (os.path.splitext(os.path.basename(path))[0]
-             for path in glob.glob(os.path.join(ROOT, "distkeras", "*.py")))
-    return sorted(name for name in names if name != "__init__")
+    """The package's modules, subpackages' included, by path under ``distkeras/``
+    without ``.py`` (``trainers``, ``punchcard/client``), without ``__init__``."""
+    package = os.path.join(ROOT, "distkeras")
+    names = (os.path.splitext(os.path.relpath(path, package))[0].replace(os.sep, "/")
+             for path in glob.glob(os.path.join(package, "**", "*.py"), recursive=True))
+    return sorted(name for name in names if os.path.basename(name) != "__init__")
 
 
 def test_every_module_has_a_reference_page_in_the_navigation():
     with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as handle:
         config = handle.read()
-    for name in _modules():
+    modules = _modules()
+    assert "trainers" in modules and "punchcard/client" in modules  # subpackages too
+    for name in modules:
         page = os.path.join(ROOT, "docs", "reference", f"{name}.md")
         assert os.path.exists(page), f"docs/reference/{name}.md is missing"
         with open(page, encoding="utf-8") as handle:
-            assert f"::: distkeras.{name}" in handle.read(), page
+            assert f"::: distkeras.{name.replace('/', '.')}" in handle.read(), page
         assert f"reference/{name}.md" in config, f"mkdocs.yml's nav lacks {name}"
 
 

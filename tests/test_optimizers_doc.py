@@ -136,7 +136,13 @@ def test_stated_defaults_match_the_code():
     for name, (window, others) in rows.items():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
-            assert int(window) == cls.default_window, name
+            if window.startswith("workers, at most "):  # ADAG's: min(num_workers, N)
+                assert int(window.split()[-1]) == cls.default_window, name
+                assert [cls.default_window_for(n) for n in (1, 2, 40)] == \
+                    [1, 2, cls.default_window], name
+            else:
+                assert int(window) == cls.default_window, name
+                assert cls.default_window_for(40) == cls.default_window, name
         _check_defaults(cls, others, name)
 
 

@@ -16,9 +16,11 @@ import pytest
 from conftest import accuracy, build_mlp
 
 from distkeras.job_deployment import (SECRET_HEADER, BadRequest, Job, JobError, Punchcard,
-                                      ServerUnreachable, _check_data_path, _kill_tree, _process_alive,
-                                      make_server)
-from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
+                                      ServerUnreachable, make_server)
+from distkeras.punchcard.job_files import read_status
+from distkeras.punchcard.processes import kill_tree, process_alive
+from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry, secret_hash
+from distkeras.punchcard.submissions import check_data_path
 
 NUM_SECRETS = 24
 
@@ -384,8 +386,8 @@ def test_twenty_concurrent_clients_then_cancel_mid_training(server, secrets, dat
     assert _wait_for(lambda: any(job["pid"] for job in store.by_state("running")))
     job = store.by_state("running")[0]
     secret = secrets[1][[p["job_name"] for p in payloads].index(job["name"])]
-    assert _wait_for(lambda: Punchcard._read_status(job) not in (None, {})
-                     and Punchcard._read_status(job)["state"] == "training", timeout=120)
+    assert _wait_for(lambda: read_status(job) not in (None, {})
+                     and read_status(job)["state"] == "training", timeout=120)
     started = time.monotonic()
     status, answer = _raw(server.url, "/api/cancel", secret)
     assert status == 200 and answer["state"] == "cancelled"
@@ -497,7 +499,7 @@ def test_allowed_data_roots_refuse_glob_patterns(secrets, tmp_path, data_path):
     finally:
         running.stop()
     # A Hadoop URL under its root is still fine.
-    assert _check_data_path("hdfs://nn/data/x.parquet", ["hdfs://nn/data"]) == \
+    assert check_data_path("hdfs://nn/data/x.parquet", ["hdfs://nn/data"]) == \
         "hdfs://nn/data/x.parquet"
 
 
@@ -542,12 +544,12 @@ def test_allowed_data_roots_refuse_links_that_lead_out_of_them(secrets, tmp_path
         running.stop()
     # A root that is itself a link is resolved the same way as the paths under it.
     (tmp_path / "root-link").symlink_to(root)
-    assert _check_data_path(f"{tmp_path}/root-link/fashion.parquet",
+    assert check_data_path(f"{tmp_path}/root-link/fashion.parquet",
                             [f"{tmp_path}/root-link"]) == f"{tmp_path}/root-link/fashion.parquet"
     with pytest.raises(BadRequest, match="outside the allowed data roots"):
-        _check_data_path(f"{tmp_path}/root-link/escape.parquet", [f"{tmp_path}/root-link"])
+        check_data_path(f"{tmp_path}/root-link/escape.parquet", [f"{tmp_path}/root-link"])
     with pytest.raises(BadRequest, match="outside the allowed data roots"):
-        _check_data_path(f"file://{root}/escape.parquet", [f"file://{root}"])
+        check_data_path(f"file://{root}/escape.parquet", [f"file://{root}"])
 
 
 def _free_port():
@@ -601,14 +603,14 @@ def test_a_port_in_use_is_one_line(secrets, tmp_path):
 
 
 def test_exposure_warnings_name_what_the_settings_open():
-    from distkeras.job_deployment import _exposure_warnings
+    from distkeras.punchcard.commands import exposure_warnings
 
-    assert _exposure_warnings("127.0.0.1", ["/data"]) == []
-    (confined,) = _exposure_warnings("127.0.0.1", [], allow_any_data_path=False)
+    assert exposure_warnings("127.0.0.1", ["/data"]) == []
+    (confined,) = exposure_warnings("127.0.0.1", [], allow_any_data_path=False)
     assert "local paths are refused" in confined
-    (open_host,) = _exposure_warnings("0.0.0.0", ["/data"])
+    (open_host,) = exposure_warnings("0.0.0.0", ["/data"])
     assert "0.0.0.0 over plain HTTP" in open_host and "TLS" in open_host
-    assert len(_exposure_warnings("0.0.0.0", [])) == 2
+    assert len(exposure_warnings("0.0.0.0", [])) == 2
 
 
 def _reachable(url):
@@ -696,7 +698,7 @@ def test_wait_completion_rides_out_a_restart_and_reattaches(secrets, tmp_path, d
 def test_cancel_returns_once_the_process_group_is_gone():
     process = subprocess.Popen(["sleep", "60"], start_new_session=True)
     started = time.monotonic()
-    _kill_tree(process.pid, process)
+    kill_tree(process.pid, process)
     # The dead leader is reaped while waiting: no 10 s spent polling a zombie.
     assert time.monotonic() - started < 3
     assert process.returncode is not None and not _group_alive(process.pid)
@@ -1015,7 +1017,7 @@ def test_an_unknown_custom_layer_is_named_in_a_few_words():
 @pytest.mark.parametrize("digest", ["é" * 64, "z" * 64, "ab" * 31])
 def test_a_hashed_secret_that_is_no_sha256_digest_is_refused_at_load(tmp_path, digest):
     """It would have made every request fail; the server refuses to start instead."""
-    from distkeras.secrets_file import load_secrets
+    from distkeras.punchcard.secrets_file import load_secrets
 
     path = tmp_path / "secrets.json"
     path.write_text(json.dumps([{"secret_sha256": digest, "identity": "a"}]))
@@ -1253,7 +1255,7 @@ def test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process(secret
     finally:
         running.stop()
         if process is not None and process.poll() is None:
-            _kill_tree(process.pid, process)
+            kill_tree(process.pid, process)
 
 
 @pytest.mark.parametrize("field", ["loss", "metrics"])
@@ -1293,7 +1295,7 @@ def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                 row["id"]], start_new_session=True)
     try:
-        assert _wait_for(lambda: _process_alive(process.pid, row["id"]), timeout=10)
+        assert _wait_for(lambda: process_alive(process.pid, row["id"]), timeout=10)
         running.punchcard.store.update(row["id"], state="cancelled", pid=process.pid,
                                        error="cancelled by the client")
         running.stop()
@@ -1305,7 +1307,7 @@ def test_a_restart_stops_the_process_of_a_job_cancelled_just_before(secrets, tmp
             restarted.stop()
     finally:
         if process.poll() is None:
-            _kill_tree(process.pid, process)
+            kill_tree(process.pid, process)
 
 
 def test_a_stale_destroy_after_the_secrets_next_job_was_sent_deletes_nothing(secrets, tmp_path):

@@ -13,8 +13,8 @@ from test_punchcard import (RunningServer, _deflated_config, _raw, _trainer, _wi
                             data_path)  # noqa: F401  (a fixture)
 
 from distkeras.job_deployment import SECRET_HEADER, Job, JobError
-from distkeras.model_check import ModelChecker
-from distkeras.secrets_file import append_entry, generate_secret, make_entry, secret_hash
+from distkeras.punchcard.model_check import ModelChecker
+from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +268,7 @@ def test_without_data_roots_local_paths_are_refused(secrets, tmp_path):
 
 
 def test_errors_sent_to_a_client_name_no_outside_path_and_quote_no_data():
-    from distkeras.data_roots import redact
+    from distkeras.punchcard.data_roots import redact
 
     java = ("Py4JJavaError: java.lang.RuntimeException: file:/srv/secret/x.parquet is not a "
             "Parquet file. Expected magic number at tail, but found [83, 69, 67, 82]")
@@ -355,6 +355,7 @@ def test_a_job_past_the_operators_limits_is_refused_or_stopped(secrets, tmp_path
 def test_queued_jobs_start_fairly_across_identities(tmp_path):
     """One identity's many secrets queued first took every slot that came free."""
     from distkeras.job_deployment import Punchcard
+    from distkeras.punchcard.scheduler import next_jobs
 
     path = str(tmp_path / "secrets.json")
     for identity in ["alice", "alice", "alice", "bob"]:
@@ -367,11 +368,15 @@ def test_queued_jobs_start_fairly_across_identities(tmp_path):
             "trainer_class": "ADAG", "job_dir": str(tmp_path / f"job{index}"),
             "state": "queued", "created": 1000.0 + index, "name": f"job{index}",
             "data_path": "hdfs:///x", "num_executors": 1, "num_processes": 1})
-    punchcard.max_running = 2
-    assert [job["id"] for job in punchcard._next_jobs()] == ["job0", "job3"]
-    punchcard.store.update("job0", state="running")
-    punchcard.max_running = 3
-    assert [job["id"] for job in punchcard._next_jobs()] == ["job3", "job1"]
+    store = punchcard.store
+
+    def chosen(max_running):
+        return [job["id"] for job in next_jobs(store.by_state("running"),
+                                               store.by_state("queued"), max_running)]
+
+    assert chosen(2) == ["job0", "job3"]
+    store.update("job0", state="running")
+    assert chosen(3) == ["job3", "job1"]
 
 
 def _rewrite_secrets(path, entries):
@@ -381,7 +386,7 @@ def _rewrite_secrets(path, entries):
 
 def test_secrets_are_reloaded_when_the_file_changes(tmp_path):
     """Secrets were read once: revoking one needed a restart."""
-    from distkeras.secrets_file import SecretsFile
+    from distkeras.punchcard.secrets_file import SecretsFile
     from test_punchcard import _wait_for
 
     path = str(tmp_path / "secrets.json")

@@ -14,7 +14,7 @@ import pytest
 
 import distkeras
 from distkeras import networking
-from distkeras.secrets_file import SecretChecker, generate_secret, make_entry, secret_hash
+from distkeras.punchcard.secrets_file import SecretChecker, generate_secret, make_entry, secret_hash
 
 PACKAGE = pathlib.Path(distkeras.__file__).parent
 # Names of values that hold, or are derived from, a secret.

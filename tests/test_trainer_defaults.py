@@ -13,6 +13,13 @@ def test_adag_window_defaults_to_the_number_of_workers_up_to_12(workers, window)
     assert trainer.get_config()["communication_window"] == window
 
 
+@pytest.mark.parametrize("workers, window", [(1, 1), (2, 2), (5, 5), (40, 5)])
+def test_experimental_window_defaults_to_the_number_of_workers_up_to_5(workers, window):
+    from distkeras.trainers import Experimental
+
+    assert Experimental(build_mlp(), num_workers=workers).communication_window == window
+
+
 def test_a_given_window_is_kept_and_other_trainers_keep_theirs():
     from distkeras.trainers import ADAG, AEASGD, DOWNPOUR, DynSGD
 

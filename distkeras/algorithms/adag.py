@@ -20,15 +20,9 @@ class ADAG(Algorithm):
     """
 
     default_window = 12
+    window_up_to_workers = True
     adds_commits_as_sent = True
     sets_worker_learning_rate = True
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        if isinstance(num_workers, int) and not isinstance(num_workers, bool) \
-                and num_workers >= 1:
-            return min(num_workers, cls.default_window)
-        return cls.default_window  # a bad num_workers is refused by train()
 
     def commit(self, weights, pulled, context):
         return update_rules.adag_residual(weights, pulled, context.window, context.trainable)

@@ -77,6 +77,9 @@ class Algorithm:
     Class attributes (declarations the framework reads; none is inferred):
         hyperparameters: A tuple of `Hyperparameter`.
         default_window: The ``communication_window`` when the trainer is given none.
+        window_up_to_workers: The default window is the number of workers, at most
+            ``default_window`` (rules that divide a commit by the window, so that each
+            commit moves the center about one step's worth).
         adds_commits_as_sent: `apply` is ``center + update``: a lone worker then computes
             the new center itself (no weights sent back), and the server can reuse its
             buffers (``reuse_server_buffers``).
@@ -93,6 +96,7 @@ class Algorithm:
 
     hyperparameters = ()
     default_window = 5
+    window_up_to_workers = False
     adds_commits_as_sent = False
     pull_first = False
     uses_staleness = False
@@ -127,7 +131,10 @@ class Algorithm:
     @classmethod
     def default_window_for(cls, num_workers):
         """The ``communication_window`` for ``num_workers`` when none is given."""
-        return cls.default_window
+        if cls.window_up_to_workers and isinstance(num_workers, int) \
+                and not isinstance(num_workers, bool) and num_workers >= 1:
+            return min(num_workers, cls.default_window)
+        return cls.default_window  # a bad num_workers is refused by train()
 
     @property
     def overlaps(self):

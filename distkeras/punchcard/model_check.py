@@ -2,7 +2,7 @@
 
 Building a client's model runs Keras on the client's configuration: it allocates what the
 configuration declares and may change Keras's process-wide state. Punchcard never does
-that in its own process. Each check runs in a child (``python -m distkeras.model_check``)
+that in its own process. Each check runs in a child (``python -m distkeras.punchcard.model_check``)
 under an address-space limit (RLIMIT_AS), a CPU-time limit (RLIMIT_CPU) and a wall-clock
 timeout; the child reads one JSON request on stdin, answers JSON on its original stdout
 and exits. What comes back is data only.
@@ -31,7 +31,7 @@ class CheckFailed(ValueError):
 
 
 class ModelChecker:
-    """Runs `job_deployment.check_keras_parts` in child processes with resource limits.
+    """Runs `keras_checks.check_keras_parts` in child processes with resource limits.
 
     Args:
         memory_bytes: The child's address-space limit (RLIMIT_AS).
@@ -56,7 +56,7 @@ class ModelChecker:
         # Fewer malloc arenas: each thread's reserves 64 MiB of address space otherwise.
         env = dict(os.environ, MALLOC_ARENA_MAX="2", TF_CPP_MIN_LOG_LEVEL="2")
         env.pop("PYSPARK_GATEWAY_PORT", None)
-        return subprocess.Popen([sys.executable, "-m", "distkeras.model_check", limits],
+        return subprocess.Popen([sys.executable, "-m", "distkeras.punchcard.model_check", limits],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env, start_new_session=True)
 
@@ -148,14 +148,15 @@ def _warm_up():
 
     import keras
 
-    from distkeras import job_deployment, utils
+    from distkeras import utils
+    from distkeras.punchcard.keras_checks import check_keras_parts
     from distkeras.trainers import ADAG
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
     trainer = ADAG(keras_model=model, worker_optimizer="adam",
                    loss="categorical_crossentropy", metrics=["accuracy"], num_workers=1)
-    job_deployment.check_keras_parts(base64.b64encode(utils.serialize_model(model)).decode(),
-                                     "ADAG", trainer.get_config(), 1)
+    check_keras_parts(base64.b64encode(utils.serialize_model(model)).decode(), "ADAG",
+                      trainer.get_config(), 1)
 
 
 def main(argv=None):
@@ -165,16 +166,17 @@ def main(argv=None):
     # The answer goes to the original stdout; anything Keras prints, to stderr.
     answer_fd = os.dup(1)
     os.dup2(2, 1)
-    from distkeras import job_deployment
+    from distkeras.punchcard.keras_checks import check_keras_parts
+    from distkeras.punchcard.submissions import BadRequest
 
     _warm_up()
     try:
         request = json.loads(sys.stdin.buffer.read())
-        config = job_deployment.check_keras_parts(
+        config = check_keras_parts(
             request["model"], request["trainer_class"], request["config"],
             request["workers"])
         answer = {"ok": True, "config": config}
-    except job_deployment.BadRequest as error:
+    except BadRequest as error:
         answer = {"ok": False, "error": str(error)}
     except MemoryError:
         answer = {"ok": False, "error": "The submission needs more memory to check than "

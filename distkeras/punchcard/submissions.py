@@ -1,0 +1,235 @@
+"""The checks a Punchcard submission passes before it is queued: the security boundary.
+
+Run in the server's request thread. Nothing a client sends is executed: the fields are
+checked as data (names, counts, paths under the allowed data roots), the model archive's
+size and configuration as JSON (`config_scan`); what Keras builds of it is checked by
+`keras_checks.check_keras_parts`, in a `model_check` child process.
+"""
+
+import base64
+import io
+import re
+import zipfile
+
+from distkeras import train_options
+from distkeras.punchcard import config_scan, data_roots
+
+# Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
+JOB_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_WORKERS = 1024
+MAX_PARALLELISM_FACTOR = 64
+# Lists and objects in a submission: a trainer's settings nest a few levels (a loss per
+# output, a learning-rate schedule in an optimizer's config). Deeper, the checks that
+# recurse into them (copies, Keras's getters) would run out of stack.
+MAX_JSON_DEPTH = 100
+# Hadoop glob syntax ({a,b}, [ab], *, ?, and \ escapes) and Spark's comma-separated path
+# lists: Spark expands them when it reads, so a path made of them could name files outside
+# the allowed roots whatever its literal prefix is.
+_GLOB_CHARACTERS = set("{}[]*?\\,")
+
+
+class BadRequest(ValueError):
+    """A malformed submission (HTTP 400)."""
+
+
+class SubmissionInProgress(RuntimeError):
+    """Another submission with the same secret is still being checked (HTTP 403)."""
+
+
+def check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
+    """``path`` if a job may read it, else BadRequest.
+
+    Args:
+        path: The path the client gave.
+        allowed_roots: The allowed data roots (empty: any path of a cluster file system).
+        name: The field, for the message.
+        any_local_path: Whether, without roots, a local path (no scheme, or ``file:``)
+            is accepted: the server would read any file its user can.
+    """
+    if not isinstance(path, str) or not path or len(path) > 4096:
+        raise BadRequest(f"'{name}' must be a non-empty string.")
+    if any(ord(char) < 32 for char in path):
+        raise BadRequest(f"'{name}' must not contain control characters.")
+    if path.startswith("-"):
+        raise BadRequest(f"'{name}' must not start with '-'. Received: {path!r}")
+    if ".." in re.split(r"[/\\]", path):
+        raise BadRequest(f"'{name}' must not contain '..' segments.")
+    if not allowed_roots and not any_local_path and data_roots.local_path(path) is not None:
+        raise BadRequest(
+            f"'{name}' must be a path of the cluster's file system (hdfs://..., s3a://...): "
+            "this server reads no local path, as its administrator named no folder of "
+            "training data (punchcard --allowed-data-root).")
+    if allowed_roots and _GLOB_CHARACTERS & set(path):
+        raise BadRequest(
+            f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
+            "server only reads under its allowed data roots, and Spark would expand glob "
+            "patterns and comma-separated lists into other paths. Give the path of one "
+            f"Parquet file or folder. Received: {path!r}")
+    if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
+                                 for root in allowed_roots):
+        raise BadRequest(f"'{name}' must be under one of: {', '.join(allowed_roots)}.")
+    if allowed_roots:
+        try:
+            data_roots.check_resolves_under(path, allowed_roots)
+        except data_roots.OutsideRoots as error:
+            raise BadRequest(f"'{name}': {error}") from error
+    return path
+
+
+def _nesting_depth(value):
+    """How deep lists and objects nest in ``value`` (a loop: recursing is what fails)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1)
+                           for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _check_count(body, name):
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise BadRequest(f"'{name}' must be an integer in 1..{MAX_WORKERS}. "
+                         f"Received: {value!r}")
+    return value
+
+
+def validate_submission(body, allowed_roots=(), check=None, any_local_path=True):
+    """Checks a submission; returns ``(fields, trainer class name, config, model bytes)``.
+
+    The fields are checked here; the model and the trainer by ``check``
+    (`keras_checks.check_keras_parts`: the model is loaded with ``safe_mode=True`` and
+    the trainer built from its config), so a bad archive or configuration is refused now
+    rather than failing later in the job.
+
+    Args:
+        body: The parsed JSON submission.
+        allowed_roots: The allowed data roots (empty: any path).
+        check: A function of ``(model base64, trainer class name, config, workers)``
+            returning the config to run, or raising BadRequest: a `model_check.ModelChecker`
+            's in a server (a child process), `keras_checks.check_keras_parts` (in this
+            process) if None.
+        any_local_path: Without roots, whether local paths are accepted.
+
+    Raises:
+        BadRequest: Saying what was wrong.
+    """
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if _nesting_depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest("The request body is JSON nested too deeply.")
+    name = body.get("job_name")
+    if not isinstance(name, str) or not JOB_NAME_PATTERN.fullmatch(name):
+        raise BadRequest("'job_name' must be 1-64 letters, digits, '_', '.' or '-', "
+                         "starting with a letter or digit.")
+    fields = {"name": name, "data_path": check_data_path(body.get("data_path"), allowed_roots,
+                                                         any_local_path=any_local_path),
+              "num_executors": _check_count(body, "num_executors"),
+              "num_processes": _check_count(body, "num_processes")}
+    trainer = body.get("trainer")
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("class_name"), str) or \
+            not isinstance(trainer.get("config"), dict):
+        raise BadRequest("'trainer' must be {\"class_name\": ..., \"config\": {...}}.")
+    registered_trainer_class(trainer["class_name"])
+    model_bytes = decode_model(body.get("model"))
+    scan_configs(model_bytes, trainer["config"])
+    try:
+        fields["train_options"] = train_options.normalize(
+            body.get("train_options"),
+            lambda path: check_data_path(path, allowed_roots, "train_options.validation",
+                                         any_local_path))
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+    config = dict(trainer["config"])
+    if "master_port" in config:
+        config["master_port"] = 0  # the server's OS picks the port, never the client
+    workers = fields["num_executors"] * fields["num_processes"]
+    if workers > MAX_WORKERS:
+        raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
+                         f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
+                         f"{fields['num_processes']} = {workers}")
+    factor = config.get("parallelism_factor", 1)
+    if isinstance(factor, int) and not isinstance(factor, bool) and \
+            factor > MAX_PARALLELISM_FACTOR:
+        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
+                         f"multiplies the {workers} workers' partitions). Received: {factor}")
+    if check is None:
+        from distkeras.punchcard.keras_checks import check_keras_parts as check
+    config = check(body["model"], trainer["class_name"], config, workers)
+    return fields, trainer["class_name"], config, model_bytes
+
+
+def registered_trainer_class(name):
+    """The registered trainer class ``name``, refused if unknown or an ensemble."""
+    from distkeras.registry import get_trainer_class
+    from distkeras.trainers import EnsembleTrainer
+
+    try:
+        trainer_class = get_trainer_class(name)
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+    if issubclass(trainer_class, EnsembleTrainer):
+        raise BadRequest(f"{name} trains several models, and a Punchcard job "
+                         "returns one: train an ensemble from Python with your own Spark "
+                         "session, or submit another trainer.")
+    return trainer_class
+
+
+def scan_configs(model_bytes, trainer_config, registered=None):
+    """Refuses code references and oversized state in the archive's config.json and the
+    trainer's config (`config_scan`), before Keras reads either."""
+    try:
+        config_scan.scan(config_scan.read_config(model_bytes), registered)
+    except config_scan.ConfigRefused as error:
+        raise BadRequest(f"The model archive was refused: {error}") from error
+    for field, value in trainer_config.items():
+        try:
+            config_scan.scan(value, registered, f"'{field}'")
+        except config_scan.ConfigRefused as error:
+            raise BadRequest(f"Bad trainer configuration: {error}") from error
+
+
+def decode_model(text):
+    """The model archive of a submission's ``model`` field."""
+    if not text:
+        raise BadRequest("'model' is required: a base64 .keras archive.")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as error:
+        raise BadRequest("'model' must be a base64 .keras archive: it is not valid "
+                         "base64.") from error
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
+                         f"{len(data)} bytes that are not a zip file.")
+    _check_unpacked_size(data)
+    return data
+
+
+# Keras stores an archive's files uncompressed: what they unpack to is about what travelled.
+# More than this many times the archive (past a floor) is a decompression bomb, which Keras
+# would read into this server's memory as it loads the model (its own guard starts at 4 GiB).
+MAX_ARCHIVE_EXPANSION = 10
+ARCHIVE_EXPANSION_FLOOR = 64 << 20
+
+
+def unpack_limit(data):
+    """The most bytes this server unpacks, or builds weights of, for the archive ``data``."""
+    return max(ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION * len(data))
+
+
+def _check_unpacked_size(data):
+    """Refuses an archive whose files declare far more bytes than it holds."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, ValueError) as error:
+        raise BadRequest(f"'model' must be a base64 .keras archive: {error}") from error
+    limit = unpack_limit(data)
+    if unpacked > limit:
+        raise BadRequest(
+            f"The model archive was refused: its {len(data)} bytes declare {unpacked} bytes "
+            f"of files, more than this server unpacks ({limit}). Send the archive as "
+            "keras.saving.save_model writes it.")
+
