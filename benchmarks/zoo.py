@@ -30,6 +30,8 @@ RUNS = {
     "experimental": ("Experimental", {"num_workers": 2}),
     "aeasgd": ("AEASGD", {"num_workers": 2}),
     "eamsgd": ("EAMSGD", {"num_workers": 2}),
+    "diloco": ("DiLoCo", {"num_workers": 2}),
+    "fedadam": ("FedAdam", {"num_workers": 2}),
 }
 LEVELS = 16  # the embedding model's pixel tokens
 

@@ -62,17 +62,20 @@ def trainer_options(trainer_class):
 
 def _add_trainer_options(parser, trainer_class):
     group = parser.add_argument_group(f"options of {trainer_class.__name__}")
+    # An algorithm's trainer: its hyperparameters' own lines (`algorithms.Hyperparameter`).
+    declared = {parameter.name: parameter.doc for parameter in getattr(
+        getattr(trainer_class, "algorithm", None), "hyperparameters", ())}
     for name, default in trainer_options(trainer_class).items():
         flag = f"--{name.replace('_', '-')}"
+        about = declared.get(name) or f"{trainer_class.__name__}'s {name}"
         if isinstance(default, bool):  # a switch: --overlap-communication / --no-...
             group.add_argument(flag, dest=f"trainer_{name}", default=default,
-                               action=argparse.BooleanOptionalAction,
-                               help=f"{trainer_class.__name__}'s {name}")
+                               action=argparse.BooleanOptionalAction, help=about)
             continue
         kind = type(default) if isinstance(default, (int, float)) else _option_value
         group.add_argument(flag, dest=f"trainer_{name}", type=kind, metavar=name.upper(),
                            default=default if default is not inspect.Parameter.empty else None,
-                           help=f"{trainer_class.__name__}'s {name}")
+                           help=about)
 
 
 def _train_parser(trainer_class=None, add_help=True):

@@ -21,8 +21,10 @@ import time
 
 import numpy as np
 
+from distkeras import algorithms
 from distkeras import networking
 from distkeras import update_rules
+from distkeras.algorithms import ServerContext
 from distkeras.networking import recv_data, send_data, weights_array
 
 logger = logging.getLogger(__name__)
@@ -841,51 +843,87 @@ class _AddingServer(SocketParameterServer):
         return spare
 
 
-class DeltaParameterServer(_AddingServer):
-    """``C += delta`` (DOWNPOUR, and the default for custom trainers)."""
+class AlgorithmServer(_AddingServer):
+    """The center variable of an `Algorithm`: each commit, checked, goes to its `apply`.
 
-    commits_applied_as_sent = True
+    The framework's part: the commit's arrays are checked (shapes, finite values), the
+    update count and the commit's staleness kept, a new center that would be non-finite
+    refused, and with ``reuse_buffers`` (algorithms that add commits as sent) no new
+    memory is taken per commit.
 
-    def handle_commit(self, conn, addr):
-        self.add_commit(conn, "delta")
+    Args:
+        model: The master `keras.Model`; its weights are the first center.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+        host: Address to bind; the trainer sets the driver's address.
+        handshake_timeout: Seconds a new connection has, in all, to present the token.
+        reuse_buffers: Opt-in, for algorithms that add commits as sent: see
+            `_AddingServer`.
+        algorithm: The `Algorithm`; None: the class's ``algorithm_class()``.
+    """
 
+    algorithm_class = None
+    # The field of a commit that holds the update (ADAG's server also reads "residual").
+    commit_field = "delta"
 
-class ADAGParameterServer(_AddingServer):
-    """``C += residual``, the residual being the worker's window-averaged change (ADAG)."""
-
-    commits_applied_as_sent = True
-
-    def handle_commit(self, conn, addr):
-        self.add_commit(conn, "residual")
-
-
-class DynSGDParameterServer(SocketParameterServer):
-    """``C += delta / (num_updates - last_update + 1)``: stale commits count less (DynSGD);
-    non-trainable weights (BatchNormalization's statistics) count whole (`update_rules`)."""
-
-    def __init__(self, model, *args, **kwargs):
-        super().__init__(model, *args, **kwargs)
+    def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0,
+                 reuse_buffers=False, algorithm=None):
+        super().__init__(model, master_port, host, handshake_timeout, reuse_buffers)
+        self.algorithm = self.algorithm_class() if algorithm is None else algorithm
+        # Non-trainable weights (BatchNormalization's statistics): see `update_rules`.
         self.trainable = update_rules.trainable_flags(model)
+        self.algorithm_state = {}  # the algorithm's own (`ServerContext.state`)
 
     def handle_commit(self, conn, addr):
+        algorithm = self.algorithm
+        if algorithm.adds_commits_as_sent:
+            self.add_commit(conn, self.commit_field)
+            return
         data = recv_data(conn)
-        delta = self.model_update(data.get("delta"))
+        update = self.model_update(data.get(self.commit_field))
+        pulled = self.model_update(data.get("center")) if algorithm.sends_pulled else None
         last_update = data.get("last_update")
-        if isinstance(last_update, bool) or not isinstance(last_update, int):
-            raise networking.ProtocolError("A DynSGD commit must carry its last_update.")
+        if algorithm.uses_staleness and (isinstance(last_update, bool)
+                                         or not isinstance(last_update, int)):
+            raise networking.ProtocolError(
+                f"A {type(algorithm).__name__} commit must carry its last_update.")
         with self.mutex:
-            # A worker cannot have seen more updates than were made; clamp a lying count.
-            last_update = min(max(last_update, 0), self.num_updates)
-            self.apply_rule(update_rules.dynsgd_update, delta, self.num_updates, last_update,
-                            self.trainable)
+            if algorithm.uses_staleness:
+                # A worker cannot have seen more updates than were made; clamp a lying count.
+                seen = min(max(last_update, 0), self.num_updates)
+            else:
+                seen = conn.last_pull_update
+            context = ServerContext(self.num_updates - seen, pulled, self.trainable,
+                                    self.algorithm_state, self.num_updates)
+            self.apply_rule(algorithm.apply, update, context)
             self.next_update(conn)
 
+    def _commits_applied_as_sent(self):
+        if type(self).handle_commit is AlgorithmServer.handle_commit:
+            return self.algorithm.adds_commits_as_sent
+        return super()._commits_applied_as_sent()
 
-class ExperimentalParameterServer(SocketParameterServer):
-    """The research scaffold: ``C += residual / ((1/lr) * (C - C_stale)**2 + 1)``.
 
-    Copy this class (with `ExperimentalWorker` and the `Experimental` trainer) to try a
-    new aggregation rule: `handle_commit` is the whole algorithm on the server side.
+class DeltaParameterServer(AlgorithmServer):
+    """``C += delta`` (DOWNPOUR, and the default for custom trainers)."""
+
+    algorithm_class = algorithms.DOWNPOUR
+
+
+class ADAGParameterServer(AlgorithmServer):
+    """``C += residual``, the residual being the worker's window-averaged change (ADAG)."""
+
+    algorithm_class = algorithms.ADAG
+    commit_field = "residual"
+
+
+class DynSGDParameterServer(AlgorithmServer):
+    """DynSGD's center (`algorithms.DynSGD`): stale commits count less."""
+
+    algorithm_class = algorithms.DynSGD
+
+
+class ExperimentalParameterServer(AlgorithmServer):
+    """The research scaffold's center (`algorithms.Experimental`).
 
     Args:
         model: The master `keras.Model`.
@@ -894,19 +932,8 @@ class ExperimentalParameterServer(SocketParameterServer):
     """
 
     def __init__(self, model, master_port=0, learning_rate=1.0):
-        super().__init__(model, master_port)
-        self.learning_rate = learning_rate
-        # Non-trainable weights (BatchNormalization's statistics) are added undamped.
-        self.trainable = update_rules.trainable_flags(model)
-
-    def handle_commit(self, conn, addr):
-        data = recv_data(conn)
-        residual = self.model_update(data.get("delta"))
-        stale_center = self.model_update(data.get("center"))
-        with self.mutex:
-            self.apply_rule(update_rules.experimental_update, residual, stale_center,
-                            self.learning_rate, self.trainable)
-            self.next_update(conn)
+        super().__init__(model, master_port,
+                         algorithm=algorithms.Experimental(learning_rate=learning_rate))
 
 
 class AveragingServer(SocketParameterServer):

@@ -6,6 +6,9 @@ the cluster) with an entry point in the group ``distkeras.trainers``::
     [project.entry-points."distkeras.trainers"]
     MyOptimizer = "my_package.optimizers:MyOptimizer"
 
+The entry point names a `Trainer` class, or an `algorithms.Algorithm` class, whose trainer
+(`trainers.trainer_for`) is then made here.
+
 Only registered classes can be run by name (the command line and the job server), so a
 name sent over the network never leads to importing arbitrary code.
 """
@@ -18,12 +21,12 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "distkeras.trainers"
 BUILTIN_TRAINERS = ("SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG",
-                    "AEASGD", "EAMSGD", "DynSGD", "Experimental")
+                    "AEASGD", "EAMSGD", "DynSGD", "Experimental", "DiLoCo", "FedAdam")
 
 
 def trainer_classes():
     """All runnable trainer classes by name: built-ins first, then installed plug-ins."""
-    from distkeras import trainers
+    from distkeras import algorithms, trainers
 
     classes = {name: getattr(trainers, name) for name in BUILTIN_TRAINERS}
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -36,10 +39,13 @@ def trainer_classes():
         except Exception as error:  # a broken plug-in must not hide the others
             logger.warning("Plug-in trainer %r could not be loaded: %s", entry_point.name, error)
             continue
+        if inspect.isclass(loaded) and issubclass(loaded, algorithms.Algorithm):
+            loaded = trainers.trainer_for(loaded, entry_point.name)
         if inspect.isclass(loaded) and issubclass(loaded, trainers.Trainer):
             classes[entry_point.name] = loaded
         else:
-            logger.warning("Plug-in %r is not a distkeras Trainer class; ignored.",
+            logger.warning("Plug-in %r is not a distkeras Trainer or Algorithm class; "
+                           "ignored.",
                            entry_point.name)
     return classes
 

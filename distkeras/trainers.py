@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from distkeras import affinity
+from distkeras import algorithms
 from distkeras import batch_statistics
 from distkeras import compat
 from distkeras import custom_objects
@@ -1058,8 +1059,9 @@ class DistributedTrainer(Trainer, compat.DistributedAccessors):
 class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAccessors):
     """Workers train asynchronously against a parameter server on the driver.
 
-    Subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
-    (default: `DeltaParameterServer`, ``C += delta``).
+    An `algorithms.Algorithm`'s trainer is an `AlgorithmTrainer` (see `trainer_for`).
+    Otherwise (the escape hatch), subclasses define `allocate_worker()` and may define
+    `allocate_parameter_server()` (default: `DeltaParameterServer`, ``C += delta``).
 
     Takes `DistributedTrainer`'s arguments as well; the ones below are its own.
 
@@ -1074,14 +1076,16 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             training stops with an error naming it (None: wait forever). Before its first
             step and while it compiles a step (a short last batch's) a worker may take
             `TrainingMonitor.STARTUP_TIMEOUT` (120 s, or worker_timeout if longer).
-        overlap_communication: DOWNPOUR, ADAG and DynSGD only: exchange with the server on
-            a background thread while the next window trains, applying the worker's own
-            update locally instead of waiting to pull it back (see `WindowedWorker`). The
-            same path for one worker; with several, others' commits arrive a window later.
-        reuse_server_buffers: DOWNPOUR and ADAG only, opt-in: their parameter server reads
-            commits into one buffer per worker and writes each new center into memory it
-            used before (`parameter_servers._AddingServer`): the same centers bit for
-            bit, for less server CPU per commit on large models (docs/scaling.md).
+        overlap_communication: Algorithms that commit, then pull (all built-ins but
+            AEASGD, EAMSGD and Experimental): exchange with the server on a background
+            thread while the next window trains, applying the worker's own update locally
+            instead of waiting to pull it back (see `WindowedWorker`). The same path for
+            one worker; with several, others' commits arrive a window later.
+        reuse_server_buffers: Algorithms that add commits as sent (DOWNPOUR, ADAG, AEASGD,
+            EAMSGD), opt-in: their parameter server reads commits into one buffer per
+            worker and writes each new center into memory it used before
+            (`parameter_servers._AddingServer`): the same centers bit for bit, for less
+            server CPU per commit on large models (docs/scaling.md).
     """
 
     default_window = 5
@@ -1400,133 +1404,151 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             getattr(worker, "communication_window", None), type(worker).__name__)
 
 
-class DOWNPOUR(AsynchronousDistributedTrainer):
-    """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
+def _algorithm_init(algorithm):
+    """A trainer's ``__init__`` for ``algorithm``: `AsynchronousDistributedTrainer`'s
+    arguments with the algorithm's hyperparameters after ``communication_window``, where
+    AEASGD, EAMSGD and Experimental always had theirs (an inspectable signature: the
+    command line's flags come from it)."""
+    import inspect
 
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
-    default.
+    base = inspect.signature(AsynchronousDistributedTrainer.__init__).parameters
+    hyper = {parameter.name: parameter for parameter in algorithm.hyperparameters}
+    parameters = []
+    for name, parameter in base.items():
+        if name in hyper:
+            continue  # the algorithm's own, with its default, after communication_window
+        parameters.append(parameter)
+        if name == "communication_window":
+            parameters.extend(inspect.Parameter(name, parameter.kind, default=given.default)
+                              for name, given in hyper.items())
+    signature = inspect.Signature(parameters)
 
-    Notes:
-        Works best with small windows, under 5. Each commit adds a whole window's change,
-        computed from weights that others moved meanwhile, so large windows overshoot.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        del values["self"]
+        own = {name: values.pop(name) for name in hyper if name != "learning_rate"}
+        AsynchronousDistributedTrainer.__init__(self, **values)
+        for name, value in own.items():
+            setattr(self, name, value)
+
+    __init__.__signature__ = signature
+    return __init__
+
+
+class AlgorithmTrainer(AsynchronousDistributedTrainer):
+    """The trainer of an `Algorithm` (``algorithm``, a class): its workers and server run it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments and the algorithm's
+    hyperparameters (after ``communication_window``); `trainer_for` makes one.
     """
 
-    default_window = 5
-    sets_worker_learning_rate = True
+    algorithm = None
 
-    def allocate_worker(self):
-        return workers.DOWNPOURWorker(self.master_model)
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        algorithm = vars(cls).get("algorithm")
+        if algorithm is None:
+            return
+        cls.default_window = algorithm.default_window
+        cls.sets_worker_learning_rate = algorithm.sets_worker_learning_rate
+        if "__init__" not in vars(cls):
+            cls.__init__ = _algorithm_init(algorithm)
 
+    @classmethod
+    def default_window_for(cls, num_workers):
+        return cls.algorithm.default_window_for(num_workers)
 
-def window_up_to_workers(cls, num_workers):
-    """The default window of a rule that divides a commit by its window (ADAG,
-    Experimental): the number of workers, at most ``cls.default_window``. Each commit then
-    moves the center about one step's worth, ``num_workers`` commits per window."""
-    if isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1:
-        return min(num_workers, cls.default_window)
-    return cls.default_window  # a bad num_workers is refused by train()
+    def hyperparameter_values(self):
+        """The algorithm's hyperparameters as given to this trainer, by name."""
+        return {parameter.name: getattr(self, parameter.name)
+                for parameter in self.algorithm.hyperparameters}
 
-
-class ADAG(AsynchronousDistributedTrainer):
-    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
-
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
-    number of workers, at most 12, by default.
-
-    Notes:
-        Each commit moves the center by about one step's worth of progress, however long
-        the window, so at equal epochs the center advances about ``num_workers / window``
-        times as far as one worker would. The original's window of 12 suits 12 or more
-        workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
-        points below `fit`'s (docs/benchmarks.md, "Model zoo"). Non-trainable weights,
-        such as BatchNormalization's statistics, are committed whole.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
-    """
-
-    default_window = 12
-    sets_worker_learning_rate = True
-    default_window_for = classmethod(window_up_to_workers)
-
-    def allocate_worker(self):
-        return workers.ADAGWorker(self.master_model)
-
-    def allocate_parameter_server(self):
-        return parameter_servers.ADAGParameterServer(
-            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
-
-
-class DynSGD(AsynchronousDistributedTrainer):
-    """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
-
-    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
-    default.
-
-    Notes:
-        Workers commit ``W - W_pull`` with the update count they saw at their last pull.
-        The server applies ``C += delta / (num_updates - last_update + 1)``, so a commit
-        that others overtook counts less.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
-    """
-
-    default_window = 5
-    sets_worker_learning_rate = True
-
-    def allocate_worker(self):
-        return workers.DynSGDWorker(self.master_model)
-
-    def allocate_parameter_server(self):
-        return parameter_servers.DynSGDParameterServer(self.master_model, self.master_port)
-
-
-class AEASGD(AsynchronousDistributedTrainer):
-    """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
-
-    Takes `AsynchronousDistributedTrainer`'s arguments as well; the ones below are its own.
-    ``communication_window`` is 32 by default.
-
-    Args:
-        rho: Strength of the elastic force.
-        learning_rate: Multiplies the elastic force (``rho * learning_rate`` must be <= 1).
-
-    Notes:
-        Every ``communication_window`` steps a worker pulls C, computes the elastic force
-        ``E = rho * learning_rate * (W - C)``, moves ``W -= E`` and commits ``E``. The
-        server adds it, ``C += E``. Workers explore on their own between exchanges, so
-        large windows, over 25, suit it.
-    """
-
-    default_window = 32
-    averages_weights = True
-
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication)
-        self.rho = rho
+    def make_algorithm(self):
+        """The algorithm that the workers and the server run, with this trainer's
+        hyperparameters."""
+        return self.algorithm(**self.hyperparameter_values())
 
     def get_config(self):
         config = super().get_config()
-        config["rho"] = self.rho
+        config.update(self.hyperparameter_values())
         return config
 
     def validate_arguments(self):
         super().validate_arguments()
-        _check_number("rho", self.rho)
-        _check_number("learning_rate", self.learning_rate)
-        if self.rho * self.learning_rate > 1.0:
+        self.algorithm(**self.hyperparameter_values()).validate()
+        if self.reuse_server_buffers and not self.algorithm.adds_commits_as_sent:
             raise ValueError(
-                "`rho * learning_rate` must be at most 1 (the elastic step would overshoot "
-                f"the center). Received: rho={self.rho}, learning_rate={self.learning_rate}")
+                f"`reuse_server_buffers` is for rules that add commits as sent; "
+                f"{type(self).__name__}'s does not. Leave it False.")
 
     def allocate_worker(self):
-        return workers.AEASGDWorker(self.master_model, rho=self.rho,
-                                    learning_rate=self.learning_rate)
+        return workers.WindowedWorker(self.master_model, algorithm=self.make_algorithm())
+
+    def allocate_parameter_server(self):
+        return parameter_servers.AlgorithmServer(
+            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
+            algorithm=self.make_algorithm())
+
+
+def trainer_for(algorithm, name=None):
+    """A trainer class (an `AlgorithmTrainer`) for an `Algorithm` class.
+
+    Args:
+        algorithm: The `algorithms.Algorithm` subclass.
+        name: The class name (default: the algorithm's, plus ``Trainer``). Assign the
+            class to that name in the algorithm's module, so that it pickles.
+
+    Returns:
+        The new trainer class, documented by the algorithm's docstring.
+    """
+    return type(name or f"{algorithm.__name__}Trainer", (AlgorithmTrainer,),
+                {"algorithm": algorithm, "__doc__": algorithm.__doc__,
+                 "__module__": algorithm.__module__})
+
+
+class DOWNPOUR(AlgorithmTrainer):
+    """DOWNPOUR (Dean et al. 2012): workers commit ``W - W_pull``; the server adds it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default. The rule: `algorithms.downpour.DOWNPOUR`.
+    """
+
+    algorithm = algorithms.DOWNPOUR
+
+
+class ADAG(AlgorithmTrainer):
+    """ADAG (Hermans 2017): workers commit ``(W - W_pull) / window``; the server adds it.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
+    number of workers, at most 12, by default. The rule: `algorithms.adag.ADAG`.
+    """
+
+    algorithm = algorithms.ADAG
+
+
+class DynSGD(AlgorithmTrainer):
+    """DynSGD (Jiang et al. 2017): each commit is divided by its staleness.
+
+    Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is 5 by
+    default. The rule: `algorithms.dynsgd.DynSGD`.
+    """
+
+    algorithm = algorithms.DynSGD
+
+
+class AEASGD(AlgorithmTrainer):
+    """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015).
+
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``rho`` (5.0) and
+    ``learning_rate`` (0.1, multiplying the elastic force; ``rho * learning_rate`` must
+    be at most 1); ``communication_window`` is 32 by default. The rule:
+    `algorithms.aeasgd.AEASGD`.
+    """
+
+    algorithm = algorithms.AEASGD
+    averages_weights = True
 
 
 def carries_momentum(optimizer):
@@ -1544,52 +1566,23 @@ def carries_momentum(optimizer):
 class EAMSGD(AEASGD):
     """EAMSGD: AEASGD plus local Nesterov momentum, as in the EASGD paper.
 
-    Takes `AEASGD`'s arguments as well; the ones below are its own.
-
-    Args:
-        momentum: The local momentum, in [0, 1) (0 gives AEASGD). None: 0.9, the paper's
-            setting, for a worker optimizer without momentum of its own (plain SGD,
-            Adagrad, RMSprop without momentum); 0 for one that has it (Adam and its
-            kin, SGD or RMSprop with momentum).
+    Takes `AEASGD`'s arguments and ``momentum``, the local momentum, in [0, 1) (0 gives
+    AEASGD). ``momentum=None`` (the default) is 0.9, the paper's setting, for a worker
+    optimizer without momentum of its own (plain SGD, Adagrad, RMSprop without momentum),
+    and 0 for one that has it (Adam and its kin, SGD or RMSprop with momentum). The rule:
+    `algorithms.eamsgd.EAMSGD`.
 
     Notes:
-        Each local step is taken by the Keras optimizer at the look-ahead point
-        ``W + momentum * v``; ``v`` becomes the step's end minus ``W``. On top of Adam's
-        own moving average of the gradients, a momentum of 0.9 made the zoo's MLP 12 points
-        less accurate than `fit` (0.706 against 0.829; 0.824 with momentum 0): hence the
-        default of 0 there.
+        On top of Adam's own moving average of the gradients, a momentum of 0.9 made the
+        zoo's MLP 12 points less accurate than `fit` (0.706 against 0.829; 0.824 with
+        momentum 0): hence the default of 0 there.
     """
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
-                 momentum=None, master_port=0, loss_weights=None, parallelism_factor=1,
-                 worker_timeout=None, overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         rho, learning_rate, master_port, loss_weights, parallelism_factor,
-                         worker_timeout, overlap_communication)
-        self.momentum = momentum
-
-    def get_config(self):
-        config = super().get_config()
-        config["momentum"] = self.momentum
-        return config
-
-    def validate_arguments(self):
-        super().validate_arguments()
-        if self.momentum is None:
-            return
-        if isinstance(self.momentum, bool) or \
-                not isinstance(self.momentum, (int, float, np.number)) \
-                or not 0.0 <= self.momentum < 1.0:
-            raise ValueError(
-                f"`momentum` must be a number in [0, 1), or None to choose it from the "
-                f"worker optimizer. Received: momentum={self.momentum!r}")
+    algorithm = algorithms.EAMSGD
 
     def local_momentum(self):
         """The momentum the workers use: ``momentum``, or where None the default for the
-        worker optimizer (see the class's Args)."""
+        worker optimizer (see the class's docstring)."""
         if self.momentum is not None:
             return self.momentum
         momentum = 0.0 if carries_momentum(self.worker_optimizer) else 0.9
@@ -1597,49 +1590,46 @@ class EAMSGD(AEASGD):
                     "to choose)", momentum, type(self.worker_optimizer).__name__)
         return momentum
 
+    def make_algorithm(self):
+        return self.algorithm(**dict(self.hyperparameter_values(),
+                                     momentum=self.local_momentum()))
+
     def allocate_worker(self):
-        return workers.EAMSGDWorker(self.master_model, rho=self.rho,
-                                    learning_rate=self.learning_rate,
-                                    momentum=self.local_momentum())
+        return workers.EAMSGDWorker(self.master_model, algorithm=self.make_algorithm())
 
 
-class Experimental(AsynchronousDistributedTrainer):
-    """The research scaffold: copy it, `ExperimentalWorker` and `ExperimentalParameterServer`.
+class Experimental(AlgorithmTrainer):
+    """The research scaffold: ADAG's commit, damped by the disagreement on the server.
 
     Takes `AsynchronousDistributedTrainer`'s arguments; ``communication_window`` is the
-    number of workers, at most 5, and ``learning_rate`` 1.0 by default.
-
-    Notes:
-        Workers commit ADAG's residual and the center they pulled. The server damps each
-        weight's update by how far the center moved since:
-        ``C += residual / ((1/lr)*(C - C_stale)**2 + 1)``. The residual is divided by the
-        window, as ADAG's: with 2 workers the window of 5 left three zoo models 5-6 points
-        below `fit`; a window of 2 left them 0.3-3.3 points below.
+    number of workers, at most 5, and ``learning_rate`` 1.0 by default. The rule:
+    `algorithms.experimental.Experimental`.
     """
 
-    default_window = 5
-    default_window_for = classmethod(window_up_to_workers)
+    algorithm = algorithms.Experimental
 
-    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
-                 num_workers=2, batch_size=32, features_col="features", label_col="label",
-                 num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
-                 loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False):
-        super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
-                         batch_size, features_col, label_col, num_epoch, communication_window,
-                         master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication)
 
-    def validate_arguments(self):
-        super().validate_arguments()
-        _check_number("learning_rate", self.learning_rate)
+class DiLoCo(AlgorithmTrainer):
+    """DiLoCo, asynchronous: H local steps (the window, 20 by default), then an outer
+    Nesterov step on the center along the change, divided by its staleness + 1.
 
-    def allocate_worker(self):
-        return workers.ExperimentalWorker(self.master_model)
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``outer_learning_rate`` (0.7) and
+    ``outer_momentum`` (0.5). The rule: `algorithms.diloco.DiLoCo`.
+    """
 
-    def allocate_parameter_server(self):
-        return parameter_servers.ExperimentalParameterServer(
-            self.master_model, self.master_port, learning_rate=self.learning_rate)
+    algorithm = algorithms.DiLoCo
+
+
+class FedAdam(AlgorithmTrainer):
+    """FedAdam, asynchronous: the server moves the center by Adam along each worker's
+    change over its window (10 steps by default).
+
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``server_learning_rate`` (0.003),
+    ``beta_1`` (0.9), ``beta_2`` (0.99) and ``epsilon`` (0.001). The rule:
+    `algorithms.fedadam.FedAdam`.
+    """
+
+    algorithm = algorithms.FedAdam
 
 
 def _next_iterations(records):

@@ -153,3 +153,10 @@ def _check_columns(name, value):
         raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
                         "model input or output, in the model's order) or a dict keyed by the "
                         f"model's input or output names{none}. Received: {name}={value!r}")
+
+
+def _check_fraction(name, value):
+    """A ValueError naming ``name`` unless ``value`` is a number in [0, 1) (a momentum)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+            or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")

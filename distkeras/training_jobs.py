@@ -244,15 +244,17 @@ def _raise_reported_failure(server, error):
 
 
 def _register_user_module(obj):
-    """Lets Spark ship a user's worker class by value when its module is not installed."""
-    module_name = type(obj).__module__
-    if module_name.split(".")[0] in ("distkeras", "__main__"):
-        return
+    """Lets Spark ship a user's worker class, and its algorithm's (`algorithms.Algorithm`),
+    by value when their modules are not installed."""
     from pyspark import cloudpickle
 
-    module = sys.modules.get(module_name)
-    if module is not None:
-        cloudpickle.register_pickle_by_value(module)
+    for item in (obj, getattr(obj, "algorithm", None)):
+        module_name = type(item).__module__
+        if item is None or module_name.split(".")[0] in ("distkeras", "__main__"):
+            continue
+        module = sys.modules.get(module_name)
+        if module is not None:
+            cloudpickle.register_pickle_by_value(module)
 
 
 # The field of a task's reply that carries an `UnretryableError` instead of its results.

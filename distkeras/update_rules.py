@@ -155,3 +155,77 @@ def average_weights(weight_sets):
     for weights in weight_sets[1:]:
         spread = spread + (first - weights)
     return _in_dtypes(first - spread / len(weight_sets), first)
+
+
+def _per_weight(center, trainable):
+    """``trainable`` as one flag per weight of ``center`` (all True when None)."""
+    if trainable is None:
+        return [True] * len(center)
+    if len(trainable) != len(center):
+        raise ValueError(f"{len(trainable)} trainable flags for {len(center)} weights.")
+    return list(trainable)
+
+
+def nesterov_outer_step(center, delta, velocity, learning_rate, momentum, scale=1.0,
+                        trainable=None):
+    """DiLoCo server: one outer Nesterov step on the pseudo-gradient ``g = -scale * delta``.
+
+    ``v' = momentum * v + g`` and ``C' = C - lr * (momentum * v' + g)`` (Sutskever's
+    Nesterov form, as `keras.optimizers.SGD(nesterov=True)` takes it).
+
+    Args:
+        center: The center variable.
+        delta: A worker's change over its window, ``W - W_pull``.
+        velocity: The outer velocity (same layout), or None before the first step.
+        learning_rate: The outer learning rate.
+        momentum: The outer momentum.
+        scale: Multiplies the change (a staleness discount).
+        trainable: Optional flags, one per weight: where False (a non-trainable weight),
+            the scaled change is added as it is, without momentum.
+
+    Returns:
+        ``(new center, new velocity)``.
+    """
+    flags = _per_weight(center, trainable)
+    new_center, new_velocity = np.empty(len(center), object), np.empty(len(center), object)
+    for index, (layer, change) in enumerate(zip(center, delta)):
+        gradient = -(change * scale)
+        before = 0.0 if velocity is None else velocity[index]
+        new_velocity[index] = momentum * before + gradient
+        new_center[index] = (layer - learning_rate * (momentum * new_velocity[index] + gradient)
+                             if flags[index] else layer - gradient)
+    return _in_dtypes(new_center, center), new_velocity
+
+
+def adam_outer_step(center, delta, moments, learning_rate, beta_1, beta_2, epsilon,
+                    trainable=None):
+    """FedAdam server (Reddi et al. 2021): one Adam step along a worker's change.
+
+    ``m' = b1 m + (1 - b1) delta``, ``v' = b2 v + (1 - b2) delta**2`` and
+    ``C' = C + lr * m' / (sqrt(v') + epsilon)``, without bias correction, as the paper.
+
+    Args:
+        center: The center variable.
+        delta: A worker's change over its window, ``W - W_pull``.
+        moments: ``(m, v)`` (same layout as the weights), or None before the first step.
+        learning_rate: The server's Adam learning rate.
+        beta_1: The first moment's decay.
+        beta_2: The second moment's decay.
+        epsilon: Added to ``sqrt(v)`` (the paper's tau).
+        trainable: Optional flags, one per weight: where False (a non-trainable weight),
+            the change is added as it is.
+
+    Returns:
+        ``(new center, (new m, new v))``.
+    """
+    flags = _per_weight(center, trainable)
+    size = len(center)
+    new_center, first, second = (np.empty(size, object) for _ in range(3))
+    for index, (layer, change) in enumerate(zip(center, delta)):
+        m, v = (0.0, 0.0) if moments is None else (moments[0][index], moments[1][index])
+        first[index] = beta_1 * m + (1.0 - beta_1) * change
+        second[index] = beta_2 * v + (1.0 - beta_2) * change * change
+        new_center[index] = (layer + learning_rate * first[index]
+                             / (np.sqrt(second[index]) + epsilon)
+                             if flags[index] else layer + change)
+    return _in_dtypes(new_center, center), (first, second)

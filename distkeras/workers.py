@@ -18,10 +18,12 @@ import time
 
 import numpy as np
 
+from distkeras import algorithms
 from distkeras import networking
 from distkeras import update_rules
 from distkeras.errors import UnretryableError
 from distkeras.affinity import claimed_cores
+from distkeras.algorithms import WorkerContext
 from distkeras.exchange_checks import checked_update, learning_rate_field
 from distkeras.executor_backend import _enable_compilation_cache, _ensure_backend
 from distkeras.feed import MinibatchFeed, input_names, integer_dtype, output_keys
@@ -374,8 +376,7 @@ class Worker:
 
         Runs the steps in one compiled call unless a subclass defines its own `train_step`.
         """
-        whole = (type(self).train_step is Worker.train_step
-                 and self.model.prefers_window(batches))
+        whole = not self.has_own_step() and self.model.prefers_window(batches)
         self._note_compiles(batches, whole)
         if not whole:
             for batch in batches:
@@ -400,8 +401,13 @@ class Worker:
         """Hook run before a training step that compiles (network workers tell the
         driver, whose `worker_timeout` then allows for it)."""
 
+    def has_own_step(self):
+        """Whether this worker takes its steps its own way (a `train_step` of a
+        subclass), which the window path would skip."""
+        return type(self).train_step is not Worker.train_step
+
     def train_step(self, x, y, sample_weight=None):
-        """One local step; EAMSGD adds momentum here."""
+        """One local step."""
         self.model.train_on_batch(x, y, sample_weight=sample_weight)
 
     def _sample_shapes(self, tensors):
@@ -782,22 +788,42 @@ class NetworkWorker(Worker):
 
 
 class WindowedWorker(NetworkWorker):
-    """The loop every built-in asynchronous worker shares.
+    """The loop every built-in asynchronous worker shares, run by an `Algorithm`.
 
     Pull, then train; every ``communication_window`` steps (and once more after the last
-    step, so no work is lost) call `communicate`. Subclasses define `communicate`, or only
-    `window_update` for a commit-pull-continue rule.
+    step, so no work is lost) call `communicate`, which commits what ``algorithm``
+    says (`Algorithm.commit`) and continues from where it says. A subclass without an
+    algorithm (the escape hatch) defines `communicate`, or only `window_update`.
 
-    With ``overlap_communication`` (workers that define `window_update`: DOWNPOUR, ADAG,
-    DynSGD), the exchange with the server runs on a background thread while the next
+    With ``overlap_communication`` (algorithms that commit, then pull: DOWNPOUR, ADAG,
+    DynSGD, ...), the exchange with the server runs on a background thread while the next
     window trains: at a boundary the worker sends its update, applies that same update
     to the last center it received and trains on from there; the new center arrives during
     the window and is used at the next boundary. One worker alone follows exactly the
     same path as without overlap; with several, the others' commits reach a worker one
     window later.
+
+    Args:
+        model: A `keras.Model` or the bytes of a `.keras` archive.
+        *args: `NetworkWorker`'s other arguments, in its order.
+        algorithm: The `Algorithm` to run; None: the class's ``algorithm_class`` built
+            from the keyword arguments that name its hyperparameters.
+        **kwargs: See `NetworkWorker`, and the hyperparameters.
     """
 
     overlap_communication = False
+    algorithm_class = None
+
+    def __init__(self, model, *args, algorithm=None, **kwargs):
+        if algorithm is None and self.algorithm_class is not None:
+            names = {parameter.name for parameter in self.algorithm_class.hyperparameters}
+            algorithm = self.algorithm_class(**{name: kwargs[name] for name in names
+                                                if kwargs.get(name) is not None})
+            kwargs = {name: value for name, value in kwargs.items()
+                      if name not in names or name == "learning_rate"}
+        super().__init__(model, *args, **kwargs)
+        self.algorithm = algorithm
+        self.local_state = {}  # the algorithm's own state on this worker (a velocity, ...)
 
     def optimize(self):
         self.pull()
@@ -821,37 +847,65 @@ class WindowedWorker(NetworkWorker):
             batches = upcoming
         self.wait_for_exchange()
 
+    def has_own_step(self):
+        return (getattr(self.algorithm, "local_step", None) is not None
+                or type(self).train_step is not WindowedWorker.train_step)
+
+    def train_step(self, x, y, sample_weight=None):
+        """One local step: the algorithm's `local_step` where it has one."""
+        step = getattr(self.algorithm, "local_step", None)
+        if step is None:
+            return super().train_step(x, y, sample_weight)
+        return step(self.model, (x, y, sample_weight), self.local_state)
+
     def communicate(self):
         """Exchanges with the parameter server at the end of a window.
 
-        By default: commit `window_update` of the window that began at the pulled center,
-        pull, and continue from the new center (DOWNPOUR, ADAG, DynSGD). When the server
-        adds commits as sent and no other worker committed since, it sends no weights
-        back (`pull_unless_own`): the center is the pulled one plus this update.
+        Commits the algorithm's update (pulling first where it says so), pulls, and goes
+        on from where it says (by default the new center). When the server adds commits
+        as sent and no other worker committed since, it sends no weights back
+        (`pull_unless_own`): the center is the pulled one plus this update.
         """
-        update = self.window_update(self.model.get_weights(), self.center_variable)
-        self.commit(update)
-        if self.pull_unless_own():
-            # Only this commit moved the center: the server's own addition, done here.
-            self.center_variable = update_rules.add_update(self.center_variable, update)
-        self.apply_server_learning_rate()
-        self.model.set_weights(self.center_variable)
+        algorithm = self.algorithm
+        pull_first = getattr(algorithm, "pull_first", False)
+        if pull_first:
+            self.pull()
+        weights = self.model.get_weights()
+        pulled = self.center_variable
+        update = self.window_update(weights, pulled)
+        extra = {"center": pulled} if getattr(algorithm, "sends_pulled", False) else {}
+        self.commit(update, **extra)
+        if not pull_first:
+            if self.pull_unless_own():
+                # Only this commit moved the center: the server's own addition, done here.
+                self.center_variable = update_rules.add_update(pulled, update)
+            self.apply_server_learning_rate()
+        if algorithm is None:
+            self.model.set_weights(self.center_variable)
+        else:
+            self.model.set_weights(algorithm.continue_from(weights, update,
+                                                           self.center_variable))
 
     def window_update(self, weights, start):
-        """The commit for a window that began at ``start`` and ended at ``weights``.
-
-        The server adds it to the center. Workers that define it can overlap their
-        communication with training.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} must define communicate() or window_update().")
+        """The commit for a window that began at ``start`` and ended at ``weights``:
+        the algorithm's `commit`."""
+        if self.algorithm is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must define communicate() or window_update().")
+        return self.algorithm.commit(
+            weights, start, WorkerContext(self.communication_window, self.trainable))
 
     def _check_overlap(self):
-        if type(self).window_update is WindowedWorker.window_update:
+        algorithm = self.algorithm
+        if algorithm is None:
+            able = type(self).window_update is not WindowedWorker.window_update
+        else:
+            able = algorithm.overlaps
+        if not able:
             raise ValueError(
-                f"{type(self).__name__} cannot overlap communication: it defines no "
-                "window_update(). Use overlap_communication=False (the CLI: leave out "
-                "--overlap-communication).")
+                f"{type(self).__name__} cannot overlap communication: its algorithm "
+                "pulls before it commits, or sends the center it pulled. Use "
+                "overlap_communication=False (the CLI: leave out --overlap-communication).")
 
     def communicate_overlapped(self):
         """Sends this window's update in the background and trains on without waiting."""
@@ -902,87 +956,54 @@ class WindowedWorker(NetworkWorker):
 
 
 class DOWNPOURWorker(WindowedWorker):
-    """Commits ``W - W_pull``, then pulls and continues from the center."""
+    """DOWNPOUR's worker (`algorithms.DOWNPOUR`)."""
 
-    def window_update(self, weights, start):
-        return update_rules.downpour_delta(weights, start)
+    algorithm_class = algorithms.DOWNPOUR
 
 
 class ADAGWorker(WindowedWorker):
-    """Commits ``(W - W_pull) / communication_window``, then pulls and continues."""
+    """ADAG's worker (`algorithms.ADAG`)."""
 
-    def window_update(self, weights, start):
-        return update_rules.adag_residual(weights, start, self.communication_window,
-                                          self.trainable)
+    algorithm_class = algorithms.ADAG
 
 
-class DynSGDWorker(DOWNPOURWorker):
-    """Commits ``W - W_pull`` with the update count of its last pull (DynSGD).
+class DynSGDWorker(WindowedWorker):
+    """DynSGD's worker (`algorithms.DynSGD`): commits carry the count of its last pull."""
 
-    `commit` always sends ``last_update``; the DynSGD server divides by the staleness.
-    """
+    algorithm_class = algorithms.DynSGD
 
 
 class AEASGDWorker(WindowedWorker):
-    """Asynchronous elastic averaging (EASGD paper, Zhang, Choromanska & LeCun 2015).
+    """AEASGD's worker (`algorithms.AEASGD`): takes ``rho`` and ``learning_rate``."""
 
-    Every window: pull C, ``E = rho * lr * (W - C)``, ``W -= E``, commit ``E``. The worker
-    keeps its own weights (it does not jump to the center): the elastic force only pulls
-    it closer.
-    """
-
-    def __init__(self, model, rho=5.0, learning_rate=0.1, **kwargs):
-        super().__init__(model, learning_rate=learning_rate, **kwargs)
-        self.rho = rho
-
-    def communicate(self):
-        self.pull()
-        weights = self.model.get_weights()
-        elastic = update_rules.elastic_difference(
-            weights, self.center_variable, self.rho, self.learning_rate)
-        self.model.set_weights(weights - elastic)
-        self.commit(elastic)
+    algorithm_class = algorithms.AEASGD
 
 
 class EAMSGDWorker(AEASGDWorker):
-    """EAMSGD: AEASGD's elastic step plus local Nesterov momentum, as in the EASGD paper.
+    """EAMSGD's worker (`algorithms.EAMSGD`): takes ``momentum`` too."""
 
-    Each step is taken at the look-ahead point ``W + momentum * v`` by the Keras optimizer;
-    the velocity becomes where that step ended minus ``W`` (see
-    `update_rules.momentum_velocity`).
-    """
+    algorithm_class = algorithms.EAMSGD
 
-    def __init__(self, model, rho=5.0, learning_rate=0.1, momentum=0.9, **kwargs):
-        super().__init__(model, rho=rho, learning_rate=learning_rate, **kwargs)
-        self.momentum = momentum
-        self.velocity = None
+    def __init__(self, model, *args, momentum=0.9, **kwargs):
+        if kwargs.get("algorithm") is None:
+            kwargs["momentum"] = momentum
+        super().__init__(model, *args, **kwargs)
 
-    def train_step(self, x, y, sample_weight=None):
-        if not self.momentum:  # AEASGD's step: no weights to read and set around it
-            return super().train_step(x, y, sample_weight)
-        weights = self.model.get_weights()
-        if self.velocity is None:
-            self.velocity = weights * 0.0
-        self.model.set_weights(update_rules.lookahead(weights, self.velocity, self.momentum))
-        self.model.train_on_batch(x, y, sample_weight=sample_weight)
-        self.velocity = update_rules.momentum_velocity(
-            self.velocity, weights, self.model.get_weights())
+    @property
+    def momentum(self):
+        """The local momentum (0: AEASGD's steps, on the window path)."""
+        return self.algorithm.momentum
+
+    @property
+    def velocity(self):
+        """The local momentum's velocity (None before the first step)."""
+        return self.local_state.get("velocity")
 
 
 class ExperimentalWorker(WindowedWorker):
-    """The research scaffold: ADAG's worker that also sends the center it pulled.
+    """The research scaffold's worker (`algorithms.Experimental`)."""
 
-    Copy this class (with `ExperimentalParameterServer` and the `Experimental` trainer)
-    to try a new worker rule: `communicate` is the whole algorithm on the worker side.
-    """
-
-    def communicate(self):
-        residual = update_rules.adag_residual(
-            self.model.get_weights(), self.center_variable, self.communication_window,
-            self.trainable)
-        self.commit(residual, center=self.center_variable)
-        self.pull()
-        self.model.set_weights(self.center_variable)
+    algorithm_class = algorithms.Experimental
 
 
 class EnsembleWorker(SequentialWorker):

@@ -14,6 +14,7 @@ from readme_support import section_blocks
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
 TUTORIAL = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "writing-an-algorithm.md")
 MARKER = "<!-- tutorial -->"
+ALGORITHM_MARKER = "<!-- algorithm-tutorial -->"
 
 
 def read_doc(path=DOC):
@@ -21,11 +22,11 @@ def read_doc(path=DOC):
         return handle.read()
 
 
-def tutorial_code(text):
-    """The fenced ```python block on the line right after the ``<!-- tutorial -->`` marker."""
+def tutorial_code(text, marker=MARKER):
+    """The fenced ```python block on the line right after the ``marker`` line."""
     lines = text.splitlines()
-    starts = [index for index, line in enumerate(lines) if line.strip() == MARKER]
-    assert len(starts) == 1, f"expected one {MARKER} marker, found {len(starts)}"
+    starts = [index for index, line in enumerate(lines) if line.strip() == marker]
+    assert len(starts) == 1, f"expected one {marker} marker, found {len(starts)}"
     start = starts[0] + 1
     assert lines[start].strip() == "```python", "the marker must precede a ```python block"
     end = lines.index("```", start + 1)
@@ -69,6 +70,51 @@ def test_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
     assert rows == 2000 * trainer.num_epoch
 
 
+@pytest.mark.spark
+def test_algorithm_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
+    import keras
+
+    from distkeras.algorithms import Algorithm
+    from distkeras.parameter_servers import AlgorithmServer
+    from distkeras.trainers import AlgorithmTrainer
+
+    code = tutorial_code(read_doc(TUTORIAL), ALGORITHM_MARKER)
+    namespace = {"__name__": "__main__", "spark": spark,
+                 "dataframe": fashion_train.limit(2000)}
+    exec(compile(code, TUTORIAL, "exec"), namespace)
+
+    model, trainer = namespace["model"], namespace["trainer"]
+    assert isinstance(model, keras.Model) and model.compiled
+    assert accuracy(model, fashion_test) > 0.5
+    algorithm = namespace["HalfStep"]
+    assert issubclass(algorithm, Algorithm) and isinstance(trainer, AlgorithmTrainer)
+    server = trainer.parameter_server
+    assert type(server) is AlgorithmServer and isinstance(server.algorithm, algorithm)
+    assert server.algorithm.fraction == 0.5 and trainer.communication_window == 4
+    assert server.num_updates > 0
+    assert len(trainer.get_staleness()) == server.num_updates
+    rows = sum(record["batch_size"] for record in trainer.get_history())
+    assert rows == 2000 * trainer.num_epoch
+
+
+def test_the_algorithm_block_of_the_overview_is_the_rule_it_states():
+    import numpy as np
+
+    from distkeras.networking import weights_array
+    from distkeras.trainers import AlgorithmTrainer
+
+    (block,) = doc_section_blocks(read_doc(), "## Write your own optimizer")
+    namespace = {"__name__": "__main__"}
+    exec(compile(block, DOC, "exec"), namespace)
+    rule = namespace["HalfStep"]()
+    pulled = weights_array([np.array([1.0, 2.0], np.float32)])
+    weights = weights_array([np.array([2.0, 0.0], np.float32)])
+    update = rule.commit(weights, pulled, None)
+    assert update[0].tolist() == [1.0, -2.0]
+    assert rule.apply(pulled, update, None)[0].tolist() == [1.5, 1.0]
+    assert issubclass(namespace["HalfStepTrainer"], AlgorithmTrainer)
+
+
 def _summary_rows(text):
     """The "Summary" table: trainer name -> (window cell, other-defaults cell)."""
     section = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
@@ -85,7 +131,8 @@ def test_stated_defaults_match_the_code():
 
     rows = _summary_rows(read_doc())
     assert set(rows) == {"SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR",
-                         "ADAG", "DynSGD", "AEASGD", "EAMSGD", "Experimental"}
+                         "ADAG", "DynSGD", "AEASGD", "EAMSGD", "Experimental", "DiLoCo",
+                         "FedAdam"}
     for name, (window, others) in rows.items():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
@@ -119,7 +166,7 @@ def test_each_algorithm_page_states_the_code_defaults():
     from distkeras import trainers
 
     pages = sorted(glob.glob(os.path.join(os.path.dirname(DOC), "algorithms", "*.md")))
-    assert len(pages) == 9
+    assert len(pages) == 11
     for page in pages:
         text = read_doc(page)
         name = text.splitlines()[0].removeprefix("# ").strip()

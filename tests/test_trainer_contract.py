@@ -26,6 +26,8 @@ TRAINERS = {
     "AEASGD": DISTRIBUTED,
     "EAMSGD": DISTRIBUTED,
     "Experimental": DISTRIBUTED,
+    "DiLoCo": DISTRIBUTED,
+    "FedAdam": DISTRIBUTED,
 }
 
 

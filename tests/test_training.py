@@ -410,7 +410,7 @@ def test_row_weights_weigh_every_step_of_a_taggers_output_as_fit_does(spark):
         weighted["loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["AEASGD", "DynSGD", "Experimental"])
+@pytest.mark.parametrize("name", ["AEASGD", "DynSGD", "Experimental", "DiLoCo", "FedAdam"])
 def test_a_model_holding_integer_state_trains_with_every_rule(name, fashion_train):
     import keras
 

@@ -88,17 +88,27 @@ def train_worker(worker_cls, optimizer, others=None):
     kwargs = {"learning_rate": EXPERIMENTAL_RATE} if \
         worker_cls is workers.ExperimentalWorker else {}
     server = server_cls(model, **kwargs)
+    return server, run_worker(server, worker_cls, optimizer,
+                              **WORKER_ARGUMENTS.get(worker_cls, {}))
+
+
+def run_worker(server, worker_cls, optimizer, **kwargs):
+    """Starts ``server``, trains one worker of ``worker_cls`` (``kwargs``: its own
+    arguments) on `arrays` (``ROWS`` rows) against it, then stops it.
+
+    Returns:
+        The worker, done.
+    """
     server.start()
     try:
         worker = make_worker(worker_cls, server, serialize_model(small_model()),
-                             window=WINDOW, optimizer=optimizer,
-                             **WORKER_ARGUMENTS.get(worker_cls, {}))
+                             window=WINDOW, optimizer=optimizer, **kwargs)
         worker.run(0, record_batches(rows=ROWS), [(3,)])
         assert server.wait_for_goodbyes(timeout=30)
     finally:
         server.stop()
     assert server.errors == []
-    return server, worker
+    return worker
 
 
 def keras_copy():
@@ -231,9 +241,9 @@ def test_a_worker_commits_and_the_center_becomes_what_its_rule_says(worker_cls, 
     assert_close(worker.model.get_weights(), want_weights, "the worker's weights")
     if worker_cls is workers.DynSGDWorker:  # each commit met one other's commit, or none
         stale = 1 if others is not None else 0
-        assert [num - last for _, num, last, _ in server.applied] == [stale] * len(sent)
+        assert [context.staleness for _, context in server.applied] == [stale] * len(sent)
     if worker_cls is workers.ExperimentalWorker:  # it sends the center it pulled
-        pulled = [args[1] for args in server.applied]
+        pulled = [context.pulled for _, context in server.applied]
         assert_close(pulled[0], checkpoint_weights(), "the first pulled center")
 
 

@@ -1,0 +1,40 @@
+"""DiLoCo, asynchronous: workers take H local steps; the center takes a Nesterov step."""
+
+from distkeras import update_rules
+from distkeras.algorithms.base import Algorithm, Hyperparameter
+from distkeras.training_checks import _check_fraction, _check_number
+
+
+class DiLoCo(Algorithm):
+    """DiLoCo (Douillard et al. 2023), asynchronous: a window of H local steps, then
+    ``delta = W - W_pull``; the server takes ``g = -delta / (staleness + 1)`` as the
+    pseudo-gradient of an outer SGD with Nesterov momentum.
+
+    Notes:
+        Staleness: DiLoCo averages k workers' changes into one outer step. Here each
+        commit is applied as it comes, divided by its staleness + 1 (the updates others
+        made since its pull). With k workers in step, that is about k: a round of k
+        commits adds up to their mean, DiLoCo's pseudo-gradient; a commit that slower
+        workers overtook, made from an older center, counts less; one worker alone is
+        DiLoCo with one replica, exactly. The paper's momentum, 0.9, overshot at short
+        windows (docs/algorithms/diloco.md): 0.5 by default.
+    """
+
+    hyperparameters = (
+        Hyperparameter("outer_learning_rate", 0.7, _check_number, "the outer SGD's rate"),
+        Hyperparameter("outer_momentum", 0.5, _check_fraction,
+                       "the outer SGD's Nesterov momentum, in [0, 1)"),
+    )
+    default_window = 20
+    uses_staleness = True
+    sets_worker_learning_rate = True
+
+    def commit(self, weights, pulled, context):
+        return update_rules.downpour_delta(weights, pulled)
+
+    def apply(self, center, update, context):
+        center, velocity = update_rules.nesterov_outer_step(
+            center, update, context.state.get("velocity"), self.outer_learning_rate,
+            self.outer_momentum, 1.0 / (context.staleness + 1), context.trainable)
+        context.state["velocity"] = velocity
+        return center
