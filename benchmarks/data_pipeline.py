@@ -106,7 +106,7 @@ def _zeros_udf():
     from pyspark.sql import functions as F
 
     from distkeras.datasets import float_lists
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
 
     def zeros(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
         for batch in batches:
@@ -207,7 +207,7 @@ def measure_prediction_pinned(repeat):
 
 def measure_feed_share(batch_size=32):
     from distkeras.datasets import load_fashion_mnist_numpy, to_arrow_table
-    from distkeras.feed import MinibatchFeed
+    from distkeras.data.feed import MinibatchFeed
     from distkeras.workers import SequentialWorker
     from fashion_mnist import build_mlp
 
@@ -436,7 +436,7 @@ overlaps, the Spark side spends {cpu(pinned, "predictor"):.2f} CPU s per run, th
 10,000 change the best rate by x{free["predictor_1000"]["best"] / free["predictor"]["best"]:.2f}
 as is and x{pinned["predictor_1000"]["best"] / pinned["predictor"]["best"]:.2f} on one core
 (the JVM can convert the next batch while Python predicts only with a second core).
-Packed features (one binary of 784 float32 per row, `distkeras.tensors`) move through the
+Packed features (one binary of 784 float32 per row, `distkeras.data.tensors`) move through the
 zeros path in {seconds(free, "transfer_packed"):.3f} s instead of {transfer_s:.3f} s
 (x{free["transfer_packed"]["best"] / free["transfer"]["best"]:.2f}): the JVM copies each row's
 bytes whole.

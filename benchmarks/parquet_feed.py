@@ -2,7 +2,7 @@
 
 Fashion-MNIST is written to Parquet by Spark (2 files), then read back two ways, side by
 side in one run (``distkeras.parquetDirect`` false, then true): (a) Spark's path, where the
-JVM converts rows to Arrow for ``mapInArrow``, and (b) `distkeras.parquet_source`, where
+JVM converts rows to Arrow for ``mapInArrow``, and (b) `distkeras.data.parquet_source`, where
 the Python workers read the files with pyarrow. Measured, interleaved run by run:
 
 1. feed: each task turns its partition into minibatches of 32 (`feed.MinibatchFeed`) and
@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from distkeras.parquet_source import SETTING  # noqa: E402
+from distkeras.data.parquet_source import SETTING  # noqa: E402
 
 TITLE = "Parquet feed: Spark's Arrow rows against pyarrow in the workers"
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "parquet-feed.md")
@@ -96,7 +96,7 @@ def _feed_job(frame_or_source, batch_size=32):
     def feed(record_batches):
         import pyarrow as pa
 
-        from distkeras.feed import MinibatchFeed
+        from distkeras.data.feed import MinibatchFeed
 
         rows = sum(len(x) for x, _ in MinibatchFeed(
             record_batches, ["features"], ["label"], batch_size, [(784,)], [(10,)]))
@@ -109,7 +109,7 @@ def _feed_job(frame_or_source, batch_size=32):
 def measure_feed(spark, path, rows, repeat, clock):
     """Minibatches from each path: Spark's ``mapInArrow`` of the scan, and the files read
     in the workers (the same 2 partitions)."""
-    from distkeras import dataframes
+    from distkeras.data import dataframes
     from distkeras.training_jobs import _feed_batch_rows
 
     frame = spark.read.parquet(path)

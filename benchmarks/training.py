@@ -66,7 +66,7 @@ def measure(runs, window, repeat, limit):
     from fashion_mnist import build_mlp, test_accuracy
 
     samples = train.count()
-    # The same rows, features stored as binary float32 (`distkeras.tensors`).
+    # The same rows, features stored as binary float32 (`distkeras.data.tensors`).
     packed = load_fashion_mnist(train.sparkSession, "train", limit=limit, num_partitions=2,
                                 packed=True).cache()
     packed.count()

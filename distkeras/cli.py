@@ -502,10 +502,10 @@ def command_predict(argv):
     from distkeras.predictors import ModelPredictor
 
     if not args.overwrite:
-        from distkeras.datasets import _check_not_there
+        from distkeras.data.datasets import check_not_there
 
         try:
-            _check_not_there(spark, args.output, "error")
+            check_not_there(spark, args.output, "error")
         except FileExistsError:
             raise CommandError(f"{args.output} already exists: pass --overwrite to replace "
                                "it, or another --output") from None
@@ -530,9 +530,9 @@ def _write_then_replace(spark, dataframe, path):
     and the output may be the data read (Spark refuses to overwrite a path it reads)."""
     import uuid
 
-    from distkeras.storage import _HadoopFS
+    from distkeras.storage import HadoopFS
 
-    output = _HadoopFS(spark, path)
+    output = HadoopFS(spark, path)
     target = path
     if output.fs.exists(output.path):
         target = f"{output.path.getParent().toString()}/.{output.path.getName()}.tmp-" \
@@ -566,10 +566,10 @@ def _extra_commands():
 
 
 def _remove_quietly(spark, path):
-    from distkeras.storage import _HadoopFS
+    from distkeras.storage import HadoopFS
 
     try:
-        filesystem = _HadoopFS(spark, path)
+        filesystem = HadoopFS(spark, path)
         filesystem.fs.delete(filesystem.path, True)
     except Exception as error:  # py4j errors of every kind: the write's error matters more
         logger.warning("Could not remove %s: %s", path, error)

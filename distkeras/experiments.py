@@ -49,9 +49,9 @@ def build_mlp(input_dim=784, hidden=(500, 500), num_classes=10):
 
 
 def _load_fashion_mnist(spark, limit=None, test_limit=None):
-    from distkeras.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+    from distkeras.data.datasets import load_fashion_mnist, load_fashion_mnist_numpy
 
-    # Packed features: the same values, handed to the workers faster (`distkeras.tensors`).
+    # Packed features: the same values, handed to the workers faster (`distkeras.data.tensors`).
     train = load_fashion_mnist(spark, "train", limit=limit, packed=True).cache()
     images, labels = load_fashion_mnist_numpy("test")
     if test_limit is not None:

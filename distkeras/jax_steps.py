@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distkeras.sample_weights import fit_data
+from distkeras.data.sample_weights import fit_data
 
 
 class CallLength:

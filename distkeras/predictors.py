@@ -6,7 +6,7 @@ workers, and each keeps the last model it rebuilt (with its compiled predict fun
 keyed by a hash of the archive. Predictions come from an Arrow UDF (``arrow_udf``,
 iterator form): only the feature columns travel to Python and only the prediction comes
 back, while Spark carries every other column of the row itself. A plain Parquet scan is
-read by the Python workers themselves instead (`distkeras.parquet_source`), which send
+read by the Python workers themselves instead (`distkeras.data.parquet_source`), which send
 back every column with the predictions: Spark's row-to-Arrow conversion was most of the
 cost (docs/parquet-feed.md).
 
@@ -26,11 +26,12 @@ import zipfile
 import numpy as np
 
 from distkeras import errors
-from distkeras.dataframes import (check_column_order, check_first_row, check_input_count,
-                                  check_known_inputs, check_output_column_free,
-                                  check_spark_dataframe, column,
-                                  columns_by_name, sparse_vector_columns, vector_values)
-from distkeras.feed import integer_dtype, output_names
+from distkeras.data.dataframes import (check_column_order, check_first_row,
+                                       check_input_count, check_known_inputs,
+                                       check_output_column_free, check_spark_dataframe,
+                                       column, columns_by_name, sparse_vector_columns,
+                                       vector_values)
+from distkeras.data.feed import integer_dtype, output_names
 from distkeras.training_jobs import check_executor_python
 from distkeras.ml.columns import as_output_type, column_kind
 from distkeras.ml.params import OUTPUT_TYPES
@@ -126,7 +127,7 @@ def _predict_in_chunks(model, inputs, batch_size):
     """
     import keras
 
-    from distkeras.feed import input_names, model_inputs
+    from distkeras.data.feed import input_names, model_inputs
 
     rows = len(inputs[0])
     batch_size = _call_size(rows, batch_size)
@@ -152,7 +153,7 @@ def _input_arrays(columns, names, input_shapes, dtypes):
     before any model is loaded: inputs typed as integers (token ids, ``dtypes``) are fed as
     such, others as float32. Sparse vectors stay sparse here: `_predict_in_chunks`
     densifies a chunk at a time."""
-    from distkeras.feed import column_rows
+    from distkeras.data.feed import column_rows
 
     return [column_rows(column, shape, name, dtype or np.float32)
             for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
@@ -163,7 +164,7 @@ def _predict_arrays(model, arrays, batch_size, output_fields=None):
     several outputs a struct of them named ``output_fields``."""
     import pyarrow as pa
 
-    from distkeras.datasets import float_lists
+    from distkeras.data.datasets import float_lists
 
     outputs = [float_lists(matrix) for matrix in _predict_in_chunks(model, arrays, batch_size)]
     if output_fields is None:
@@ -307,7 +308,7 @@ def _read_in_workers(dataframe, outputs, settings):
     """
     from pyspark.sql import types as T
 
-    from distkeras import parquet_source
+    from distkeras.data import parquet_source
 
     if dataframe.isStreaming:
         return None
@@ -411,7 +412,7 @@ class ModelPredictor:
             works).
 
     Notes:
-        On a plain Parquet scan of local files (`distkeras.parquet_source`), the tasks
+        On a plain Parquet scan of local files (`distkeras.data.parquet_source`), the tasks
         read the files with pyarrow, over the scan's own partitions and in its row order,
         and the result is their ``mapInArrow``; the Spark setting
         ``distkeras.parquetDirect=false`` turns that off.

@@ -40,8 +40,13 @@ def _local_path(path):
     return urlparse(path).path if path.startswith("file:") else path
 
 
-class _HadoopFS:
-    """The Hadoop FileSystem of ``path``, reached through the SparkSession's JVM."""
+class HadoopFS:
+    """The Hadoop FileSystem of ``path``, reached through the SparkSession's JVM.
+
+    Args:
+        spark: The active SparkSession (its Hadoop configuration and credentials are used).
+        path: A path or URI; relative ones resolve as Spark resolves them.
+    """
 
     def __init__(self, spark, path):
         self.jvm = spark.sparkContext._jvm
@@ -79,7 +84,7 @@ def _local_file(path, spark):
     if spark is None:
         _require_local(path)
         return _local_path(path)
-    uri = _HadoopFS(spark, path).path.toUri()
+    uri = HadoopFS(spark, path).path.toUri()
     return uri.getPath() if uri.getScheme() == "file" else None
 
 
@@ -89,7 +94,7 @@ def is_directory(path):
     local = _local_file(path, spark)
     if local is not None:
         return os.path.isdir(local)
-    return _HadoopFS(spark, path).is_directory()
+    return HadoopFS(spark, path).is_directory()
 
 
 def _folder_error(path):
@@ -112,7 +117,7 @@ def read_bytes(path):
             raise _folder_error(path)
         with open(local, "rb") as handle:
             return handle.read()
-    hadoop = _HadoopFS(spark, path)
+    hadoop = HadoopFS(spark, path)
     if not hadoop.fs.exists(hadoop.path):
         raise FileNotFoundError(f"No such file: {path}")
     if hadoop.is_directory():
@@ -194,7 +199,7 @@ def atomic_writer(path):
             if os.path.exists(temporary):
                 os.remove(temporary)
         return
-    hadoop = _HadoopFS(spark, path)
+    hadoop = HadoopFS(spark, path)
     parent = hadoop.path.getParent()
     temporary = hadoop.child(f"{parent.toString()}/.{hadoop.path.getName()}.tmp-{uuid.uuid4().hex}")
     stream = hadoop.fs.create(temporary, True)

@@ -27,14 +27,14 @@ from distkeras import algorithms
 from distkeras import batch_statistics
 from distkeras import compat
 from distkeras import custom_objects
-from distkeras import dataframes
+from distkeras.data import dataframes
 from distkeras import epoch_metrics
 from distkeras.epochs import Replay
 from distkeras import model_state
 from distkeras import networking
 from distkeras import parameter_servers
-from distkeras import parquet_source
-from distkeras import sample_weights
+from distkeras.data import parquet_source
+from distkeras.data import sample_weights
 from distkeras import step_history
 from distkeras import validation
 from distkeras import workers

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from distkeras import dataframes
-from distkeras import sample_weights
-from distkeras.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
-                            model_inputs, model_outputs, output_keys, output_names)
+from distkeras.data import dataframes
+from distkeras.data import sample_weights
+from distkeras.data.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
+                                 model_inputs, model_outputs, output_keys, output_names)
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def from_arrays(data, model):
     Raises:
         ValueError: Naming what does not fit the model.
     """
-    from distkeras.feed import check_class_indices
+    from distkeras.data.feed import check_class_indices
 
     if len(data) not in (1, 2, 3):
         raise ValueError(

@@ -26,7 +26,7 @@ from distkeras.affinity import claimed_cores
 from distkeras.algorithms import WorkerContext
 from distkeras.exchange_checks import checked_update, learning_rate_field
 from distkeras.executor_backend import _enable_compilation_cache, _ensure_backend
-from distkeras.feed import MinibatchFeed, input_names, integer_dtype, output_keys
+from distkeras.data.feed import MinibatchFeed, input_names, integer_dtype, output_keys
 from distkeras.model_state import (finalize_weights, get_optimizer_state, seed_states,
                                    seed_worker_generators, set_optimizer_state)
 from distkeras.networking import weights_array
@@ -102,7 +102,7 @@ def pack_train_function_as_fit(model):
     Args:
         model: A compiled `keras.Model`.
     """
-    from distkeras.sample_weights import fit_data
+    from distkeras.data.sample_weights import fit_data
 
     model.make_train_function()
     train_function = model.train_function

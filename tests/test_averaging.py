@@ -300,7 +300,7 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
         spark, fashion_train, case):
     """A coalesce() (the user's, or lay_out's coalesce(1) for one worker) in the barrier
     stage's RDD chain made Spark refuse the job and stop the SparkContext."""
-    from distkeras import dataframes
+    from distkeras.data import dataframes
 
     frame = fashion_train.limit(600).repartition(4).cache()
     if case == "coalesced":
@@ -316,7 +316,7 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
 
 
 def test_partitions_as_they_are_run_as_a_barrier_stage(spark, fashion_train):
-    from distkeras import dataframes
+    from distkeras.data import dataframes
 
     frame = fashion_train.limit(600).repartition(2).cache()
     assert dataframes.barrier_compatible(frame, 2)

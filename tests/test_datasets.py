@@ -14,7 +14,7 @@ def _parts(path):
 
 
 def test_numpy_round_trip_in_the_trainers_layout(spark, tmp_path):
-    from distkeras.datasets import save_numpy_parquet
+    from distkeras.data.datasets import save_numpy_parquet
 
     x = np.random.default_rng(0).normal(size=(37, 4, 2)).astype("float32")
     y = np.arange(37)  # each row is known by its label
@@ -34,7 +34,7 @@ def test_numpy_round_trip_in_the_trainers_layout(spark, tmp_path):
 
 
 def test_numpy_packed_features_round_trip(spark, tmp_path):
-    from distkeras.datasets import save_numpy_parquet
+    from distkeras.data.datasets import save_numpy_parquet
 
     x = np.random.default_rng(1).normal(size=(11, 3, 2)).astype("float32")
     path = str(tmp_path / "packed")
@@ -47,7 +47,7 @@ def test_numpy_packed_features_round_trip(spark, tmp_path):
 
 
 def test_numpy_label_kinds_and_column_names(spark, tmp_path):
-    from distkeras.datasets import save_numpy_parquet
+    from distkeras.data.datasets import save_numpy_parquet
 
     x = np.arange(12, dtype="uint8").reshape(6, 2)  # converted to float
     one_hot = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2]]
@@ -64,7 +64,7 @@ def test_numpy_label_kinds_and_column_names(spark, tmp_path):
 
 
 def test_numpy_errors(spark, tmp_path):
-    from distkeras.datasets import save_numpy_parquet
+    from distkeras.data.datasets import save_numpy_parquet
 
     x, y = np.zeros((4, 3)), np.zeros(4)
     with pytest.raises(ValueError, match="x has 4 rows but y has 3"):
@@ -89,7 +89,7 @@ def test_numpy_errors(spark, tmp_path):
 
 
 def test_save_parquet_files_and_modes(spark, tmp_path):
-    from distkeras.datasets import save_parquet
+    from distkeras.data.datasets import save_parquet
 
     frame = spark.range(0, 100, 1, 7).selectExpr("id", "array(cast(id as float)) as features")
     path = str(tmp_path / "frame")
@@ -111,7 +111,7 @@ def test_save_parquet_files_and_modes(spark, tmp_path):
 def test_single_trainer_reads_what_save_numpy_parquet_wrote(spark, tmp_path, fashion_test):
     import keras
 
-    from distkeras.datasets import save_numpy_parquet
+    from distkeras.data.datasets import save_numpy_parquet
     from distkeras.trainers import SingleTrainer
 
     images, labels = fashion_test
@@ -142,7 +142,7 @@ def test_fashion_mnist_reads_unpacked_idx_files_and_names_a_folder_without_them(
     import gzip
     import shutil
 
-    from distkeras.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
+    from distkeras.data.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
 
     # The IDX files as gunzip leaves them: read as they are, not replaced by a download.
     for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
@@ -162,7 +162,7 @@ def test_fashion_mnist_reads_unpacked_idx_files_and_names_a_folder_without_them(
 def _copy_test_split(folder):
     import shutil
 
-    from distkeras.datasets import FASHION_MNIST_DIR
+    from distkeras.data.datasets import FASHION_MNIST_DIR
 
     for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         shutil.copy(f"{FASHION_MNIST_DIR}/{name}", folder / name)
@@ -172,7 +172,7 @@ def _copy_test_split(folder):
 def test_a_damaged_idx_file_is_named_with_how_to_restore_it(tmp_path, damage):
     import gzip
 
-    from distkeras.datasets import load_fashion_mnist_numpy
+    from distkeras.data.datasets import load_fashion_mnist_numpy
 
     _copy_test_split(tmp_path)
     images = tmp_path / "t10k-images-idx3-ubyte.gz"
@@ -191,7 +191,7 @@ def test_a_damaged_idx_file_is_named_with_how_to_restore_it(tmp_path, damage):
 def test_images_and_labels_that_do_not_pair_up_are_refused(tmp_path):
     import shutil
 
-    from distkeras.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
+    from distkeras.data.datasets import FASHION_MNIST_DIR, load_fashion_mnist_numpy
 
     _copy_test_split(tmp_path)
     # The training labels beside the test images: 60,000 labels for 10,000 images were
@@ -211,7 +211,7 @@ def test_images_and_labels_that_do_not_pair_up_are_refused(tmp_path):
 def test_a_failed_download_says_which_package_to_install(tmp_path, monkeypatch):
     import keras
 
-    from distkeras.datasets import load_fashion_mnist_numpy
+    from distkeras.data.datasets import load_fashion_mnist_numpy
 
     def offline():  # what keras.utils.get_file raises without a network: a bare Exception
         raise Exception("URL fetch failure on https://example/train-labels-idx1-ubyte.gz: "
@@ -235,7 +235,7 @@ def _write_idx(path, array):
 
 
 def test_the_parquet_cache_keeps_each_folders_images_apart(spark, tmp_path):
-    from distkeras.datasets import load_fashion_mnist
+    from distkeras.data.datasets import load_fashion_mnist
 
     for name, count, label in (("a", 3, 1), ("b", 4, 2)):
         folder = tmp_path / name
@@ -252,7 +252,7 @@ def test_the_parquet_cache_keeps_each_folders_images_apart(spark, tmp_path):
 
 @pytest.mark.parametrize("limit", [-5, 0, 2.5, True])
 def test_a_limit_that_is_no_count_of_images_is_refused(spark, tmp_path, limit):
-    from distkeras.datasets import load_fashion_mnist
+    from distkeras.data.datasets import load_fashion_mnist
 
     # images[:-5] kept all but the last 5 images, and images[:0] none, silently.
     with pytest.raises(ValueError, match=rf"`limit` must be None or an integer >= 1. "
@@ -267,7 +267,7 @@ def test_a_parquet_write_that_fails_leaves_the_last_file_and_nothing_else(tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from distkeras.datasets import write_parquet
+    from distkeras.data.datasets import write_parquet
 
     path = str(tmp_path / "images.parquet")
     write_parquet(pa.table({"x": [1, 2, 3]}), path)

@@ -43,7 +43,7 @@ def test_shuffled_epochs_hold_the_same_rows_in_fresh_orders_seeded_by_partition(
 
 def test_epochs_are_marked_in_the_stream_and_end_their_last_minibatch():
     from distkeras.epochs import EPOCH_END
-    from distkeras.feed import MinibatchFeed
+    from distkeras.data.feed import MinibatchFeed
 
     stream = list(Replay(2).batches(_batches(list(range(10)))))
     assert stream.count(EPOCH_END) == 1 and stream[3] is EPOCH_END  # 3 batches an epoch
@@ -159,7 +159,7 @@ def test_set_random_seed_makes_shuffled_training_repeat_as_for_fit(spark):
     layout's shuffle and the later epochs' orders were drawn afresh at every run."""
     import keras
 
-    from distkeras.dataframes import lay_out
+    from distkeras.data.dataframes import lay_out
     from distkeras.trainers import SingleTrainer
 
     frame = spark.createDataFrame([([index / 96, 1.0], float(index % 3)) for index in

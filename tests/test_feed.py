@@ -132,7 +132,7 @@ def test_overlapping_trainings_keep_the_small_arrow_batches_until_the_last_ends(
 def test_class_indices_are_checked_against_the_number_of_classes():
     import pytest
 
-    from distkeras.feed import check_class_indices
+    from distkeras.data.feed import check_class_indices
 
     check_class_indices(np.array([0, 2, 1, 2], np.int32), 3, "Column 'label'")
     check_class_indices(np.array([0.0, 2.0], np.float32), 3, "Column 'label'")
@@ -172,7 +172,7 @@ def test_every_row_must_hold_the_models_number_of_values():
     import pyarrow as pa
     import pytest
 
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
 
     # 4 + 6 values are 2 x 5 in total: checking the total alone let them through.
     with pytest.raises(ValueError, match=r"Column 'f' .* a row of 4 values \(row 0 of a "
@@ -195,7 +195,7 @@ def test_null_values_inside_arrays_are_refused_not_trained_as_nan():
     import pyarrow as pa
     import pytest
 
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
 
     with pytest.raises(ValueError, match="Column 'f' has 1 null values inside its arrays"):
         column_to_numpy(pa.array([[1.0, None, 3.0], [1.0, 2.0, 3.0]]), (3,), "f")
@@ -245,7 +245,7 @@ def test_inputs_typed_as_integers_are_fed_as_integers():
     """Token ids above 2**24 are not exact in float32: an int32 input gets them exact."""
     import pyarrow as pa
 
-    from distkeras.feed import MinibatchFeed, column_to_numpy
+    from distkeras.data.feed import MinibatchFeed, column_to_numpy
 
     ids = pa.array([[2**24 + 1, 3], [7, 2**24 + 3]], pa.list_(pa.int64()))
     exact = column_to_numpy(ids, (2,), "tokens", np.dtype("int32"))
@@ -264,7 +264,7 @@ def test_long_numbers_beyond_int32_are_not_wrapped_around(spark):
     import keras
     import pyarrow as pa
 
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
     from distkeras.predictors import ModelPredictor
     from distkeras.trainers import SingleTrainer
 
@@ -309,7 +309,7 @@ def test_vector_structs_mix_sparse_and_dense_rows_and_slice_into_dense_minibatch
     import pyarrow as pa
     import pytest
 
-    from distkeras.feed import MinibatchFeed, column_to_numpy
+    from distkeras.data.feed import MinibatchFeed, column_to_numpy
 
     rows = [(6, {1: 1.0, 4: 2.0}), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], (6, {}), (6, {0: 7.0}),
             [0.0, 0.0, 0.0, 0.0, 0.0, 9.0]]
@@ -341,7 +341,7 @@ def test_sparse_vectors_travel_sparse_and_train_as_the_same_dense_rows(spark):
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
 
-    from distkeras.dataframes import training_frame
+    from distkeras.data.dataframes import training_frame
     from distkeras.predictors import ModelPredictor
     from distkeras.trainers import SingleTrainer
 
@@ -378,7 +378,7 @@ def test_ragged_token_ids_are_told_how_to_pad_and_the_padding_trains(spark):
     import pytest
     from pyspark.sql import functions as F  # noqa: F401  (the hint's code uses it)
 
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
     from distkeras.trainers import SingleTrainer
 
     with pytest.raises(ValueError, match=r"a row of 2 values .* pad or cut every row to 3"):
@@ -424,7 +424,7 @@ def test_nan_and_infinite_values_are_refused_for_training_not_trained_into_the_w
     import pyarrow as pa
     import pytest
 
-    from distkeras.feed import column_rows, column_to_numpy
+    from distkeras.data.feed import column_rows, column_to_numpy
 
     nan, inf = float("nan"), float("inf")
     with pytest.raises(ValueError, match=r"Column 'f' holds 1 NaN or infinite values \(the "
@@ -469,7 +469,7 @@ def test_a_null_row_is_told_to_drop_the_rows_null_in_that_column_only():
     import pyarrow as pa
     import pytest
 
-    from distkeras.feed import column_to_numpy
+    from distkeras.data.feed import column_to_numpy
 
     # `df.dropna()` would drop every row with a null anywhere, as in an unrelated
     # optional column: most rows of many real tables.

@@ -1,4 +1,4 @@
-"""Reading a plain Parquet scan's files in the workers (`distkeras.parquet_source`), on
+"""Reading a plain Parquet scan's files in the workers (`distkeras.data.parquet_source`), on
 real Parquet files written by Spark."""
 
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from distkeras import dataframes, parquet_source
+from distkeras.data import dataframes, parquet_source
 from distkeras.errors import DataSourceError
 
 
@@ -90,7 +90,7 @@ def _minibatches_by_partition(spark, frame, partitions, direct):
     def minibatches(record_batches):
         from pyspark import TaskContext
 
-        from distkeras.feed import MinibatchFeed
+        from distkeras.data.feed import MinibatchFeed
 
         batches = [(x[:, 0].tolist(), y.tolist()) for x, y in MinibatchFeed(
             record_batches, ["features"], ["label"], 32, [(2,)], [()])]

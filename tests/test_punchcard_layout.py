@@ -2,7 +2,6 @@
 (`distkeras.job_deployment`) is thin and complete, and the modules keep to their own
 names. No Spark, no server started."""
 
-import ast
 import glob
 import json
 import os
@@ -10,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from layout_checks import private_names_taken_from_other_modules
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 PACKAGE = os.path.join(ROOT, "distkeras", "punchcard")
@@ -63,33 +63,9 @@ def _package_modules():
     return sorted(glob.glob(os.path.join(PACKAGE, "*.py")))
 
 
-def _private_names_taken_from_other_modules(path):
-    """``(line, text)`` of each private name this module imports from, or reads off,
-    another distkeras module."""
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read(), path)
-    found, module_names = [], set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distkeras"):
-            for alias in node.names:
-                if alias.name.startswith("_"):
-                    found.append((node.lineno, f"from {node.module} import {alias.name}"))
-                else:
-                    module_names.add(alias.asname or alias.name)
-        elif isinstance(node, ast.Import):
-            module_names.update(alias.asname or alias.name.split(".")[0]
-                                for alias in node.names if alias.name.startswith("distkeras"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                node.value.id in module_names and node.attr.startswith("_") and \
-                not node.attr.startswith("__"):
-            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
-    return found
-
-
 @pytest.mark.parametrize("path", _package_modules(), ids=os.path.basename)
 def test_no_module_takes_another_modules_private_names(path):
-    assert _private_names_taken_from_other_modules(path) == []
+    assert private_names_taken_from_other_modules(path) == []
 
 
 def test_the_private_name_check_finds_one(tmp_path):
@@ -98,7 +74,7 @@ def test_the_private_name_check_finds_one(tmp_path):
     path.write_text("from distkeras.punchcard.processes import _executor_arguments\n"
                     "from distkeras.punchcard import job_files\n"
                     "job_files._ERROR_LINE\n")
-    assert [text for _, text in _private_names_taken_from_other_modules(str(path))] == [
+    assert [text for _, text in private_names_taken_from_other_modules(str(path))] == [
         "from distkeras.punchcard.processes import _executor_arguments",
         "job_files._ERROR_LINE"]
 

@@ -5,8 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from distkeras.feed import MinibatchFeed
-from distkeras.sample_weights import class_indices, row_weights
+from distkeras.data.feed import MinibatchFeed
+from distkeras.data.sample_weights import class_indices, row_weights
 
 
 def test_row_weights_multiply_sample_and_class_weights():

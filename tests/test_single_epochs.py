@@ -346,7 +346,7 @@ def test_a_frame_read_from_the_users_cache_is_not_copied_to_disk(spark, fashion_
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    from distkeras import dataframes
+    from distkeras.data import dataframes
 
     images, labels = fashion_test
     base = _frame(spark, images[:50], labels[:50])

@@ -64,7 +64,7 @@ def test_a_relative_path_writes_its_temporary_file_beside_it(spark):
     # A bare file name, relative to the working directory (the JVM's, for Spark): its
     # temporary file goes beside it, not to the filesystem's root, where a user may not
     # write (and from where a rename may cross filesystems).
-    hadoop = storage._HadoopFS(spark, "trained.keras")
+    hadoop = storage.HadoopFS(spark, "trained.keras")
     working = hadoop.fs.getWorkingDirectory().toString()
     assert hadoop.path.getParent().toString() == working
     assert hadoop.path.toString() == f"{working}/trained.keras"

@@ -6,9 +6,8 @@ import pyarrow as pa
 import pytest
 
 from distkeras.errors import InvalidDataError
-from distkeras.feed import MinibatchFeed, column_to_numpy
-from distkeras.tensors import (pack_arrow_column, pack_rows, packed_size,
-                               unpack_column)
+from distkeras.data.feed import MinibatchFeed, column_to_numpy
+from distkeras.data.tensors import pack_arrow_column, pack_rows, packed_size, unpack_column
 
 
 def _matrix(rows=7, width=6, seed=0):

@@ -6,7 +6,7 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import column, features_type_hint, vector_values
+from distkeras.data.dataframes import column, features_type_hint, vector_values
 from distkeras.ml.params import to_output_type
 
 FLOAT_ARRAY = T.ArrayType(T.FloatType())

@@ -25,7 +25,7 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import column
+from distkeras.data.dataframes import column
 from distkeras.ml.columns import argmax, column_kind, double_array, fail
 from distkeras.ml.params import getter, set_given, set_params, setter
 

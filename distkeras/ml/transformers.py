@@ -34,7 +34,8 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.dataframes import check_output_column_free, column, same_column, vector_values
+from distkeras.data.dataframes import (check_output_column_free, column, same_column,
+                                       vector_values)
 from distkeras.ml.columns import (FLOAT_ARRAY, argmax, as_input_kind, as_output_type,
                                   column_kind, column_type, double_array, fail, null_or)
 from distkeras.ml.params import (HasOutputType, getter, one_of, require, set_given,
@@ -470,7 +471,7 @@ class PackedTensorTransformer(_ColumnTransformer):
         set_given(self, inputCol=input_col, outputCol=output_col)
 
     def _expression(self, dataset, input_col):
-        from distkeras.tensors import pack_udf
+        from distkeras.data.tensors import pack_udf
 
         kind = column_kind(dataset, input_col, nested=True)
         if kind == "scalar":

@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 from distkeras.errors import InvalidDataError
-from distkeras.sample_weights import per_row, row_weights
-from distkeras.tensors import is_list_type, is_packed_type, unpack_column
-from distkeras.vectors import VectorRows, is_vector_type
+from distkeras.data.sample_weights import per_row, row_weights
+from distkeras.data.tensors import is_list_type, is_packed_type, unpack_column
+from distkeras.data.vectors import VectorRows, is_vector_type
 
 
 def arrow_name(name):

@@ -169,7 +169,7 @@ def pack_udf(name=None):
     from pyspark.sql import types as T
 
     def pack(batches: typing.Iterator[pa.Array]) -> typing.Iterator[pa.Array]:
-        from distkeras.tensors import pack_arrow_column
+        from distkeras.data.tensors import pack_arrow_column
 
         for column in batches:
             yield pack_arrow_column(column, name)

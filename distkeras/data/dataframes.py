@@ -10,11 +10,12 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras import parquet_source
-from distkeras.feed import arrow_name, integer_dtype, padding_hint
-from distkeras.tensors import packed_size
+from distkeras.data import parquet_source
+from distkeras.data.feed import arrow_name, integer_dtype, padding_hint
+from distkeras.data.tensors import packed_size
 
-logger = logging.getLogger(__name__)
+# Its name from before distkeras.data: logging set-ups (and the tests) select it.
+logger = logging.getLogger("distkeras.dataframes")
 
 
 def column(name):
@@ -339,7 +340,7 @@ def columns_by_name(value, model, what, parameter):
 
 def model_names(model, what):
     """The names of a model's inputs or outputs (``what``), in the order of its tensors."""
-    from distkeras.feed import input_names, output_names
+    from distkeras.data.feed import input_names, output_names
 
     if what == "inputs":
         return input_names(model) or [tensor.name for tensor in model.inputs]
