@@ -6,11 +6,11 @@ eviction, one thread per connection, the dispatch of actions), `center.CenterExc
 staleness) and `history_sink.HistorySink` (step records, task retries, epoch ends).
 `SocketParameterServer` composes all three; subclasses define `handle_commit`.
 `HistoryServer` (the progress server) composes the transport and the history sink only.
+`AveragingServer` and SingleTrainer's `EpochServer` add `epoch_barrier.EpochBarrier`
+(workers wait at each epoch's end) in place of a rule per commit.
 """
 
-import logging
 import sys
-import threading
 
 import numpy as np
 
@@ -19,11 +19,10 @@ from distkeras import networking
 from distkeras import update_rules
 from distkeras.algorithms import ServerContext
 from distkeras.center import CenterExchange, CenterVariable, RefusedUpdate
+from distkeras.epoch_barrier import EpochBarrier
 from distkeras.history_sink import HistorySink
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.networking import recv_data, weights_array
 from distkeras.server_transport import SocketTransport
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
            "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
@@ -264,94 +263,46 @@ class ExperimentalParameterServer(AlgorithmServer):
                          algorithm=algorithms.Experimental(learning_rate=learning_rate))
 
 
-class AveragingServer(SocketParameterServer):
+class _EpochBarrierServer(EpochBarrier, CenterExchange, HistorySink, SocketTransport,
+                          ParameterServer):
+    """The transport, the center, the history sink and the epoch barrier, composed.
+
+    Args:
+        model: The master `keras.Model` (its weights: the first center).
+        num_workers: Workers that take part in every epoch's end.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+    """
+
+    def __init__(self, model, num_workers, master_port=0):
+        SocketTransport.__init__(self, master_port)
+        CenterExchange.__init__(self, model)
+        HistorySink.__init__(self)
+        EpochBarrier.__init__(self, num_workers)
+
+    def action_handlers(self):
+        return {**self.exchange_actions(), **self.history_actions()}
+
+
+class AveragingServer(_EpochBarrierServer):
     """Model averaging at every epoch's end, for AveragingTrainer's workers in one job.
 
-    Each worker sends its weights when it finishes an epoch and waits; once all
-    ``num_workers`` have sent theirs for that epoch, the center becomes the mean of those
-    that trained on some rows (a replica of an empty partition would pull it back),
-    ``on_average(epochs_done, center)`` runs (the driver's end of the epoch: validation and
-    callbacks; it returns whether to stop) and every waiting worker gets the mean back,
-    with ``learning_rate`` when the driver sets one for the next epoch.
-
-    Replies carry ``epochs_done``: a worker that Spark restarted (a barrier stage restarts
-    them all) joins with a pull and skips the epochs already averaged. A worker's weights
-    for an epoch replace any it sent for that epoch before (from a task that was killed):
-    both started from the same average, so either is a true result of that epoch.
+    Each worker sends its weights when it finishes an epoch and waits (`EpochBarrier`);
+    once all ``num_workers`` have sent theirs for that epoch, the center becomes the mean
+    of those that trained on some rows (a replica of an empty partition would pull it
+    back), ``on_average(epochs_done, center)`` runs (the driver's end of the epoch:
+    validation and callbacks; it returns whether to stop) and every waiting worker gets
+    the mean back, with ``learning_rate`` when the driver sets one for the next epoch.
 
     Args:
         model: The master `keras.Model` (its weights: the first center).
         num_workers: Workers that take part in every average.
         on_average: ``f(epochs_done, center) -> bool`` or None.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
     """
 
-    WAIT_SECONDS = 1.0  # how often a waiting handler checks that the server still runs
-    # Its commits are epoch ends, not the workers' exchanges: no commit rate to show.
-    shows_commit_rate = False
-
     def __init__(self, model, num_workers, on_average=None, master_port=0):
-        super().__init__(model, master_port)
-        self.num_workers = num_workers
+        super().__init__(model, num_workers, master_port)
         self.on_average = on_average
-        # Weights that hold NaN or infinite values still take part in the mean, as in one
-        # Spark job per epoch (the driver averages whatever the workers return): a refused
-        # commit would get no reply and every worker would wait for it forever.
-        self.allow_nonfinite = True
-        self.epochs_done = 0
-        self.stop_requested = False
-        self.learning_rate = None  # the next epoch's, when the driver sets one
-        self._epoch_weights = {}  # worker id -> (weights, samples) of epoch ``epochs_done``
-        self._averaged = threading.Condition(self.mutex)
-
-    def handle_pull(self, conn, addr):
-        """A worker joins (or rejoins): the center and the epochs averaged so far.
-
-        A rejoining worker redoes the epochs not averaged yet: the steps its lost task
-        recorded in them are marked ``superseded``, so the history counts each epoch's
-        steps once (it keeps those of the epochs averaged, which the new task skips).
-        """
-        with self.mutex:
-            with self._history_lock:
-                self._supersede(conn.worker_id,
-                                lambda record: record.get("epoch", 0) >= self.epochs_done)
-            reply = self._reply()
-        send_data(conn, reply)
-
-    def _retried(self, conn):
-        """Nothing at the handshake: the new attempt's pull says which epochs it redoes
-        (an epoch may still end between the two)."""
-
-    handle_pull_unless_own = handle_pull
-
-    def handle_commit(self, conn, addr):
-        data = recv_data(conn)
-        weights = self.model_update(data.get("delta"))
-        epoch = data.get("epoch")
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise networking.ProtocolError("An averaging commit must carry its epoch.")
-        samples = data.get("samples")
-        if isinstance(samples, bool) or not isinstance(samples, int):
-            raise networking.ProtocolError("An averaging commit must carry its samples.")
-        with self._averaged:
-            if epoch > self.epochs_done:
-                raise networking.ProtocolError(
-                    f"Worker {conn.worker_id} sent epoch {epoch + 1} before epoch "
-                    f"{self.epochs_done + 1} was averaged.")
-            if epoch == self.epochs_done and not self.stop_requested:
-                self._epoch_weights[conn.worker_id] = self._epoch_entry(data, weights,
-                                                                        samples)
-                if len(self._epoch_weights) >= self.num_workers:
-                    self._average()
-                while self.epochs_done == epoch and not self.stop_requested \
-                        and self._running:
-                    self._averaged.wait(self.WAIT_SECONDS)
-            self.next_update(conn)
-            reply = self._reply()
-        send_data(conn, reply)
-
-    def _epoch_entry(self, data, weights, samples):
-        """What a worker's commit of an epoch keeps until the epoch ends."""
-        return weights, samples
 
     def _average(self):
         """Averages the epoch's weights (in worker order); call under the lock."""
@@ -362,36 +313,14 @@ class AveragingServer(SocketParameterServer):
         self._epoch_weights = {}
         self._end_epoch()
 
-    def _end_epoch(self):
-        """Counts the epoch done, runs the driver's end of it and wakes the waiting
-        workers; call under the lock."""
-        self.epochs_done += 1
-        try:
-            # The workers wait meanwhile, as they would between two Spark jobs.
-            self.stop_requested = bool(self._run_epoch_hook())
-        except Exception as error:  # the driver's hook: stop the workers, keep its error
-            logger.exception("The end of epoch %s failed on the driver", self.epochs_done)
-            with self._history_lock:
-                self.errors.append(f"{type(error).__name__}: {error}")
-            self.stop_requested = True
-        finally:
-            self._averaged.notify_all()
-
     def _run_epoch_hook(self):
         """Runs ``on_average``; returns whether to stop."""
         if self.on_average is None:
             return False
         return self.on_average(self.epochs_done, self.center_variable)
 
-    def _reply(self):
-        reply = {"center": self.center_variable, "epochs_done": self.epochs_done,
-                 "stop": self.stop_requested}
-        if self.learning_rate is not None:
-            reply["learning_rate"] = float(self.learning_rate)
-        return reply
 
-
-class EpochServer(AveragingServer):
+class EpochServer(_EpochBarrierServer):
     """SingleTrainer's driver end when every epoch runs in one Spark task and the driver
     validates or calls back at each epoch's end.
 
@@ -412,7 +341,7 @@ class EpochServer(AveragingServer):
     FIELD = "optimizer_state"
 
     def __init__(self, model, optimizer_state, on_epoch_end=None, master_port=0):
-        super().__init__(model, 1, master_port=master_port)
+        super().__init__(model, 1, master_port)
         self.optimizer_state = weights_array(optimizer_state)
         self.field_specs = {self.FIELD: [(value.shape, value.dtype)
                                          for value in self.optimizer_state]}

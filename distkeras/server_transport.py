@@ -27,68 +27,25 @@ _EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.
 _ABORTED_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 
-class SocketTransport:
-    """Accepts workers on a TCP socket and serves each connection on its own thread.
+class Listener:
+    """Binds a TCP port and hands each connection it accepts to `_start_connection`.
 
     Args:
         master_port: Port to listen on; 0 lets the OS pick a free one.
-        host: Address to bind; the trainer sets the driver's address.
-        handshake_timeout: Seconds a new connection has, in all, to present the token.
+        host: Address to bind.
 
     Notes:
-        Composed servers call this ``__init__`` first: it creates ``_history_lock``, the
-        lock the parts share for the connections, the history and the errors, and a
-        frame limit (``max_frame_bytes``, ``weight_spec``) that a center then sets from
-        its weights.
+        Subclasses define `_start_connection(sock, addr)` and `_warn_exhausted(error)`
+        (accept() failed for want of descriptors; it goes on once some close).
     """
 
-    # Connections that have not presented the token yet each hold a thread until the
-    # handshake deadline, and anyone who reaches the port can open thousands. Past this
-    # many, the oldest is closed as each new one arrives (not the new one): a worker sends
-    # its token as it connects, and it is read long before that many later connections
-    # could push it out, so workers still join while a flood holds every place. Trainers
-    # raise the cap to twice their workers (`expect_workers`), who may connect at once.
-    MAX_PENDING_HANDSHAKES = 64
-
-    def __init__(self, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
+    def __init__(self, master_port=0, host="127.0.0.1"):
         self.master_port = master_port
         self.host = host
         self.port = None
-        self.token = secrets.token_hex(32)
-        self.handshake_timeout = handshake_timeout
-        self.max_pending_handshakes = self.MAX_PENDING_HANDSHAKES
-        self.handshakes_closed = 0  # connections closed to make room (see above)
-        self.max_frame_bytes = 1 << 20
-        self.weight_spec = None  # the shapes and dtypes of lists of arrays, when known
-        # Fields whose lists of arrays are not shaped like the weights (their own spec).
-        self.field_specs = None
-        self.errors = []
-        self.on_error = None  # called with the error of a handler (a bug) as it happens
-        self._history_lock = threading.Lock()
         self._server_socket = None
         self._accept_thread = None
-        self._connections = set()
-        # Connections still in their handshake, oldest first (a dict: ordered, O(1) removal).
-        self._pending = {}
-        self._threads = set()
         self._running = False
-
-    def action_handlers(self):
-        """``{action: (method name, whether the connection ends after it)}``: the actions
-        this server serves. Composed servers merge their parts' tables."""
-        return {}
-
-    def prepare_connection(self, conn):
-        """Sets a new connection's own state (the center's per-worker counts)."""
-
-    def joined(self, conn):
-        """Called once ``conn`` presented the token (``conn.worker_id``, ``conn.attempt``)."""
-
-    def expect_workers(self, count):
-        """Leaves room for ``count`` workers in their handshake at once (twice that: see
-        `MAX_PENDING_HANDSHAKES`)."""
-        self.max_pending_handshakes = max(self.max_pending_handshakes, 2 * count)
-
 
     def start(self):
         """Binds, listens and starts accepting workers in a background thread."""
@@ -113,21 +70,6 @@ class SocketTransport:
                     type(self).__name__, self.host, self.port)
 
     # The most stop() waits, in all, for the connections' threads once it shut them down.
-    STOP_JOIN_SECONDS = 10.0
-
-    def stop(self, grace_seconds=1.0):
-        """Stops accepting, ends every connection and joins the threads.
-
-        Args:
-            grace_seconds: How long connections may take to end on their own first, so
-                what finished workers sent last (their final history) is still read.
-        """
-        self._running = False
-        self._stop_accepting()
-        if grace_seconds:
-            self.wait_for_goodbyes(grace_seconds)
-        self._end_connections()
-
     def _stop_accepting(self):
         """Ends the accept loop, then closes the listening socket.
 
@@ -143,6 +85,108 @@ class SocketTransport:
             self._accept_thread.join(timeout=10)
         if self._server_socket is not None:
             self._server_socket.close()
+
+    ACCEPT_RETRY_SECONDS = 0.2  # the wait before accepting again once out of resources
+
+
+    def _accept_loop(self):
+        exhausted = False  # warned of the current shortage already
+        while self._running:
+            try:
+                sock, addr = self._server_socket.accept()
+            except OSError as error:
+                if not self._running:
+                    break  # the listening socket was closed by stop()
+                if error.errno in _ABORTED_ERRNOS:
+                    continue
+                if error.errno not in _EXHAUSTED_ERRNOS:
+                    logger.error("The parameter server on port %s stopped accepting "
+                                 "workers: %s", self.port, error)
+                    break
+                # Out of descriptors (many connections, a low `ulimit -n`): ending the loop
+                # would leave the port open but never answered, and every worker that
+                # connects later would wait forever. Accept again once some have closed.
+                if not exhausted:
+                    self._warn_exhausted(error)
+                exhausted = True
+                time.sleep(self.ACCEPT_RETRY_SECONDS)
+                continue
+            exhausted = False
+            self._start_connection(sock, addr)
+
+
+class SocketTransport(Listener):
+    """Accepts workers on a TCP socket and serves each connection on its own thread.
+
+    Args:
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+        host: Address to bind; the trainer sets the driver's address.
+        handshake_timeout: Seconds a new connection has, in all, to present the token.
+
+    Notes:
+        Composed servers call this ``__init__`` first: it creates ``_history_lock``, the
+        lock the parts share for the connections, the history and the errors, and a
+        frame limit (``max_frame_bytes``, ``weight_spec``) that a center then sets from
+        its weights.
+    """
+
+    # Connections that have not presented the token yet each hold a thread until the
+    # handshake deadline, and anyone who reaches the port can open thousands. Past this
+    # many, the oldest is closed as each new one arrives (not the new one): a worker sends
+    # its token as it connects, and it is read long before that many later connections
+    # could push it out, so workers still join while a flood holds every place. Trainers
+    # raise the cap to twice their workers (`expect_workers`), who may connect at once.
+    MAX_PENDING_HANDSHAKES = 64
+
+    def __init__(self, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
+        Listener.__init__(self, master_port, host)
+        self.token = secrets.token_hex(32)
+        self.handshake_timeout = handshake_timeout
+        self.max_pending_handshakes = self.MAX_PENDING_HANDSHAKES
+        self.handshakes_closed = 0  # connections closed to make room (see above)
+        self.max_frame_bytes = 1 << 20
+        self.weight_spec = None  # the shapes and dtypes of lists of arrays, when known
+        # Fields whose lists of arrays are not shaped like the weights (their own spec).
+        self.field_specs = None
+        self.errors = []
+        self.on_error = None  # called with the error of a handler (a bug) as it happens
+        self._history_lock = threading.Lock()
+        self._connections = set()
+        # Connections still in their handshake, oldest first (a dict: ordered, O(1) removal).
+        self._pending = {}
+        self._threads = set()
+
+    def action_handlers(self):
+        """``{action: (method name, whether the connection ends after it)}``: the actions
+        this server serves. Composed servers merge their parts' tables."""
+        return {}
+
+    def prepare_connection(self, conn):
+        """Sets a new connection's own state (the center's per-worker counts)."""
+
+    def joined(self, conn):
+        """Called once ``conn`` presented the token (``conn.worker_id``, ``conn.attempt``)."""
+
+    def expect_workers(self, count):
+        """Leaves room for ``count`` workers in their handshake at once (twice that: see
+        `MAX_PENDING_HANDSHAKES`)."""
+        self.max_pending_handshakes = max(self.max_pending_handshakes, 2 * count)
+
+
+    STOP_JOIN_SECONDS = 10.0
+
+    def stop(self, grace_seconds=1.0):
+        """Stops accepting, ends every connection and joins the threads.
+
+        Args:
+            grace_seconds: How long connections may take to end on their own first, so
+                what finished workers sent last (their final history) is still read.
+        """
+        self._running = False
+        self._stop_accepting()
+        if grace_seconds:
+            self.wait_for_goodbyes(grace_seconds)
+        self._end_connections()
 
     def _end_connections(self):
         """Shuts every connection down and waits for its thread, which closes it.
@@ -175,34 +219,6 @@ class SocketTransport:
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
-
-    ACCEPT_RETRY_SECONDS = 0.2  # the wait before accepting again once out of resources
-
-
-    def _accept_loop(self):
-        exhausted = False  # warned of the current shortage already
-        while self._running:
-            try:
-                sock, addr = self._server_socket.accept()
-            except OSError as error:
-                if not self._running:
-                    break  # the listening socket was closed by stop()
-                if error.errno in _ABORTED_ERRNOS:
-                    continue
-                if error.errno not in _EXHAUSTED_ERRNOS:
-                    logger.error("The parameter server on port %s stopped accepting "
-                                 "workers: %s", self.port, error)
-                    break
-                # Out of descriptors (many connections, a low `ulimit -n`): ending the loop
-                # would leave the port open but never answered, and every worker that
-                # connects later would wait forever. Accept again once some have closed.
-                if not exhausted:
-                    self._warn_exhausted(error)
-                exhausted = True
-                time.sleep(self.ACCEPT_RETRY_SECONDS)
-                continue
-            exhausted = False
-            self._start_connection(sock, addr)
 
     def _warn_exhausted(self, error):
         with self._history_lock:

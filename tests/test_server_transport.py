@@ -189,3 +189,28 @@ def test_stop_ends_every_connection_and_its_thread():
     assert wait_for(lambda: connection_threads() == [])
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).recv(1)
+
+
+def test_the_servers_are_compositions_of_the_parts():
+    """The progress server has no pull or commit protocol to refuse, and SingleTrainer's
+    epoch server is the epoch barrier composed with the parts, not model averaging of
+    one worker."""
+    from distkeras.center import CenterExchange
+    from distkeras.epoch_barrier import EpochBarrier
+    from distkeras.history_sink import HistorySink
+    from distkeras.parameter_servers import (
+        AveragingServer,
+        EpochServer,
+        HistoryServer,
+        SocketParameterServer,
+    )
+
+    assert issubclass(HistoryServer, (SocketTransport, HistorySink))
+    assert not issubclass(HistoryServer, CenterExchange)
+    assert not any(hasattr(HistoryServer, name) for name in
+                   ("handle_pull", "handle_pull_unless_own", "handle_commit"))
+    for cls in (SocketParameterServer, AveragingServer, EpochServer):
+        assert issubclass(cls, SocketTransport) and issubclass(cls, CenterExchange) \
+            and issubclass(cls, HistorySink)
+    assert issubclass(EpochServer, EpochBarrier) and issubclass(AveragingServer, EpochBarrier)
+    assert not issubclass(EpochServer, AveragingServer)
