@@ -252,7 +252,7 @@ def timed_server_operations():
     timers (benchmark only); returns the Counter of CPU seconds they fill, by name."""
     import collections
 
-    from distkeras import parameter_servers
+    from distkeras import center, parameter_servers
 
     spent = collections.Counter()
 
@@ -269,7 +269,7 @@ def timed_server_operations():
         setattr(owner, name, wrapper)
 
     timed(parameter_servers, "recv_data", "read a commit or a request")
-    timed(parameter_servers, "send_data", "send a pull")
+    timed(center, "send_data", "send a pull")  # the center part answers pulls
     timed(parameter_servers.SocketParameterServer, "model_update", "isfinite check")
     timed(parameter_servers.SocketParameterServer, "apply_rule", "add (under the lock)")
     return spent
