@@ -286,6 +286,7 @@ def measure_memory(spark, paths, batch_size=32):
     import keras
 
     from distkeras.trainers import SingleTrainer
+    from distkeras.training.one_task import OneTaskPlan
     from distkeras.workers import SequentialWorker
 
     class MemoryWorker(SequentialWorker):
@@ -297,15 +298,17 @@ def measure_memory(spark, paths, batch_size=32):
             message["history"] = {}
             return message
 
+    class MemoryPlan(OneTaskPlan):
+        def run_workers(self, *args, **kwargs):
+            self.trainer.messages = super().run_workers(*args, **kwargs)
+            return self.trainer.messages
+
     class MemoryTrainer(SingleTrainer):
         messages = None
+        plan = MemoryPlan
 
         def allocate_worker(self):
             return MemoryWorker(self.master_model)
-
-        def _run_workers(self, *args, **kwargs):
-            self.messages = super()._run_workers(*args, **kwargs)
-            return self.messages
 
     results = {}
     # The first training on a fresh machine compiles the step and fills the JAX cache on

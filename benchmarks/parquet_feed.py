@@ -110,7 +110,7 @@ def measure_feed(spark, path, rows, repeat, clock):
     """Minibatches from each path: Spark's ``mapInArrow`` of the scan, and the files read
     in the workers (the same 2 partitions)."""
     from distkeras.data import dataframes
-    from distkeras.training_jobs import _feed_batch_rows
+    from distkeras.training_jobs import feed_batch_rows
 
     frame = spark.read.parquet(path)
     partitions = frame.rdd.getNumPartitions()
@@ -119,7 +119,7 @@ def measure_feed(spark, path, rows, repeat, clock):
         def run(value=value):
             spark.conf.set(SETTING, value)
             try:
-                with _feed_batch_rows(spark):  # the trainers' Arrow batches, both paths
+                with feed_batch_rows(spark):  # the trainers' Arrow batches, both paths
                     layout = dataframes.lay_out(frame, partitions)
                     assert (layout is frame) == (value == "false"), layout
                     assert _feed_job(layout) == rows, "rows lost"

@@ -68,3 +68,29 @@ def _check_whole(path, data):
             f"The checkpoint {path} is damaged ({error}): it is cut short or no distkeras "
             "checkpoint. Delete it to start from the model's weights, or put back a good "
             "copy to resume from.") from error
+
+
+def restore(server, folder, trainer_name):
+    """Puts the last checkpoint in ``folder`` (its center and update count) into a fresh
+    ``server``; without one, warns and leaves the server at the model's weights.
+
+    Args:
+        server: A parameter server not yet started.
+        folder: The ``checkpoint_dir``.
+        trainer_name: The class name of the trainer resuming (a checkpoint written by
+            another is resumed with a warning: its update rule differed).
+    """
+    trainers_logger = logging.getLogger("distkeras.trainers")
+    checkpoint = load_checkpoint(folder, server.weight_spec)
+    if checkpoint is None:
+        trainers_logger.warning("No checkpoint in %s: starting from the model's weights.",
+                                folder)
+        return
+    written_by = checkpoint.get("trainer")
+    if written_by and written_by != trainer_name:
+        # The weights fit (they were checked), but the update rule that made them differs.
+        trainers_logger.warning("The checkpoint in %s was written by %s; resuming it with %s.",
+                                folder, written_by, trainer_name)
+    server.center_variable = checkpoint["center"]
+    server.num_updates = int(checkpoint["num_updates"])
+    trainers_logger.info("Resuming from %s (%s updates)", folder, server.num_updates)

@@ -32,7 +32,7 @@ class TrainerAccessors:
 
     def has_history(self):
         """Whether the last `train()` recorded any step."""
-        return len(self.history) > 0
+        return len(self.get_history()) > 0
 
     def get_features_column(self):
         """``features_col``."""
@@ -93,5 +93,4 @@ class AsynchronousAccessors:
 
     def num_updates(self):
         """The commits the parameter server applied in the last `train()` (0 before)."""
-        server = getattr(self, "parameter_server", None)
-        return server.num_updates if server is not None else 0
+        return self._results.num_updates

@@ -7,7 +7,7 @@ a compiled model (what its `fit` would train with).
 import numpy as np
 
 
-def _check_int(name, value, minimum=1, maximum=None):
+def check_int(name, value, minimum=1, maximum=None):
     """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
     ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
@@ -16,8 +16,8 @@ def _check_int(name, value, minimum=1, maximum=None):
         raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
 
 
-def _check_communication_window(value):
-    """`_check_int` for ``communication_window``, naming dist-keras's README order when the
+def check_communication_window(value):
+    """`check_int` for ``communication_window``, naming dist-keras's README order when the
     value looks like a learning rate (its DOWNPOUR line put learning_rate before it)."""
     if isinstance(value, (float, np.floating)) and 0 < value < 1:
         raise ValueError(
@@ -25,16 +25,16 @@ def _check_communication_window(value):
             f"communication_window={value!r}, a learning rate? dist-keras's README lists "
             "DOWNPOUR(..., num_epoch, learning_rate, communication_window), an order its "
             "code did not take (nor does this one): pass learning_rate=... by name.")
-    _check_int("communication_window", value)
+    check_int("communication_window", value)
 
 
-def _check_number(name, value):
+def check_number(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
             not np.isfinite(value) or value <= 0:
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
-def _is_classification_loss(loss):
+def is_classification_loss(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) classifies: a
     cross-entropy, hinge or focal loss, for which accuracy means something."""
     if isinstance(loss, dict):
@@ -47,7 +47,7 @@ def _is_classification_loss(loss):
     return any(kind in name for kind in ("crossentropy", "hinge", "focal"))
 
 
-def _compiled_with(model):
+def compiled_with(model):
     """The arguments a compiled ``model``'s ``compile`` was given, as objects.
 
     Not `get_compile_config()`: Keras's configs of some losses and metrics leave out
@@ -58,17 +58,17 @@ def _compiled_with(model):
     return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
 
 
-def _compiled_without_loss(model):
+def compiled_without_loss(model):
     """Whether ``model`` was compiled with ``loss=None``, as Keras allows for a model whose
     loss is its own: layers' ``add_loss`` (an autoencoder's reconstruction penalty), or
     a ``train_step`` or ``compute_loss`` of its class. Its workers compile it so too."""
     return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is None
 
 
-def _binary_loss_logits(loss):
+def binary_loss_logits(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) is a binary
     cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.utils import _BINARY_LOSSES
+    from distkeras.utils import BINARY_LOSSES
 
     if isinstance(loss, dict):
         name = str(loss.get("class_name", ""))
@@ -77,10 +77,10 @@ def _binary_loss_logits(loss):
         name = loss if isinstance(loss, str) else \
             getattr(loss, "__name__", None) or type(loss).__name__
         config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return name.lower() in _BINARY_LOSSES, bool(config.get("from_logits", False))
+    return name.lower() in BINARY_LOSSES, bool(config.get("from_logits", False))
 
 
-def _default_metrics(loss, model):
+def default_metrics(loss, model):
     """The metrics of a one-output model that was given none and classifies: accuracy.
 
     ``"accuracy"`` is what Keras's ``compile`` resolves from the labels' shape: for a
@@ -93,7 +93,7 @@ def _default_metrics(loss, model):
 
     from distkeras.utils import serialize_keras_object
 
-    binary, from_logits = _binary_loss_logits(loss)
+    binary, from_logits = binary_loss_logits(loss)
     units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
         else 1
     if not binary or not (from_logits or (units or 1) > 1):
@@ -104,14 +104,14 @@ def _default_metrics(loss, model):
         name="accuracy", threshold=0.0 if from_logits else 0.5))]
 
 
-def _uses_ema(optimizer):
+def uses_ema(optimizer):
     """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
     if isinstance(optimizer, dict):
         return bool(optimizer.get("config", {}).get("use_ema", False))
     return bool(getattr(optimizer, "use_ema", False))
 
 
-def _steps_taken(optimizer):
+def steps_taken(optimizer):
     """The minibatches a built optimizer has taken, counting those it only accumulated.
 
     With ``gradient_accumulation_steps``, Keras's ``iterations`` is a tensor (not a
@@ -124,7 +124,7 @@ def _steps_taken(optimizer):
     return int(np.asarray(steps))
 
 
-def _check_optimizer_tracks_trainable(model):
+def check_optimizer_tracks_trainable(model):
     """Refuses, as `fit` does, a model whose trainable weights changed since its optimizer
     was built (layers frozen or unfrozen without compiling again).
 
@@ -143,7 +143,7 @@ def _check_optimizer_tracks_trainable(model):
             "`trainable`, as Keras's `fit` requires.")
 
 
-def _check_columns(name, value):
+def check_columns(name, value):
     """Refuses a column setting that is not a name or a non-empty list of names (a dict
     keyed by the model's names has become the list by now)."""
     names = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -155,8 +155,12 @@ def _check_columns(name, value):
                         f"model's input or output names{none}. Received: {name}={value!r}")
 
 
-def _check_fraction(name, value):
+def check_fraction(name, value):
     """A ValueError naming ``name`` unless ``value`` is a number in [0, 1) (a momentum)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
             or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
+
+
+# The names the algorithms' modules imported before these became public.
+_check_int, _check_number, _check_fraction = check_int, check_number, check_fraction

@@ -30,13 +30,13 @@ FEED_RECORDS_PER_BATCH = 2048
 
 
 # The trainings in this process that set the rows per Arrow batch on a session and have not
-# ended, counted by session: the last of them to end unsets it (see `_feed_batch_rows`).
+# ended, counted by session: the last of them to end unsets it (see `feed_batch_rows`).
 _FEED_LOCK = threading.Lock()
 _FEED_SETTERS = {}
 
 
 @contextlib.contextmanager
-def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
+def feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
     """Runs a job with ``rows`` rows per Arrow batch unless the session chose its own.
 
     The setting is the session's, and several trainings may run at once on one session
@@ -64,13 +64,13 @@ def _feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
 
 
 # The trainings in progress in this process (several threads may train at once, as a
-# hyperparameter search's do), and how many have started: see `_begin_run`.
+# hyperparameter search's do), and how many have started: see `begin_run`.
 _RUNS_LOCK = threading.Lock()
 _RUNS_IN_PROGRESS = set()
 _RUNS_STARTED = 0
 
 
-def _begin_run(kind):
+def begin_run(kind):
     """Registers a training of trainer class ``kind`` that starts now; returns ``(run id,
     label)``. The label names its progress, its Spark jobs and its result lines: the class
     name, with the run's number (``ADAG #2``) when another training is in progress in
@@ -84,7 +84,7 @@ def _begin_run(kind):
     return run, label
 
 
-def _end_run(run):
+def end_run(run):
     with _RUNS_LOCK:
         _RUNS_IN_PROGRESS.discard(run)
 
@@ -157,7 +157,7 @@ def warn_if_speculative(spark_context, trainer_name):
 _CRASHED_WORKER = "Python worker exited unexpectedly"
 
 
-def _worker_error_message(error):
+def worker_error_message(error):
     """The most telling line of a failed Spark job: the worker's own exception."""
     text = str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -216,7 +216,7 @@ def check_executor_python(spark_context):
     try:
         spark_context.parallelize([0], 1).map(_imports_distkeras).collect()
     except Exception as error:  # Spark's Py4JJavaError or PythonException, by its text
-        hint = _environment_hint(_worker_error_message(error))
+        hint = _environment_hint(worker_error_message(error))
         if not hint:
             raise
         raise ExecutorEnvironmentError(
@@ -234,7 +234,7 @@ def _crashed_worker_message(text):
             "adds the Python traceback of a crash.")
 
 
-def _raise_reported_failure(server, error):
+def raise_reported_failure(server, error):
     """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
     failure a worker reported to ``server`` (the cause of the stop), if there is one."""
     if getattr(server, "worker_failures", None):
@@ -243,7 +243,7 @@ def _raise_reported_failure(server, error):
                             f"failed: {cause}") from error
 
 
-def _register_user_module(obj):
+def register_user_module(obj):
     """Lets Spark ship a user's worker class, and its algorithm's (`algorithms.Algorithm`),
     by value when their modules are not installed."""
     from pyspark import cloudpickle
@@ -261,7 +261,7 @@ def _register_user_module(obj):
 UNRETRYABLE = "unretryable_error"
 
 
-def _arrow_training_job(worker, label_shapes, replay):
+def arrow_training_job(worker, label_shapes, replay):
     """The function each Spark task runs: train on the partition (``replay.num_epoch``
     times, see `epochs.Replay`), return one frame."""
     def run_partition(record_batches):
@@ -284,7 +284,7 @@ def _arrow_training_job(worker, label_shapes, replay):
             # each training up to the same error), and its reply carries the error.
             message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
                                                             f"{workers.one_line(unretryable)}"}
-        chunks = _reply_chunks(networking.encode_message(message))
+        chunks = reply_chunks(networking.encode_message(message))
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),
              "chunks": [len(chunks)] * len(chunks), "payload": chunks},
@@ -302,13 +302,13 @@ def _arrow_training_job(worker, label_shapes, replay):
 REPLY_CHUNK_BYTES = 8 << 20
 
 
-def _reply_chunks(frame, size=REPLY_CHUNK_BYTES):
+def reply_chunks(frame, size=REPLY_CHUNK_BYTES):
     """``frame`` (bytes) in consecutive pieces of at most ``size`` bytes (at least one)."""
     view = memoryview(frame)
     return [bytes(view[start:start + size]) for start in range(0, max(len(frame), 1), size)]
 
 
-def _joined_replies(rows, num_tasks):
+def joined_replies(rows, num_tasks):
     """The tasks' replies (frames, by worker id) from the rows of their chunks.
 
     Raises:

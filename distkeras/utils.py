@@ -339,7 +339,7 @@ _ONE_HOT_LOSSES = ("categorical_crossentropy", "categoricalcrossentropy",
 # Losses that read one class index per row (per position of the output's last axis).
 _SPARSE_LOSSES = ("sparse_categorical_crossentropy", "sparsecategoricalcrossentropy")
 # Losses that compare each output unit with a label of the output's own shape.
-_BINARY_LOSSES = ("binary_crossentropy", "binarycrossentropy", "binary_focal_crossentropy",
+BINARY_LOSSES = ("binary_crossentropy", "binarycrossentropy", "binary_focal_crossentropy",
                   "binaryfocalcrossentropy")
 # Regression (and other element-wise) losses: they too compare each output unit with a
 # label of the output's own shape. Given one scalar per row for several units, a worker
@@ -466,7 +466,7 @@ def check_compile_arguments(optimizer, loss, metrics, label_shapes=(), output_sh
                 f"{name!r} expects one-hot labels of shape {tuple(output)}. Use "
                 "loss='sparse_categorical_crossentropy', or one-hot encode the labels first "
                 "(distkeras.transformers.OneHotTransformer).")
-        if (labels == () or indices) and units > 1 and name in _BINARY_LOSSES:
+        if (labels == () or indices) and units > 1 and name in BINARY_LOSSES:
             raise ValueError(
                 f"The labels of output {index} are {kind} but the loss {name!r} compares "
                 f"each of the output's {units} values with a label of shape {tuple(output)}. "
@@ -634,9 +634,9 @@ def precache(dataframe, num_workers=None):
             None keeps its partitions.
     """
     if num_workers is not None:
-        from distkeras.training_checks import _check_int
+        from distkeras.training_checks import check_int
 
-        _check_int("num_workers", num_workers)
+        check_int("num_workers", num_workers)
         dataframe = dataframe.repartition(num_workers)
     dataframe = dataframe.cache()
     dataframe.count()

@@ -134,19 +134,16 @@ def test_resume_after_the_driver_was_killed(fashion_train, fashion_test, tmp_pat
 
 def test_resuming_another_trainers_checkpoint_warns(tmp_path, caplog):
     from distkeras import parameter_servers
-    from distkeras.checkpoints import save_checkpoint
-    from distkeras.trainers import DOWNPOUR
+    from distkeras.checkpoints import restore, save_checkpoint
 
     model = build_mlp(32)
     written = parameter_servers.ADAGParameterServer(model)
     written.num_updates = 7
     save_checkpoint(str(tmp_path), written, "ADAG")
 
-    trainer = DOWNPOUR(model, "adam", "categorical_crossentropy")
-    trainer.checkpoint_dir = str(tmp_path)
     server = parameter_servers.DeltaParameterServer(model)
     with caplog.at_level("WARNING", logger="distkeras.trainers"):
-        trainer._restore(server)
+        restore(server, str(tmp_path), "DOWNPOUR")  # as a DOWNPOUR run resumes
     assert server.num_updates == 7
     assert "written by ADAG; resuming it with DOWNPOUR" in caplog.text
 

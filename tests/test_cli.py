@@ -254,8 +254,8 @@ def test_metrics_default_to_the_compiled_models(spark):
     parser = cli._train_parser(ADAG)
     args = parser.parse_args(["--data", "d", "--model", "m", "--output", "o"])
     trainer = cli.build_trainer(ADAG, model, args)
-    trainer._use_compiled_settings()  # as train() does
-    assert trainer.metrics == ["mae"]  # was ["accuracy"], replacing the model's
+    assert trainer.metrics is None  # stored as given: the model's are resolved per run
+    assert trainer.settings().metrics == ["mae"]  # was ["accuracy"], replacing the model's
     given = cli.build_trainer(ADAG, model, parser.parse_args(
         ["--data", "d", "--model", "m", "--output", "o", "--metrics", "accuracy"]))
     assert given.metrics == ["accuracy"]

@@ -73,6 +73,7 @@ def _row_recording_trainer():
     """An EnsembleTrainer whose members record the label (a row id) of every row they
     train on; ``trainer.messages`` holds each member's message."""
     from distkeras.trainers import EnsembleTrainer
+    from distkeras.training.ensemble import EnsemblePlan
     from distkeras.workers import EnsembleWorker
 
     class RowRecordingWorker(EnsembleWorker):
@@ -87,13 +88,16 @@ def _row_recording_trainer():
             message["seen"] = [np.concatenate(self.seen)]
             return message
 
+    class RowRecordingPlan(EnsemblePlan):
+        def run_workers(self, *args, **kwargs):
+            self.trainer.messages = super().run_workers(*args, **kwargs)
+            return self.trainer.messages
+
     class RowRecordingEnsemble(EnsembleTrainer):
+        plan = RowRecordingPlan
+
         def allocate_worker(self):
             return RowRecordingWorker(self.master_model, seed=self.seed)
-
-        def _run_workers(self, *args, **kwargs):
-            self.messages = super()._run_workers(*args, **kwargs)
-            return self.messages
 
     return RowRecordingEnsemble
 

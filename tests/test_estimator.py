@@ -265,28 +265,38 @@ def test_a_callback_alone_reaches_the_trainer(fashion_train):
     assert {record["epoch"] for record in trainer.get_history()} == {0, 1}
 
 
-def test_estimator_copies_fitted_in_parallel_threads_train_one_at_a_time(spark, fashion_train):
-    """Copies of an estimator share its trainer (Params.copy is shallow), and a run keeps
-    its state on the trainer: CrossValidator(parallelism=2) fitting two copies at once
-    mixed their settings. Runs on one trainer now wait for each other."""
+def test_estimator_copies_fitted_in_parallel_threads_keep_their_own_settings(spark,
+                                                                            fashion_train):
+    """Copies of an estimator share its trainer (Params.copy is shallow): when a run kept
+    its state on the trainer, CrossValidator(parallelism=2) fitting two copies at once
+    mixed their settings. Each run owns its state now: they may overlap, each with its
+    own copy's Params, and the trainer keeps its settings."""
     import threading
     import time
 
     from distkeras.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
+    from distkeras.training.one_task import OneTaskPlan
 
     spans = []
 
-    class Recording(SingleTrainer):
-        def _train(self, frame, label_shapes, shuffle):
+    class RecordingPlan(OneTaskPlan):
+        def train(self, frame, label_shapes, shuffle):
             start = time.monotonic()
-            time.sleep(0.5)  # long enough for the other thread to try to start
-            model = super()._train(frame, label_shapes, shuffle)
-            spans.append((start, time.monotonic(), self._class_table))
+            time.sleep(0.5)  # long enough for the other thread to start its run
+            model = super().train(frame, label_shapes, shuffle)
+            spans.append((start, time.monotonic(), self.run.class_table,
+                          self.settings.num_epoch))
             return model
 
-    estimator = KerasEstimator(Recording(build_mlp(16), "adam", "categorical_crossentropy"))
-    copies = [estimator.copy({estimator.classWeight: {0: 0.0}}), estimator.copy()]
+    class Recording(SingleTrainer):
+        plan = RecordingPlan
+
+    trainer = Recording(build_mlp(16), "adam", "categorical_crossentropy")
+    config = trainer.get_config()
+    estimator = KerasEstimator(trainer)
+    copies = [estimator.copy({estimator.classWeight: {0: 0.0}, estimator.numEpoch: 2}),
+              estimator.copy()]
     data = fashion_train.limit(300)
     threads = [threading.Thread(target=copy.fit, args=(data,)) for copy in copies]
     for thread in threads:
@@ -294,10 +304,10 @@ def test_estimator_copies_fitted_in_parallel_threads_train_one_at_a_time(spark, 
     for thread in threads:
         thread.join()
     assert len(spans) == 2
-    (first_start, first_end, _), (second_start, _, _) = sorted(spans)
-    assert second_start >= first_end  # one after the other, never overlapping
-    # Each run trained with its own copy's class weights.
-    assert sorted(table is None for _, _, table in spans) == [False, True]
+    # Each run trained with its own copy's class weights and epochs.
+    assert sorted((table is None, epochs) for _, _, table, epochs in spans) == \
+        [(False, 2), (True, 1)]
+    assert trainer.get_config() == config  # the trainer kept its own settings
 
 
 def test_estimator_passes_shuffle_to_the_trainer(spark, tmp_path):
@@ -353,15 +363,20 @@ def test_cross_validator_tunes_the_training_params(spark, tmp_path):
     from distkeras.estimators import KerasEstimator
     from distkeras.evaluators import AccuracyEvaluator
     from distkeras.trainers import SingleTrainer
+    from distkeras.training.one_task import OneTaskPlan
 
     seen = []
 
+    class RecordingPlan(OneTaskPlan):
+        def train(self, frame, label_shapes, shuffle):
+            settings = self.settings  # the run's: the estimator's Params replace the trainer's
+            seen.append((settings.num_epoch, settings.batch_size,
+                         settings.worker_optimizer["class_name"],
+                         settings.worker_optimizer["config"]["learning_rate"]))
+            return super().train(frame, label_shapes, shuffle)
+
     class Recording(SingleTrainer):
-        def _train(self, frame, label_shapes, shuffle):
-            seen.append((self.num_epoch, self.batch_size,
-                         self.worker_optimizer["class_name"],
-                         self.worker_optimizer["config"]["learning_rate"]))
-            return super()._train(frame, label_shapes, shuffle)
+        plan = RecordingPlan
 
     trainer = Recording(_small_model(), worker_optimizer="adam",
                         loss="sparse_categorical_crossentropy", batch_size=32, num_epoch=1)

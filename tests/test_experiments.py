@@ -237,7 +237,7 @@ def test_a_failing_run_keeps_the_finished_runs_rows_and_plots(spark, tmp_path):
     from distkeras.trainers import SingleTrainer
 
     class BrokenTrainer(SingleTrainer):
-        def _train(self, frame, label_shapes, shuffle):
+        def allocate_worker(self):
             raise RuntimeError("broken on purpose")
 
     output_dir = str(tmp_path / "out")

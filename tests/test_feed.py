@@ -89,7 +89,7 @@ def test_worker_memory_does_not_grow_with_steps():
 
 def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(spark):
     from distkeras.training_jobs import (ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH,
-                                         _feed_batch_rows)
+                                         feed_batch_rows)
 
     def _batch_rows(record_batches):  # defined here: shipped to the executor by value
         import pyarrow as pa
@@ -98,7 +98,7 @@ def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(
             yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
 
     frame = spark.range(0, 5000, numPartitions=1)
-    with _feed_batch_rows(spark):
+    with feed_batch_rows(spark):
         assert spark.conf.get(ARROW_BATCH_KEY) == str(FEED_RECORDS_PER_BATCH)
         sizes = [row.rows for row in frame.mapInArrow(_batch_rows, "rows long").collect()]
     assert sizes == [2048, 2048, 904]  # Spark's default would send one batch of 5000
@@ -106,7 +106,7 @@ def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(
 
     spark.conf.set(ARROW_BATCH_KEY, "3000")
     try:
-        with _feed_batch_rows(spark):
+        with feed_batch_rows(spark):
             sizes = [row.rows for row in frame.mapInArrow(_batch_rows, "rows long").collect()]
         assert sizes == [3000, 2000]
         assert spark.conf.get(ARROW_BATCH_KEY) == "3000"
@@ -118,9 +118,9 @@ def test_overlapping_trainings_keep_the_small_arrow_batches_until_the_last_ends(
     """Two trainings in threads on one session: the second to start used to read the first's
     setting as the session's own, and the first to end unset it under the second."""
     from distkeras.training_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, \
-        _feed_batch_rows
+        feed_batch_rows
 
-    first, second = _feed_batch_rows(spark), _feed_batch_rows(spark)
+    first, second = feed_batch_rows(spark), feed_batch_rows(spark)
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)

@@ -113,10 +113,12 @@ def test_averaged_history_of_records_without_epochs_goes_by_iteration():
 def test_executor_history_of_an_unknown_worker_says_which_workers_have_records(caplog):
     """`get_executor_history(7)` (a typo for 1) gave [] without a word."""
     from distkeras.trainers import Trainer
+    from distkeras.training.run import RunResults
 
     trainer = Trainer(None, "adam", "mse")
-    trainer.history = [{"worker_id": worker, "iteration": 1, "timestamp": 0.0, "loss": 1.0}
-                       for worker in (0, 1)]
+    trainer._results = RunResults(history=[  # as a run of two workers leaves them
+        {"worker_id": worker, "iteration": 1, "timestamp": 0.0, "loss": 1.0}
+        for worker in (0, 1)])
     with caplog.at_level("WARNING", logger="distkeras.trainers"):
         assert len(trainer.get_executor_history(1)) == 1
         assert caplog.text == ""

@@ -29,17 +29,17 @@ def test_a_model_of_20_million_parameters_comes_back_trained(spark):
 
 def test_a_reply_missing_from_the_collected_rows_is_an_error():
     from distkeras.trainers import TrainingError
-    from distkeras.training_jobs import _joined_replies, _reply_chunks
+    from distkeras.training_jobs import joined_replies, reply_chunks
 
     replies = [bytes([index]) * 20 for index in range(2)]
     rows = [{"worker_id": worker_id, "chunk": index, "chunks": len(chunks), "payload": chunk}
             for worker_id, reply in enumerate(replies)
-            for chunks in [_reply_chunks(reply, size=8)]
+            for chunks in [reply_chunks(reply, size=8)]
             for index, chunk in enumerate(chunks)]
     assert len(rows) == 6
-    assert _joined_replies(reversed(rows), 2) == replies
+    assert joined_replies(reversed(rows), 2) == replies
     # PySpark's collect() ends early, without an error, where the driver's JVM failed to
     # serve the rows: no replica or some of one must not pass for the training's result.
     for collected in (rows[:-1], rows[:3], []):
         with pytest.raises(TrainingError, match="spark.driver.memory"):
-            _joined_replies(collected, 2)
+            joined_replies(collected, 2)

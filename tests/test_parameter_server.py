@@ -720,6 +720,8 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
 
     from distkeras.parameter_servers import HistoryServer
     from distkeras.trainers import AveragingTrainer
+    from distkeras.training.plans import Plan
+    from distkeras.training.run import Run
 
     caps = []
     start = HistoryServer.start
@@ -728,9 +730,9 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     conf = SimpleNamespace(get=lambda key, default=None: default)
     spark = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
     trainer = AveragingTrainer(make_model(), "sgd", "mse")
-    trainer.verbose, trainer._metric_states = 0, []  # as train() sets them
+    run = Run(trainer, trainer.settings(), "test", verbose=0)
     worker = SimpleNamespace()
-    with trainer._progress(spark, worker, None, "test", "group", num_tasks=200):
+    with Plan(run).progress(spark, worker, None, "test", "group", num_tasks=200):
         pass
     assert caps == [400]
 

@@ -85,7 +85,7 @@ def test_where_the_scan_has_the_partitions_asked_for_each_is_sparks_own(parquet)
 def _minibatches_by_partition(spark, frame, partitions, direct):
     """The minibatches (their ids, then their features) each worker task builds over
     `dataframes.lay_out` of the training columns, with the direct read on or off."""
-    from distkeras.training_jobs import _feed_batch_rows
+    from distkeras.training_jobs import feed_batch_rows
 
     def minibatches(record_batches):
         from pyspark import TaskContext
@@ -102,7 +102,7 @@ def _minibatches_by_partition(spark, frame, partitions, direct):
         layout = dataframes.lay_out(dataframes.training_frame(frame, "features", "label"),
                                     partitions)
         assert isinstance(layout, parquet_source.ParquetSource) == direct
-        with _feed_batch_rows(spark):
+        with feed_batch_rows(spark):
             rows = layout.mapInArrow(minibatches, "partition long, batches string").collect()
     finally:
         spark.conf.unset(parquet_source.SETTING)

@@ -395,7 +395,7 @@ def test_the_last_epoch_is_validated_before_the_ema_weights_as_fit_does(spark):
     for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
     # The returned model's line evaluates what it holds: the moving averages.
-    returned = trainer._returned_validation(2)[0]
+    returned = trainer.get_validation_history()[2]  # after the two epochs' records
     np.testing.assert_allclose(
         returned["val_loss"], reference.evaluate(x_val, y_val, verbose=0), rtol=1e-5)
 

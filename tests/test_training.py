@@ -483,8 +483,8 @@ def test_accuracy_is_the_default_metric_of_classification_losses_only(loss, metr
     from distkeras.trainers import ADAG
 
     trainer = ADAG(build_mlp(32), "adam", loss)
-    trainer.validate_arguments()
-    assert trainer.metrics == metrics
+    assert trainer.settings().metrics == metrics  # the run's: the trainer keeps None
+    assert trainer.metrics is None
 
 
 def _multi_label_data(rows=600, seed=0):
@@ -508,8 +508,7 @@ def test_default_accuracy_of_binary_losses_is_binary_accuracy(units, loss, thres
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(units)])
     trainer = ADAG(model, "adam", keras.losses.get(loss) if units == 1 else loss)
-    trainer.validate_arguments()
-    (metric,) = trainer.metrics
+    (metric,) = trainer.settings().metrics
     assert metric["class_name"] == "BinaryAccuracy"
     assert metric["config"]["name"] == "accuracy"
     assert metric["config"]["threshold"] == threshold

@@ -22,7 +22,6 @@ and, for the estimator, the trainer's class and ``get_config()``.
 
 import importlib
 import logging
-import threading
 
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
@@ -30,6 +29,7 @@ from pyspark.ml.param.shared import HasPredictionCol, HasWeightCol
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
+from distkeras.data import dataframes
 from distkeras.predictors import ModelPredictor, check_batch_size
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
 from distkeras.validation import as_callback_list
@@ -323,7 +323,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         return self.getOrDefault(param) if self.isDefined(param) else None
 
     def _trainer_settings(self):
-        """The trainer attributes that this estimator's training Params replace."""
+        """The trainer settings that this estimator's training Params replace (for its
+        runs only: the trainer keeps its own)."""
         settings = {}
         if self.isDefined(self.numEpoch):
             settings["num_epoch"] = self.getOrDefault(self.numEpoch)
@@ -331,9 +332,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             settings["batch_size"] = self.getOrDefault(self.trainingBatchSize)
         optimizer = self._given(self.workerOptimizer)
         if self.isDefined(self.learningRate):
-            if optimizer is None:
-                self.trainer._use_compiled_settings()  # a compiled model lends its own
-                optimizer = self.trainer.worker_optimizer
+            if optimizer is None:  # a compiled model lends its own
+                optimizer = self.trainer.compiled_settings()["worker_optimizer"]
             optimizer = optimizer_config(optimizer, self.getOrDefault(self.learningRate),
                                           self.trainer.master_model)
             if getattr(self.trainer, "sets_worker_learning_rate", False):
@@ -349,33 +349,26 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             raise TypeError("KerasEstimator needs a distkeras trainer, for example "
                             f"KerasEstimator(ADAG(...)). Received: trainer={self.trainer!r}")
         check_batch_size(self.getOrDefault(self.batchSize))
-        from distkeras.trainers import EnsembleTrainer
-
-        if isinstance(self.trainer, EnsembleTrainer):  # refused before it trains, not after
-            raise TypeError("EnsembleTrainer returns several models; KerasEstimator supports "
-                            "trainers that return one keras.Model.")
-        # Copies of an estimator share its trainer: its lock keeps each fit's settings
-        # to that fit, also when CrossValidator fits copies in parallel threads.
-        with self.trainer.__dict__.setdefault("_run_lock", threading.RLock()):
-            settings = self._trainer_settings()
-            saved = {name: getattr(self.trainer, name) for name in settings}
-            for name, value in settings.items():
-                setattr(self.trainer, name, value)
-            try:
-                model = self.trainer.train(
-                    dataset, shuffle=self.getOrDefault(self.shuffle),
-                    sample_weight_col=self._given(self.weightCol) or None,
-                    class_weight=self._given(self.classWeight),
-                    validation_data=self._given(self.validation),
-                    callbacks=self.callbacks or None)
-            finally:
-                for name, value in saved.items():
-                    setattr(self.trainer, name, value)
+        if not getattr(self.trainer.plan, "watches_one_model", True):
+            # refused before it trains, not after
+            raise TypeError(f"{type(self.trainer).__name__} returns several models; "
+                            "KerasEstimator supports trainers that return one keras.Model.")
+        # Copies of an estimator share its trainer (Params.copy is shallow): each fit's
+        # settings reach its own run only, so fits in parallel threads do not mix them.
+        model = self.trainer.train(
+            dataset, shuffle=self.getOrDefault(self.shuffle),
+            sample_weight_col=self._given(self.weightCol) or None,
+            class_weight=self._given(self.classWeight),
+            validation_data=self._given(self.validation),
+            callbacks=self.callbacks or None, overrides=self._trainer_settings() or None)
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "
                 "one keras.Model; KerasEstimator supports trainers that return one model.")
-        fitted = KerasModel(model, features_col=self.trainer.features_col,
+        # The trainer keeps the columns as given: a dict by input name, in the model's order.
+        features_col = dataframes.columns_by_name(self.trainer.features_col, model, "inputs",
+                                                  "features_col")
+        fitted = KerasModel(model, features_col=features_col,
                             output_col=self.getOrDefault(self.predictionCol),
                             batch_size=self.getOrDefault(self.batchSize))
         fitted._resetUid(self.uid.replace("KerasEstimator", "KerasModel"))
@@ -404,12 +397,21 @@ class _KerasEstimatorWriter(MLWriter):
             raise ValueError("Cannot save a KerasEstimator without a trainer.")
         trainer_class = f"{type(trainer).__module__}.{type(trainer).__qualname__}"
         # The model is read back uncompiled: the settings a compiled model lends are saved
-        # as the trainer's own.
-        trainer._use_compiled_settings()
-        extra = {"trainer": {"class": trainer_class, "config": trainer.get_config()}}
+        # as the trainer's own (in the saved config; the trainer keeps its own).
+        config = trainer.get_config()
+        config.update(_serialized(trainer.compiled_settings()))
+        extra = {"trainer": {"class": trainer_class, "config": config}}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
                                          extraMetadata=extra)
         _write_bytes(self.sparkSession, _model_path(path), serialize_model(trainer.master_model))
+
+
+def _serialized(settings):
+    """``settings`` (Keras objects by name) as a trainer's `get_config` writes them."""
+    from distkeras.utils import serialize_keras_object
+
+    return {name: value if name == "loss_weights" else serialize_keras_object(value)
+            for name, value in settings.items()}
 
 
 def _trainer_class(qualified_name, path):

@@ -119,7 +119,7 @@ class Job:
         """The trainer, its optimizer, loss and metrics not given taken from its compiled
         model (as `train()` takes them): the server and `get_trained_model` need them
         explicit, for the archive travels without its compile configuration's objects."""
-        self.trainer._use_compiled_settings()
+        self.trainer.adopt_compiled_settings()
         return self.trainer
 
     def payload(self):
@@ -312,7 +312,7 @@ class Job:
 
         if self.trainer is None:
             return deserialize_model(self.model_bytes, compile=True)
-        model = self._settled_trainer()._compile(deserialize_model(self.model_bytes))
+        model = self._settled_trainer().compile_model(deserialize_model(self.model_bytes))
         _restore_optimizer_state(model, self.model_bytes)
         return model
 

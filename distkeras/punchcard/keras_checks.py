@@ -55,8 +55,8 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
             if attribute in built.get_config():
                 config[attribute] = workers
         built = trainer_class.from_config(config, keras_model=model)
-        built.validate_arguments()
-        check_compile_arguments(built.worker_optimizer, built.loss, built.metrics)
+        settings = built.settings()  # a compiled model's optimizer, loss, metrics resolved
+        check_compile_arguments(settings.worker_optimizer, settings.loss, settings.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
     return config

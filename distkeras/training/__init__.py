@@ -1,0 +1,18 @@
+"""The driver's side of training: a trainer's settings, its runs and their execution plans.
+
+What runs on the driver when `train()` is called, and nothing that runs on an executor:
+
+- `trainer`, `sequential`, `asynchronous`: the trainer classes. Their constructors store
+  the arguments; nothing changes them afterwards.
+- `settings`: the frozen settings one run resolves from them.
+- `run`: the state one run owns (history, validator, server, timings), and the
+  `run.RunResults` it leaves; `results`: the getters that read them.
+- `driver`: the sequence of one `train()`; `preparation`: the checks before the first
+  Spark job; `worker_setup`: what the workers are given, and the returned model's compile.
+- `plans` and one module per plan (`one_task`, `averaging`, `ensemble`,
+  `parameter_server`): the Spark jobs and servers of a run, with their capabilities
+  declared; `serving`: the one owner of a server's lifecycle; `launch`: the Spark job;
+  `shortfalls`: the warnings of a run that trained less than asked.
+
+`distkeras.trainers` is the public face: import the trainers from there.
+"""

@@ -1,0 +1,141 @@
+"""AveragingTrainer's plan: each epoch, one replica per partition, then the weights' mean.
+
+With several epochs and a slot for every worker, every epoch runs in one Spark job (a
+barrier stage) whose workers meet at each epoch's end on the driver's `AveragingServer`;
+otherwise each epoch is a Spark job of its own and the driver averages the results.
+"""
+
+import logging
+
+from distkeras import epoch_metrics
+from distkeras import parameter_servers
+from distkeras import step_history
+from distkeras.data import dataframes
+from distkeras.data import parquet_source
+from distkeras.epochs import Replay
+from distkeras.training.plans import Plan
+
+# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
+logger = logging.getLogger("distkeras.trainers")
+
+
+def next_iterations(records):
+    """``{worker_id: the iteration after its last}`` over step records (those of a failed
+    task that Spark's retry trained again, ``superseded``, left out)."""
+    last = {}
+    for record in records:
+        if not record.get("superseded"):
+            worker = record["worker_id"]
+            last[worker] = max(last.get(worker, 0), int(record["iteration"]))
+    return {worker: iteration + 1 for worker, iteration in last.items()}
+
+
+class AveragingPlan(Plan):
+    """Model averaging, in one barrier job or a job per epoch."""
+
+    follows_learning_rate_callbacks = True
+
+    def num_partitions(self):
+        return self.settings.num_workers * self.settings.parallelism_factor
+
+    def train(self, frame, label_shapes, shuffle):
+        if self.settings.num_epoch > 1 and self.slots_for_one_job(frame,
+                                                                  self.num_partitions()):
+            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+            if self.runs_as_barrier_stage(frame, layout, shuffle):
+                return self.train_in_one_job(layout, label_shapes, shuffle)
+            logger.info("AveragingTrainer: the DataFrame's partitions cannot run as one "
+                        "barrier stage (coalesce() or union() before the training): one "
+                        "Spark job per epoch.")
+        with dataframes.kept_for_epochs(frame, self.settings.num_epoch):
+            return self.train_epoch_by_epoch(frame, label_shapes, shuffle)
+
+    def runs_as_barrier_stage(self, frame, layout, shuffle):
+        """Whether Spark accepts ``layout`` (`dataframes.lay_out` of ``frame``) as the
+        input of a barrier stage. It refuses a stage whose RDDs do not all have the
+        stage's number of partitions (a ``coalesce``, a ``union``), and the refusal
+        stops the whole SparkContext (Spark 4)."""
+        if shuffle or isinstance(layout, parquet_source.ParquetSource) or \
+                (layout is not frame and self.num_partitions() > 1):
+            return True  # laid out by a shuffle of its own, or read over spark.range
+        if layout is not frame:
+            return False  # coalesce(1)
+        return dataframes.barrier_compatible(layout, self.num_partitions())
+
+    def train_in_one_job(self, layout, label_shapes, shuffle):
+        run, settings = self.run, self.settings
+
+        def end_epoch(epoch, center):
+            """The driver's end of ``epoch`` (1-based); returns whether to stop."""
+            stop = run.end_epoch_in_job(server, epoch, center, failures)
+            server.learning_rate = run.learning_rate_of_callbacks()
+            return stop
+
+        failures = []
+        run.begin_epoch(1)
+        server = parameter_servers.AveragingServer(settings.master_model,
+                                                   self.num_partitions(), on_average=end_epoch)
+        server.learning_rate = run.learning_rate_of_callbacks()
+        self.run_epoch_server(
+            server, self.trainer.allocate_averaging_worker(), layout, self.num_partitions(),
+            label_shapes, f"distkeras {run.label} ({settings.num_workers} workers, "
+            f"{settings.num_epoch} epochs)", Replay(settings.num_epoch, shuffle), failures,
+            barrier=True)
+        return server.get_model()
+
+    def train_epoch_by_epoch(self, frame, label_shapes, shuffle):
+        from distkeras.utils import deserialize_model, serialize_model
+
+        run, settings = self.run, self.settings
+        model = deserialize_model(serialize_model(settings.master_model))
+        for epoch in range(settings.num_epoch):
+            run.begin_epoch(epoch + 1)
+            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle,
+                                        seed=None if not shuffle else epoch)
+            worker = self.trainer.allocate_worker(model)
+            self.configure_worker(worker)
+            self.run_epoch_job(model, worker, layout, frame, label_shapes, epoch)
+            # The last epoch: the returned model, at the end.
+            if epoch + 1 < settings.num_epoch and run.validate_epoch(
+                    model.get_weights(), epoch + 1,
+                    [record for record in run.history if record.get("epoch") == epoch]):
+                break
+        return model
+
+    def run_epoch_job(self, model, worker, layout, frame, label_shapes, epoch):
+        """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
+        ``model``'s weights to their mean; adds the epoch's records to the run's."""
+        from distkeras import update_rules
+        from distkeras.networking import weights_array
+        from distkeras.utils import optimizer_config
+
+        run, settings = self.run, self.settings
+        if run.learning_rate_of_callbacks() is not None:
+            # The driver's optimizer: the worker's config, at the rate a callback set.
+            worker.optimizer = optimizer_config(run.validator.model.optimizer,
+                                                run.validator.model)
+        # Each worker's steps count on from its own last epoch's, as in the one-job
+        # path (from the largest of all, the smaller partition's left gaps).
+        worker.first_iterations = next_iterations(run.history)
+        description = f"{run.label} epoch {epoch + 1}/{settings.num_epoch}"
+        job_group = self.new_job_group()
+        samples = run.progress_total // settings.num_epoch if run.progress_total else None
+        states_before = len(run.metric_states)
+        with self.progress(frame.sparkSession, worker, samples, description,
+                           job_group, self.num_partitions()) as epoch_records:
+            messages = self.run_workers(layout, self.num_partitions(), worker,
+                                        label_shapes, f"distkeras {description}", job_group)
+        # A replica whose partition was empty trained on nothing: it would pull the
+        # average back to the epoch's starting weights.
+        trained = [message for message in messages if message.get("samples") != 0]
+        if trained:
+            model.set_weights(list(update_rules.average_weights(
+                weights_array(message["weights"]) for message in trained)))
+        epoch_records.extend(
+            record for message in messages for record in
+            step_history.history_records(step_history.unpack_history(message)))
+        for message in messages:
+            run.metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
+        for record in epoch_records + run.metric_states[states_before:]:
+            record["epoch"] = epoch
+        run.history.extend(epoch_records)

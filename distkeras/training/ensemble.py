@@ -1,0 +1,56 @@
+"""EnsembleTrainer's plan: independent members, one per partition, in one Spark job."""
+
+import logging
+
+from distkeras import step_history
+from distkeras.data import dataframes
+from distkeras.epochs import Replay
+from distkeras.training.plans import Plan
+
+# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
+logger = logging.getLogger("distkeras.trainers")
+
+
+class EnsemblePlan(Plan):
+    """``num_ensembles`` models trained apart; the run returns their list."""
+
+    watches_one_model = False  # each member is its own model: no callbacks
+
+    def train(self, frame, label_shapes, shuffle):
+        from distkeras.utils import deserialize_model, serialize_model
+
+        run, settings = self.run, self.settings
+        count = settings.num_ensembles
+        layout = dataframes.lay_out(frame, count, shuffle, seed=settings.seed)
+        worker = self.trainer.allocate_worker()
+        self.configure_worker(worker)
+        description = f"{run.label} ({count} models)"
+        job_group = self.new_job_group()
+        # One bar for all members: together they step through every row num_epoch times.
+        reported = []
+        try:
+            with self.progress(frame.sparkSession, worker, run.progress_total,
+                               description, job_group, count) as reported:
+                messages = self.run_workers(
+                    layout, count, worker, label_shapes, f"distkeras {description}",
+                    job_group, Replay(settings.num_epoch, shuffle, settings.seed))
+        finally:
+            run.history.extend(reported)  # what was trained, even when it failed
+        models = []
+        for message in sorted(messages, key=lambda m: m["worker_id"]):
+            run.history.extend(
+                step_history.history_records(step_history.unpack_history(message)))
+            member = deserialize_model(serialize_model(settings.master_model))
+            member.set_weights(list(message["weights"]))
+            models.append(member)
+        trained = {record["worker_id"] for record in run.history}
+        untrained = [index for index in range(len(models)) if index not in trained]
+        if untrained:
+            logger.warning(
+                "EnsembleTrainer: member(s) %s had no rows (their partitions were empty) "
+                "and are returned untrained, with their initial weights. Use fewer "
+                "num_ensembles, or more rows.", untrained)
+        return models
+
+    def compile(self, models):
+        return [super(EnsemblePlan, self).compile(model) for model in models]

@@ -1,0 +1,153 @@
+"""The parameter-server plan: workers train asynchronously against a server on the driver.
+
+One Spark job of ``num_workers * parallelism_factor`` tasks, each replaying its partition
+for every epoch, exchanging with the trainer's parameter server (`allocate_parameter_server`)
+while a `TrainingMonitor` draws the progress, ends the epochs (validation, callbacks),
+saves checkpoints and stops workers that stall.
+"""
+
+import logging
+
+from distkeras import parameter_servers
+from distkeras.checkpoints import restore, save_checkpoint
+from distkeras.data import dataframes
+from distkeras.epochs import Replay
+from distkeras.errors import TrainingError
+from distkeras.monitor import TrainingMonitor
+from distkeras.training import worker_setup
+from distkeras.training.plans import Plan
+from distkeras.training.serving import serving
+from distkeras.training_jobs import driver_address, warn_if_speculative
+from distkeras.training.shortfalls import warn_if_nothing_committed, warn_if_trained_short
+
+# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
+logger = logging.getLogger("distkeras.trainers")
+
+
+class ParameterServerPlan(Plan):
+    """Asynchronous workers against a parameter server, in one Spark job."""
+
+    follows_learning_rate_callbacks = True
+    keeps_center = True
+
+    def num_partitions(self):
+        return self.settings.num_workers * self.settings.parallelism_factor
+
+    def train(self, frame, label_shapes, shuffle):
+        run, settings, trainer = self.run, self.settings, self.trainer
+        spark = frame.sparkSession
+        warn_if_speculative(spark.sparkContext, type(trainer).__name__)
+        layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+        server = trainer.allocate_parameter_server()
+        run.worker_host = driver_address(spark)
+        run.server = server
+        if run.resume:
+            restore(server, run.checkpoint_dir, type(trainer).__name__)
+        job_group = self.new_job_group()
+        run.begin_epoch(1)  # the monitor begins the later ones as the epochs end
+        self.hand_learning_rate_to(server)
+        updates_before = server.num_updates  # a resumed run starts from the checkpoint's
+        worker = None
+        stopped_early = True  # until the workers' job has ended as it should
+        served = None
+        try:
+            with serving(server, run, spark, job_group, self.num_partitions(),
+                         lambda server: self.monitor(server, spark, job_group),
+                         cancel_on_error=True) as served:
+                worker = trainer.allocate_worker()
+                worker_setup.configure_parameter_server_worker(run, worker)
+                self.run_workers(layout, self.num_partitions(), worker, label_shapes,
+                                 f"distkeras {run.label} ({settings.num_workers} workers)",
+                                 job_group, Replay(settings.num_epoch, shuffle))
+            stopped_early = False
+        except TrainingError as error:
+            monitor = served.monitor if served is not None else None
+            if getattr(server, "errors", None):
+                # The workers' errors (a closed connection) only echo the server's.
+                raise TrainingError(
+                    f"The {type(server).__name__} failed: {server.errors[0]}") from error
+            if monitor is not None and monitor.stalled:
+                raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
+            if monitor is None or not (monitor.stopped_by_callback or
+                                       monitor.end_of_epoch_error):
+                raise
+            # The monitor stopped the workers at an epoch's end: a callback asked to
+            # (EarlyStopping; the center is the result) or one failed (raised below).
+            stopped_early = bool(monitor.end_of_epoch_error)
+        finally:
+            if stopped_early:
+                self.checkpoint_stopped_training(server, updates_before)
+        monitor = served.monitor
+        if monitor is not None and monitor.end_of_epoch_error:
+            epoch, cause = monitor.end_of_epoch_error
+            if not isinstance(cause, Exception):
+                raise cause  # a callback's KeyboardInterrupt or SystemExit, as fit raises it
+            raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
+                                f"{type(cause).__name__}: {cause}") from cause
+        if getattr(server, "errors", None):
+            raise TrainingError(f"The parameter server failed: {server.errors[0]}")
+        if run.checkpoint_dir is not None:
+            save_checkpoint(run.checkpoint_dir, server, type(trainer).__name__)
+        warn_if_nothing_committed(type(trainer).__name__, server.num_updates - updates_before,
+                                  server, worker, run.history)
+        if monitor is None or not monitor.stopped_by_callback:
+            warn_if_trained_short(type(trainer).__name__, worker, run.history,
+                                  run.progress_total, settings.num_epoch)
+        return server.get_model()
+
+    def monitor(self, server, spark, job_group):
+        """The run's `TrainingMonitor` of ``server`` (a socket parameter server)."""
+        run, settings = self.run, self.settings
+        return TrainingMonitor(server, spark.sparkContext, job_group, run.progress_total,
+                               run.verbose, settings.worker_timeout,
+                               type(self.trainer).__name__, run.checkpoint_dir,
+                               run.checkpoint_every, validator=run.validator,
+                               num_epoch=settings.num_epoch, num_tasks=self.num_partitions(),
+                               label=run.label,
+                               interval=worker_setup.VALIDATING_REPORT_SECONDS
+                               if run.validator is not None else 0.5)
+
+    def hand_learning_rate_to(self, server):
+        """Lets ``server`` send the workers the learning rate that the callbacks set (the
+        monitor updates it at each epoch's end), when a callback sets one.
+
+        Raises:
+            ValueError: When the server's pull replies are its own, so the rate would
+                never reach the workers.
+        """
+        rate = self.run.learning_rate_of_callbacks()
+        if rate is None:
+            return
+        pulls = ("handle_pull", "handle_pull_unless_own")
+        if not isinstance(server, parameter_servers.SocketParameterServer) or any(
+                getattr(type(server), name) is not getattr(
+                    parameter_servers.SocketParameterServer, name) for name in pulls):
+            raise ValueError(
+                f"{type(server).__name__} answers pulls with a handle_pull of its own, so "
+                "the learning rate that ReduceLROnPlateau or LearningRateScheduler sets "
+                "cannot reach the workers. Use a learning rate schedule in "
+                "`worker_optimizer` (keras.optimizers.schedules) instead.")
+        server.optimizer_learning_rate = rate
+
+    def checkpoint_stopped_training(self, server, updates_before):
+        """Saves the center that a training stopped early (a worker's error, a stall, a
+        callback's error, Ctrl-C) had reached, when it has a ``checkpoint_dir``:
+        ``resume=True`` then goes on from there, not from the last periodic checkpoint (or,
+        before the first, from the model's weights).
+
+        Args:
+            server: The stopped parameter server.
+            updates_before: Its update count when this run started (nothing new to save
+                when it has not moved).
+        """
+        folder = self.run.checkpoint_dir
+        if folder is None or server.num_updates == updates_before:
+            return
+        try:
+            updates = save_checkpoint(folder, server, type(self.trainer).__name__)
+        except Exception as error:  # the training's own error is the one to raise
+            logger.warning("Could not write the last checkpoint to %s: %s", folder, error)
+            return
+        logger.warning("The training stopped early; its center after %d updates is saved in "
+                       "%s: train(..., checkpoint_dir=..., resume=True) goes on from it.",
+                       updates, folder)

@@ -1,0 +1,151 @@
+"""The trainers without a parameter server: SingleTrainer, AveragingTrainer, EnsembleTrainer.
+
+Each stores its settings and names its execution plan; the plans (`one_task`,
+`averaging`, `ensemble`) train.
+"""
+
+from distkeras import workers
+from distkeras.training.asynchronous import DistributedTrainer
+from distkeras.training.averaging import AveragingPlan
+from distkeras.training.ensemble import EnsemblePlan
+from distkeras.training.one_task import OneTaskPlan
+from distkeras.training.trainer import Trainer
+from distkeras.training_checks import check_int
+
+
+class SingleTrainer(Trainer):
+    """One replica trained on all the data in one Spark task: the baseline.
+
+    Takes `Trainer`'s arguments. Positional arguments come in dist-keras's order
+    (``features_col``, ``label_col``, ``num_epoch``, ``batch_size`` after ``metrics``).
+
+    Notes:
+        With validation data or callbacks, the driver evaluates and calls back at every
+        epoch's exact end, as Keras's ``fit`` does. The task waits there on an
+        `EpochServer`, then goes on with its weights and optimizer state. With no task
+        slot to spare for a callback of the user's own, each epoch is a Spark task of its
+        own instead, going on from the last one's.
+
+        ``EarlyStopping`` stops before the next epoch starts. A learning rate that
+        ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
+
+        The dist-keras order lets code written for dist-keras train as written.
+    """
+
+    plan = OneTaskPlan
+
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
+                 features_col="features", label_col="label", num_epoch=1, batch_size=32,
+                 loss_weights=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         loss_weights=loss_weights, features_col=features_col,
+                         label_col=label_col, batch_size=batch_size, num_epoch=num_epoch)
+
+    def allocate_worker(self):
+        return workers.SequentialWorker(self.master_model)
+
+    def allocate_epoch_worker(self):
+        """The worker of the one task that runs every epoch when the driver acts at epoch
+        ends (a `workers.SequentialEpochWorker`)."""
+        return workers.SequentialEpochWorker(self.master_model)
+
+    def runs_epochs_in_one_task(self):
+        """Whether the epochs may run in one task (`allocate_epoch_worker`'s): not when a
+        subclass gives a worker of its own, which runs each epoch as a task."""
+        return type(self).allocate_worker is SingleTrainer.allocate_worker
+
+
+class AveragingTrainer(DistributedTrainer):
+    """Model averaging: each epoch, one replica per partition, then the weights' mean.
+
+    Takes `DistributedTrainer`'s arguments. Positional arguments come in dist-keras's
+    order (``features_col``, ``label_col``, ``num_epoch``, ``batch_size``, ``num_workers``
+    after ``metrics``), so code written for dist-keras trains as written.
+
+    Notes:
+        Every epoch starts all replicas from the last average, each with a fresh
+        optimizer, at the learning rate a ``LearningRateScheduler`` or
+        ``ReduceLROnPlateau`` callback set.
+
+        With several epochs and a slot for every worker, all epochs run in one Spark job.
+        A callback of the user's own needs one more slot, for a Spark job it might start.
+        Each worker replays its partition from local disk, and the workers meet at each
+        epoch's end on the driver's `AveragingServer`: a barrier stage, so they run at
+        once. Otherwise each epoch is a Spark job of its own, and the driver averages the
+        results.
+    """
+
+    averages_weights = True
+    plan = AveragingPlan
+
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
+                 features_col="features", label_col="label", num_epoch=1, batch_size=32,
+                 num_workers=2, loss_weights=None, parallelism_factor=1):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         num_workers=num_workers, batch_size=batch_size,
+                         features_col=features_col, label_col=label_col,
+                         num_epoch=num_epoch, loss_weights=loss_weights,
+                         parallelism_factor=parallelism_factor)
+
+    def allocate_worker(self, model):
+        """The worker of one epoch's job (each epoch a Spark job)."""
+        return workers.SequentialWorker(model)
+
+    def allocate_averaging_worker(self):
+        """The worker of the one job that runs every epoch."""
+        return workers.AveragingWorker(self.master_model)
+
+
+class EnsembleTrainer(DistributedTrainer):
+    """Trains ``num_ensembles`` independent models, one per partition of the data.
+
+    Each member starts from its own random initial weights, seeded by ``seed`` plus its
+    index, and trains on its share of the data. `train()` returns the list of models.
+
+    Takes `Trainer`'s arguments as well; the ones below are its own. Positional arguments
+    come in dist-keras's order (``features_col``, ``label_col``, ``batch_size``,
+    ``num_ensembles`` after ``metrics``), so code written for dist-keras trains as
+    written.
+
+    Args:
+        num_ensembles: Number of models.
+        seed: Base seed for the members' initial weights (an integer from 0; member ``i``
+            is seeded with ``seed + i``; default: 0).
+    """
+
+    exchanges_weights = False  # each member ends with its moving averages, as its fit
+    plan = EnsemblePlan
+
+    def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
+                 features_col="features", label_col="label", batch_size=32, num_ensembles=2,
+                 loss_weights=None, num_epoch=1, seed=None):
+        super().__init__(keras_model, worker_optimizer, loss, metrics,
+                         num_workers=num_ensembles, batch_size=batch_size,
+                         features_col=features_col, label_col=label_col,
+                         num_epoch=num_epoch, loss_weights=loss_weights)
+        self.num_ensembles = num_ensembles
+        self.seed = seed
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("num_workers", "parallelism_factor"):
+            config.pop(key)
+        config.update(num_ensembles=self.num_ensembles, seed=self.seed)
+        return config
+
+    def check_settings(self, settings):
+        # Checked under its own name: the user never gave `num_workers`.
+        check_int("num_ensembles", settings.num_ensembles)
+        if settings.seed is not None:
+            # Member i is seeded with seed + i, which numpy takes in [0, 2**32): a seed out
+            # of it (or a float, a string) would fail only on the executors, in the job.
+            check_int("seed", settings.seed, minimum=0,
+                      maximum=2**32 - settings.num_ensembles)
+        return super().check_settings(settings.replace(num_workers=settings.num_ensembles))
+
+    def allocate_worker(self):
+        return workers.EnsembleWorker(self.master_model, seed=self.seed)
+
+    def train(self, dataframe, shuffle=False, verbose="auto", **options):
+        """Trains the members; returns a list of ``num_ensembles`` compiled models."""
+        return super().train(dataframe, shuffle, verbose, **options)

@@ -1,0 +1,127 @@
+"""What the driver gives a run's workers, and how it compiles the model a run returns.
+
+`configure_worker` and `configure_parameter_server_worker` hold the bodies of what were
+``Trainer._configure_worker`` and ``AsynchronousDistributedTrainer._configure_worker``,
+moved as they were, with ``self.<setting>`` read from ``run.settings`` and
+``self._<state>`` from the run (``self._custom_objects`` is ``run.custom_objects``,
+``self.parameter_server`` is ``run.server``, ``self._worker_host`` is ``run.worker_host``,
+``self._validator`` is ``run.validator``).
+"""
+
+from distkeras import model_state
+from distkeras.training_jobs import register_user_module
+
+# With validation or callbacks, workers report (and the monitor looks) this often, so that
+# the end of an epoch is seen within about this long.
+VALIDATING_REPORT_SECONDS = 0.1
+
+
+def workers_optimizer(trainer, settings):
+    """The optimizer (a name, an instance or a config) the workers and the returned model
+    train with: ``worker_optimizer``, with ``learning_rate`` as its rate where the trainer
+    class `sets_worker_learning_rate`.
+
+    Args:
+        trainer: The trainer (its class's declaration).
+        settings: Anything with ``worker_optimizer``, ``learning_rate`` (where the class
+            has one) and ``master_model``: a run's `Settings`, or the trainer itself.
+    """
+    learning_rate = getattr(settings, "learning_rate", None)
+    if not getattr(trainer, "sets_worker_learning_rate", False) or learning_rate is None:
+        return settings.worker_optimizer
+    from distkeras.ml.estimators import optimizer_config
+
+    return optimizer_config(settings.worker_optimizer, learning_rate, settings.master_model)
+
+
+def execution_options(model):
+    """How the given model, if compiled, runs its later `fit`, `evaluate` and `predict`
+    (``jit_compile``, ``steps_per_execution``, ``run_eagerly``): the returned model keeps
+    them, and the workers run their steps with its ``jit_compile`` and ``run_eagerly``
+    (a Python side effect in ``train_step`` or a layer's ``call`` then happens at every
+    step, as in its `fit`; JAX's window of steps in one compiled call needs both on).
+    A ``steps_per_execution`` above 1 makes them run each window in one compiled call
+    (see `jax_steps.CallLength`)."""
+    if not getattr(model, "compiled", False):
+        return {}
+    config = model.get_compile_config() or {}
+    return {name: config[name] for name in ("jit_compile", "steps_per_execution",
+                                            "run_eagerly") if name in config}
+
+
+def compile_returned(trainer, settings, model):
+    """Compiles ``model`` as a run of ``trainer`` with ``settings`` returns it: with the
+    workers' optimizer, the loss, the metrics and the given model's execution options;
+    returns it."""
+    from distkeras.utils import compile_arguments, optimizer_as_compiled, serialize_keras_object
+
+    # From configs, so the returned model never shares optimizer state with objects the
+    # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
+    model.compile(**compile_arguments(
+        optimizer_as_compiled(workers_optimizer(trainer, settings), settings.master_model),
+        serialize_keras_object(settings.loss),
+        serialize_keras_object(settings.metrics), settings.loss_weights,
+        serialize_keras_object(settings.weighted_metrics), model=model),
+        **execution_options(settings.master_model))
+    # Built now, as after `fit`: a saved model then holds the optimizer's variables,
+    # and loading it does not warn that their number differs.
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def configure_worker(run, worker):
+    """Fills the worker's unset settings from the run's (was ``Trainer._configure_worker``)."""
+    import keras
+
+    from distkeras.utils import optimizer_as_compiled, serialize_keras_object
+
+    settings = run.settings
+    defaults = {
+        "optimizer": optimizer_as_compiled(workers_optimizer(run.trainer, settings),
+                                           settings.master_model),
+        "loss": settings.loss,
+        "loss_weights": settings.loss_weights, "metrics": settings.metrics,
+        "features_col": settings.features_col, "label_col": settings.label_col,
+        "batch_size": settings.batch_size, "num_epoch": settings.num_epoch,
+    }
+    for name, value in defaults.items():
+        if getattr(worker, name, None) is None:
+            setattr(worker, name, serialize_keras_object(value))
+    worker.backend = keras.backend.backend()
+    worker.custom_objects = dict(run.custom_objects or {})
+    worker.weighted_metrics = serialize_keras_object(settings.weighted_metrics)
+    worker.execution_options = {
+        name: value for name, value in execution_options(settings.master_model).items()
+        if name in ("jit_compile", "run_eagerly", "steps_per_execution")}
+    worker.sample_weight_col = run.sample_weight_col
+    # The `.keras` bytes leave them out: without them each worker's Dropout would draw
+    # from its executor's own seed (see `model_state.seed_states`).
+    worker.seed_states = model_state.seed_states(settings.master_model)
+    worker.class_table = run.class_table
+    register_user_module(worker)
+
+
+def configure_parameter_server_worker(run, worker):
+    """`configure_worker`, then the parameter server's address and the exchange's
+    settings (was ``AsynchronousDistributedTrainer._configure_worker``)."""
+    configure_worker(run, worker)
+    settings = run.settings
+    server = run.server
+    worker.master_host = run.worker_host
+    worker.master_port = server.port
+    worker.token = server.token
+    if getattr(worker, "communication_window", None) is None:
+        worker.communication_window = settings.communication_window
+    if getattr(worker, "learning_rate", None) is None:
+        worker.learning_rate = settings.learning_rate
+    if run.validator is not None:
+        # Epoch ends are seen in the history the workers send: send it more often.
+        worker.HISTORY_EVERY_SECONDS = VALIDATING_REPORT_SECONDS
+    if settings.overlap_communication:
+        worker.overlap_communication = True
+        checker = getattr(worker, "_check_overlap", None)
+        if checker is None:
+            raise ValueError(f"{type(worker).__name__} cannot overlap communication. "
+                             "Use overlap_communication=False (the CLI: leave out "
+                             "--overlap-communication).")
+        checker()  # a clear error on the driver, before any Spark job
