@@ -638,8 +638,8 @@ class Trainer(compat.TrainerAccessors):
         self._configure_worker(worker)
         job_group = self._new_job_group()
         server.start()
-        worker.master_host, worker.master_port = driver_address(spark), server.port
-        worker.token = server.token
+        worker.spec = worker.spec.replace(master_host=driver_address(spark),
+                                          master_port=server.port, token=server.token)
         server.on_worker_failure = \
             lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         monitor = TrainingMonitor(
@@ -696,8 +696,8 @@ class Trainer(compat.TrainerAccessors):
         server.on_worker_failure = \
             lambda worker_id, error: spark.sparkContext.cancelJobGroup(job_group)
         server.start()
-        worker.progress_address = (driver_address(spark), server.port)
-        worker.token = server.token
+        worker.spec = worker.spec.replace(progress_address=(driver_address(spark), server.port),
+                                          token=server.token)
         monitor = TrainingMonitor(server, spark.sparkContext, job_group, samples,
                                   self.verbose, name=description, validation_records=getattr(
                                       self._validator, "records", None)) if progress else None
@@ -773,21 +773,22 @@ class Trainer(compat.TrainerAccessors):
             "features_col": self.features_col, "label_col": self.label_col,
             "batch_size": self.batch_size, "num_epoch": self.num_epoch,
         }
-        for name, value in defaults.items():
-            if getattr(worker, name, None) is None:
-                setattr(worker, name, serialize_keras_object(value))
-        worker.backend = keras.backend.backend()
-        worker.custom_objects = dict(getattr(self, "_custom_objects", None) or {})
-        worker.weighted_metrics = serialize_keras_object(
-            getattr(self, "_weighted_metrics", None))
-        worker.execution_options = {
-            name: value for name, value in self._execution_options().items()
-            if name in ("jit_compile", "run_eagerly", "steps_per_execution")}
-        worker.sample_weight_col = getattr(self, "_sample_weight_col", None)
-        # The `.keras` bytes leave them out: without them each worker's Dropout would draw
-        # from its executor's own seed (see `model_state.seed_states`).
-        worker.seed_states = model_state.seed_states(self.master_model)
-        worker.class_table = getattr(self, "_class_table", None)
+        # The worker's spec (`executor.task_spec.TaskSpec`): what its constructor left
+        # unset, from the trainer; the rest from the trainer alone.
+        worker.spec = worker.spec.filled(**{
+            name: serialize_keras_object(value) for name, value in defaults.items()
+        }).replace(
+            backend=keras.backend.backend(),
+            custom_objects=dict(getattr(self, "_custom_objects", None) or {}),
+            weighted_metrics=serialize_keras_object(getattr(self, "_weighted_metrics", None)),
+            execution_options={
+                name: value for name, value in self._execution_options().items()
+                if name in ("jit_compile", "run_eagerly", "steps_per_execution")},
+            sample_weight_col=getattr(self, "_sample_weight_col", None),
+            # The `.keras` bytes leave them out: without them each worker's Dropout would
+            # draw from its executor's own seed (see `model_state.seed_states`).
+            seed_states=model_state.seed_states(self.master_model),
+            class_table=getattr(self, "_class_table", None))
         _register_user_module(worker)
 
     def _run_workers(self, frame, num_tasks, worker, label_shapes, description,
@@ -1212,19 +1213,18 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
     def _configure_worker(self, worker):
         super()._configure_worker(worker)
         server = self.parameter_server
-        worker.master_host = self._worker_host
-        worker.master_port = server.port
-        worker.token = server.token
-        if getattr(worker, "communication_window", None) is None:
-            worker.communication_window = self.communication_window
-        if getattr(worker, "learning_rate", None) is None:
-            worker.learning_rate = self.learning_rate
+        spec = worker.spec.filled(communication_window=self.communication_window,
+                                  learning_rate=self.learning_rate)
+        spec = spec.replace(master_host=self._worker_host, master_port=server.port,
+                            token=server.token)
         if self._validator is not None:
             # Epoch ends are seen in the history the workers send: send it more often.
-            worker.HISTORY_EVERY_SECONDS = VALIDATING_REPORT_SECONDS
+            spec = spec.replace(history_every_seconds=VALIDATING_REPORT_SECONDS)
         if self.overlap_communication:
-            worker.overlap_communication = True
-            checker = getattr(worker, "_check_overlap", None)
+            spec = spec.replace(overlap_communication=True)
+        worker.spec = spec
+        if self.overlap_communication:
+            checker = getattr(worker, "check_overlap", None)
             if checker is None:
                 raise ValueError(f"{type(worker).__name__} cannot overlap communication. "
                                  "Use overlap_communication=False (the CLI: leave out "
