@@ -66,7 +66,7 @@ class HistoryLog:
                 if isinstance(value, _BlockItem):
                     column[index] = value.get()
                 elif value is not None and not isinstance(value, (int, float)):
-                    column[index] = _to_float(value)
+                    column[index] = to_float(value)
         self._materialized = max(self._materialized, end)
 
     def drain(self):
@@ -107,10 +107,11 @@ class _BlockItem:
         return self.block.host()[self.index]
 
 
-def _to_float(value):
-    from distkeras.jax_steps import to_float
+def to_float(value):
+    """A step's logged value as a Python float (JAX is imported only when needed)."""
+    from distkeras.executor import jax_steps
 
-    return to_float(value)
+    return jax_steps.to_float(value)
 
 
 def pack_history(columns):

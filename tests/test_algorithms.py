@@ -230,10 +230,10 @@ def test_only_algorithms_that_commit_then_pull_their_update_alone_overlap(name, 
     worker.overlap_communication = True
     assert getattr(algorithms, name)().overlaps is overlaps
     if overlaps:
-        worker._check_overlap()
+        worker.check_overlap()
         return
     with pytest.raises(ValueError, match="cannot overlap communication"):
-        worker._check_overlap()
+        worker.check_overlap()
 
 
 def test_the_command_line_offers_each_hyperparameter_with_its_line_and_default(capsys):

@@ -57,7 +57,7 @@ def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
     code = (
         "from distkeras import executor_backend, workers\n"
         "try:\n"
-        "    executor_backend._ensure_backend('torch')\n"
+        "    executor_backend.ensure_backend('torch')\n"
         "except ImportError as error:\n"
         "    print(workers.unretryable_error(error) is not None, workers.one_line(error))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

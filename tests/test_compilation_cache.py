@@ -9,8 +9,8 @@ import pytest
 
 STEP = textwrap.dedent("""
     import numpy as np
-    from distkeras.executor_backend import _enable_compilation_cache
-    _enable_compilation_cache()
+    from distkeras.executor.backend import enable_compilation_cache
+    enable_compilation_cache()
     import keras
     from distkeras.workers import ModelReplica
     keras.utils.set_random_seed(0)

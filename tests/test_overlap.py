@@ -112,4 +112,4 @@ def test_a_worker_without_window_update_refuses_to_overlap():
     model = small_model()
     worker = workers.AEASGDWorker(serialize_model(model))
     with pytest.raises(ValueError, match="cannot overlap"):
-        worker._check_overlap()
+        worker.check_overlap()

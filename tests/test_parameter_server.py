@@ -718,6 +718,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     once, where the parameter servers take twice their workers (`expect_workers`)."""
     from types import SimpleNamespace
 
+    from distkeras.executor.task_spec import TaskSpec
     from distkeras.parameter_servers import HistoryServer
     from distkeras.trainers import AveragingTrainer
     from distkeras.training.plans import Plan
@@ -731,7 +732,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     spark = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
     trainer = AveragingTrainer(make_model(), "sgd", "mse")
     run = Run(trainer, trainer.settings(), "test", verbose=0)
-    worker = SimpleNamespace()
+    worker = SimpleNamespace(spec=TaskSpec())  # the driver sets its spec's address
     with Plan(run).progress(spark, worker, None, "test", "group", num_tasks=200):
         pass
     assert caps == [400]

@@ -105,8 +105,8 @@ class Plan:
         server = parameter_servers.HistoryServer(self.settings.master_model)
         with serving(server, run, spark, job_group, num_tasks, monitor,
                      collect_into_run=False) as served:
-            worker.progress_address = served.address
-            worker.token = server.token
+            worker.spec = worker.spec.replace(progress_address=served.address,
+                                              token=server.token)
             yield served.history
 
     def run_epoch_server(self, server, worker, layout, num_tasks, label_shapes,
@@ -134,8 +134,8 @@ class Plan:
                                    validation_records=run.validation_records())
 
         with serving(server, run, spark, job_group, num_tasks, monitor):
-            worker.master_host, worker.master_port = driver_address(spark), server.port
-            worker.token = server.token
+            worker.spec = worker.spec.replace(master_host=driver_address(spark),
+                                              master_port=server.port, token=server.token)
             self.run_workers(layout, num_tasks, worker, label_shapes, description,
                              job_group, replay, barrier=barrier)
         if failures:

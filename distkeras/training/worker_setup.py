@@ -84,20 +84,22 @@ def configure_worker(run, worker):
         "features_col": settings.features_col, "label_col": settings.label_col,
         "batch_size": settings.batch_size, "num_epoch": settings.num_epoch,
     }
-    for name, value in defaults.items():
-        if getattr(worker, name, None) is None:
-            setattr(worker, name, serialize_keras_object(value))
-    worker.backend = keras.backend.backend()
-    worker.custom_objects = dict(run.custom_objects or {})
-    worker.weighted_metrics = serialize_keras_object(settings.weighted_metrics)
-    worker.execution_options = {
-        name: value for name, value in execution_options(settings.master_model).items()
-        if name in ("jit_compile", "run_eagerly", "steps_per_execution")}
-    worker.sample_weight_col = run.sample_weight_col
-    # The `.keras` bytes leave them out: without them each worker's Dropout would draw
-    # from its executor's own seed (see `model_state.seed_states`).
-    worker.seed_states = model_state.seed_states(settings.master_model)
-    worker.class_table = run.class_table
+    # The worker's spec (`executor.task_spec.TaskSpec`): what its constructor left
+    # unset, from the run; the rest from the run alone.
+    worker.spec = worker.spec.filled(**{
+        name: serialize_keras_object(value) for name, value in defaults.items()
+    }).replace(
+        backend=keras.backend.backend(),
+        custom_objects=dict(run.custom_objects or {}),
+        weighted_metrics=serialize_keras_object(settings.weighted_metrics),
+        execution_options={
+            name: value for name, value in execution_options(settings.master_model).items()
+            if name in ("jit_compile", "run_eagerly", "steps_per_execution")},
+        sample_weight_col=run.sample_weight_col,
+        # The `.keras` bytes leave them out: without them each worker's Dropout would
+        # draw from its executor's own seed (see `model_state.seed_states`).
+        seed_states=model_state.seed_states(settings.master_model),
+        class_table=run.class_table)
     register_user_module(worker)
 
 
@@ -107,19 +109,18 @@ def configure_parameter_server_worker(run, worker):
     configure_worker(run, worker)
     settings = run.settings
     server = run.server
-    worker.master_host = run.worker_host
-    worker.master_port = server.port
-    worker.token = server.token
-    if getattr(worker, "communication_window", None) is None:
-        worker.communication_window = settings.communication_window
-    if getattr(worker, "learning_rate", None) is None:
-        worker.learning_rate = settings.learning_rate
+    spec = worker.spec.filled(communication_window=settings.communication_window,
+                              learning_rate=settings.learning_rate)
+    spec = spec.replace(master_host=run.worker_host, master_port=server.port,
+                        token=server.token)
     if run.validator is not None:
         # Epoch ends are seen in the history the workers send: send it more often.
-        worker.HISTORY_EVERY_SECONDS = VALIDATING_REPORT_SECONDS
+        spec = spec.replace(history_every_seconds=VALIDATING_REPORT_SECONDS)
     if settings.overlap_communication:
-        worker.overlap_communication = True
-        checker = getattr(worker, "_check_overlap", None)
+        spec = spec.replace(overlap_communication=True)
+    worker.spec = spec
+    if settings.overlap_communication:
+        checker = getattr(worker, "check_overlap", None)
         if checker is None:
             raise ValueError(f"{type(worker).__name__} cannot overlap communication. "
                              "Use overlap_communication=False (the CLI: leave out "
