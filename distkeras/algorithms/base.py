@@ -90,6 +90,9 @@ class Algorithm:
         sends_pulled: Commits carry the center the worker pulled (`ServerContext.pulled`).
         sets_worker_learning_rate: The trainer's ``learning_rate`` is the workers' Keras
             optimizer's (for rules that have none of their own).
+        averages_weights: The center is weights that no worker trained as they are (an
+            elastic average, an outer optimizer's step): the trainer measures its
+            BatchNormalization statistics again before returning it (`batch_statistics`).
         local_step: None, or a method ``local_step(model, batch, state)`` that takes one
             local step in place of the Keras optimizer's (it leaves the JAX window path).
     """
@@ -102,6 +105,7 @@ class Algorithm:
     uses_staleness = False
     sends_pulled = False
     sets_worker_learning_rate = False
+    averages_weights = False
     local_step = None
 
     def __init__(self, **values):
