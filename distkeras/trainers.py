@@ -1453,6 +1453,7 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
             return
         cls.default_window = algorithm.default_window
         cls.sets_worker_learning_rate = algorithm.sets_worker_learning_rate
+        cls.averages_weights = algorithm.averages_weights
         if "__init__" not in vars(cls):
             cls.__init__ = _algorithm_init(algorithm)
 
@@ -1548,7 +1549,6 @@ class AEASGD(AlgorithmTrainer):
     """
 
     algorithm = algorithms.AEASGD
-    averages_weights = True
 
 
 def carries_momentum(optimizer):
