@@ -71,3 +71,48 @@ def test_eamsgd_adds_its_momentum_only_to_optimizers_without_their_own(optimizer
     assert trainer.get_config()["momentum"] is None  # what was passed, untouched
     assert EAMSGD(build_mlp(), worker_optimizer=optimizer, loss="mse",
                   momentum=0.7).local_momentum() == 0.7
+
+
+@pytest.mark.parametrize("name, averages", [
+    ("AEASGD", True), ("EAMSGD", True), ("DiLoCo", True), ("FedAdam", True),
+    ("ADAG", False), ("DOWNPOUR", False), ("DynSGD", False), ("Experimental", False),
+])
+def test_trainers_whose_center_no_worker_trained_measure_batch_statistics_again(
+        name, averages):
+    """The algorithm declares it (`Algorithm.averages_weights`); its trainer follows.
+    DiLoCo's zoo CNN scored 0.74 without it, against `fit`'s 0.83."""
+    from distkeras import algorithms, trainers
+
+    assert getattr(algorithms, name).averages_weights is averages
+    assert getattr(trainers, name).averages_weights is averages
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("name", ["DiLoCo", "FedAdam"])
+def test_outer_step_trainers_return_statistics_measured_with_the_returned_weights(spark, name):
+    """A BatchNormalization layer on the features: measured again, its moving mean is the
+    features' mean over the sampled rows' batches, whatever the center's weights."""
+    import keras
+    import numpy as np
+
+    from distkeras import trainers
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(2, activation="softmax")(
+        keras.layers.BatchNormalization(name="bn")(inputs))
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(512, 4)) * [1.0, 3.0, 0.5, 2.0] + [5.0, -2.0, 0.0, 1.0]
+         ).astype("float32")
+    labels = (x[:, 0] > 5.0).astype("int64")
+    frame = spark.createDataFrame([(row.tolist(), [float(1 - l), float(l)])
+                                   for row, l in zip(x, labels)],
+                                  "features array<float>, label array<float>").coalesce(1)
+    trainer = getattr(trainers, name)(
+        keras.Model(inputs, outputs), worker_optimizer="adam",
+        loss="categorical_crossentropy", num_workers=2, batch_size=32, num_epoch=1,
+        communication_window=4)
+    model = trainer.train(frame)
+    expected = np.mean([x[:256].mean(axis=0), x[256:].mean(axis=0)], axis=0)
+    np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(), expected,
+                               rtol=1e-4)
