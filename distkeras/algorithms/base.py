@@ -140,6 +140,13 @@ class Algorithm:
             return min(num_workers, cls.default_window)
         return cls.default_window  # a bad num_workers is refused by train()
 
+    @classmethod
+    def worker_learning_rate_factor(cls, window):
+        """What the trainer multiplies its workers' Keras optimizer's learning rate by when
+        it is given no ``learning_rate``, for a ``communication_window`` of ``window``
+        (1.0: the optimizer's own rate)."""
+        return 1.0
+
     @property
     def overlaps(self):
         """Whether the exchange can run while the next window trains: the worker commits,
