@@ -1461,6 +1461,20 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
     def default_window_for(cls, num_workers):
         return cls.algorithm.default_window_for(num_workers)
 
+    def _workers_optimizer(self):
+        """`AsynchronousDistributedTrainer`'s; given no ``learning_rate``, the worker
+        optimizer's own rate times the algorithm's `worker_learning_rate_factor` (a
+        schedule is left as it is)."""
+        factor = self.algorithm.worker_learning_rate_factor(self.communication_window)
+        given = self.sets_worker_learning_rate and self.learning_rate is not None
+        rate = None if given or factor == 1.0 else \
+            constant_learning_rate(self.worker_optimizer)
+        if rate is None:
+            return super()._workers_optimizer()
+        from distkeras.ml.estimators import optimizer_config
+
+        return optimizer_config(self.worker_optimizer, rate * factor, self.master_model)
+
     def hyperparameter_values(self):
         """The algorithm's hyperparameters as given to this trainer, by name."""
         return {parameter.name: getattr(self, parameter.name)
@@ -1491,6 +1505,22 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
         return parameter_servers.AlgorithmServer(
             self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
             algorithm=self.make_algorithm())
+
+
+def constant_learning_rate(optimizer):
+    """The learning rate of a Keras optimizer (an instance, a name or a config), or None
+    where it is a schedule or there is no optimizer."""
+    import keras
+
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, (str, dict)):
+        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule) \
+            or callable(optimizer._learning_rate):
+        return None
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 def trainer_for(algorithm, name=None):
