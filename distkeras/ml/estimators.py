@@ -337,9 +337,7 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
             optimizer = optimizer_config(optimizer, self.getOrDefault(self.learningRate),
                                           self.trainer.master_model)
             if getattr(self.trainer, "sets_worker_learning_rate", False):
-                # The trainer's would replace this one; given, it is used as it is (ADAG
-                # scales only an optimizer's own rate, `worker_learning_rate_factor`).
-                settings["learning_rate"] = self.getOrDefault(self.learningRate)
+                settings["learning_rate"] = None  # the trainer's would replace this one
         if optimizer is not None:
             settings["worker_optimizer"] = optimizer
         return settings
