@@ -7,9 +7,10 @@ from distkeras.algorithms.base import Algorithm
 class ADAG(Algorithm):
     """Workers commit ``(W - W_pull) / window``; the server adds it.
 
-    The window is the number of workers, at most 12, by default; unless given a
-    ``learning_rate``, the workers' optimizer runs at twice its own rate from a window
-    of 2 on (`worker_learning_rate_factor`).
+    The window is the number of workers, at most 12, by default. From a window of 2 on,
+    a worker optimizer given by name (``"adam"``) runs at twice Keras's default rate for
+    it, unless the trainer is given a ``learning_rate`` (`worker_learning_rate_factor`);
+    an optimizer instance or config keeps the rate it was given.
 
     Notes:
         Each commit moves the center by about one step's worth of progress, however long
