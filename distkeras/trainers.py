@@ -1462,13 +1462,13 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
         return cls.algorithm.default_window_for(num_workers)
 
     def _workers_optimizer(self):
-        """`AsynchronousDistributedTrainer`'s; given no ``learning_rate``, the worker
-        optimizer's own rate times the algorithm's `worker_learning_rate_factor` (a
-        schedule is left as it is)."""
+        """`AsynchronousDistributedTrainer`'s; given no ``learning_rate`` and an optimizer
+        by name, Keras's default rate for it times the algorithm's
+        `worker_learning_rate_factor` (an optimizer instance or config keeps its rate)."""
         factor = self.algorithm.worker_learning_rate_factor(self.communication_window)
         given = self.sets_worker_learning_rate and self.learning_rate is not None
         rate = None if given or factor == 1.0 else \
-            constant_learning_rate(self.worker_optimizer)
+            default_learning_rate(self.worker_optimizer)
         if rate is None:
             return super()._workers_optimizer()
         from distkeras.ml.estimators import optimizer_config
@@ -1507,19 +1507,14 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
             algorithm=self.make_algorithm())
 
 
-def constant_learning_rate(optimizer):
-    """The learning rate of a Keras optimizer (an instance, a name or a config), or None
-    where it is a schedule or there is no optimizer."""
+def default_learning_rate(optimizer):
+    """Keras's default learning rate for an optimizer given by name (``"adam"``), or None
+    for an instance or a config: its rate was chosen, and is left as it is."""
     import keras
 
-    if optimizer is None:
+    if not isinstance(optimizer, str):
         return None
-    if isinstance(optimizer, (str, dict)):
-        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
-    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule) \
-            or callable(optimizer._learning_rate):
-        return None
+    optimizer = keras.optimizers.get(optimizer)
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
