@@ -143,17 +143,23 @@ def test_adag_workers_run_at_twice_their_optimizers_rate_from_a_window_of_2(
     assert trainer.get_config()["learning_rate"] is None  # what was passed, untouched
 
 
-def test_a_given_rate_a_schedule_and_other_rules_keep_the_optimizers_rate():
+def test_a_chosen_rate_and_other_rules_keep_the_optimizers_rate():
+    """Only Keras's default rate, of an optimizer given by name, is scaled: a rate given to
+    the trainer, or in an optimizer instance or config (a KerasEstimator's learningRate
+    arrives so), is the user's choice."""
     import keras
 
     from distkeras.trainers import ADAG, DOWNPOUR
 
-    assert _workers_rate(ADAG(build_mlp(), worker_optimizer="adam", loss="mse",
-                              learning_rate=0.01)) == pytest.approx(0.01)
-    assert _workers_rate(ADAG(build_mlp(), worker_optimizer="adam", loss="mse",
-                              communication_window=1)) is None
+    def adag(optimizer, **extra):
+        return ADAG(build_mlp(), worker_optimizer=optimizer, loss="mse", **extra)
+
+    assert _workers_rate(adag("adam", learning_rate=0.01)) == pytest.approx(0.01)
+    assert _workers_rate(adag("adam", communication_window=1)) is None
     assert _workers_rate(DOWNPOUR(build_mlp(), worker_optimizer="adam", loss="mse")) is None
+    assert _workers_rate(adag(keras.optimizers.Adam())) == pytest.approx(0.001)
+    assert _workers_rate(adag({"class_name": "SGD", "config": {"learning_rate": 0.05}})) \
+        == pytest.approx(0.05)
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 100, 0.9)
-    trainer = ADAG(build_mlp(), worker_optimizer=keras.optimizers.Adam(schedule), loss="mse")
-    assert isinstance(_workers_rate(trainer), dict)  # the schedule's config, unscaled
-    assert _workers_rate(trainer)["config"]["initial_learning_rate"] == pytest.approx(0.01)
+    rate = _workers_rate(adag(keras.optimizers.Adam(schedule)))
+    assert rate["config"]["initial_learning_rate"] == pytest.approx(0.01)  # unscaled
