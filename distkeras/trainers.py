@@ -73,7 +73,6 @@ class AEASGD(AlgorithmTrainer):
     """
 
     algorithm = algorithms.AEASGD
-    averages_weights = True
 
 
 def carries_momentum(optimizer):

@@ -22,6 +22,7 @@ class AEASGD(Algorithm):
     default_window = 32
     adds_commits_as_sent = True
     pull_first = True
+    averages_weights = True  # the center is an elastic average of the replicas
 
     def check(self):
         if self.rho * self.learning_rate > 1.0:

@@ -90,6 +90,9 @@ class Algorithm:
         sends_pulled: Commits carry the center the worker pulled (`ServerContext.pulled`).
         sets_worker_learning_rate: The trainer's ``learning_rate`` is the workers' Keras
             optimizer's (for rules that have none of their own).
+        averages_weights: The center is weights that no worker trained as they are (an
+            elastic average, an outer optimizer's step): the trainer measures its
+            BatchNormalization statistics again before returning it (`batch_statistics`).
         local_step: None, or a method ``local_step(model, batch, state)`` that takes one
             local step in place of the Keras optimizer's (it leaves the JAX window path).
     """
@@ -102,6 +105,7 @@ class Algorithm:
     uses_staleness = False
     sends_pulled = False
     sets_worker_learning_rate = False
+    averages_weights = False
     local_step = None
 
     def __init__(self, **values):
@@ -135,6 +139,13 @@ class Algorithm:
                 and not isinstance(num_workers, bool) and num_workers >= 1:
             return min(num_workers, cls.default_window)
         return cls.default_window  # a bad num_workers is refused by train()
+
+    @classmethod
+    def worker_learning_rate_factor(cls, window):
+        """What the trainer multiplies its workers' Keras optimizer's learning rate by when
+        it is given no ``learning_rate``, for a ``communication_window`` of ``window``
+        (1.0: the optimizer's own rate)."""
+        return 1.0
 
     @property
     def overlaps(self):

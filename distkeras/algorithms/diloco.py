@@ -17,7 +17,10 @@ class DiLoCo(Algorithm):
         commits adds up to their mean, DiLoCo's pseudo-gradient; a commit that slower
         workers overtook, made from an older center, counts less; one worker alone is
         DiLoCo with one replica, exactly. The paper's momentum, 0.9, overshot at short
-        windows (docs/algorithms/diloco.md): 0.5 by default.
+        windows (docs/algorithms/diloco.md): 0.5 by default. The center is an outer
+        step that no worker's weights took, so its BatchNormalization statistics are
+        measured again (``averages_weights``): without that the zoo's CNN scored 0.74
+        against `fit`'s 0.83.
     """
 
     hyperparameters = (
@@ -28,6 +31,7 @@ class DiLoCo(Algorithm):
     default_window = 20
     uses_staleness = True
     sets_worker_learning_rate = True
+    averages_weights = True  # the center is an outer step from the replicas' weights
 
     def commit(self, weights, pulled, context):
         return update_rules.downpour_delta(weights, pulled)

@@ -25,6 +25,7 @@ class FedAdam(Algorithm):
     )
     default_window = 10
     sets_worker_learning_rate = True
+    averages_weights = True  # the center is the server's Adam step, no worker's weights
 
     def commit(self, weights, pulled, context):
         return update_rules.downpour_delta(weights, pulled)

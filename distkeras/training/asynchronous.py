@@ -210,6 +210,7 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
             return
         cls.default_window = algorithm.default_window
         cls.sets_worker_learning_rate = algorithm.sets_worker_learning_rate
+        cls.averages_weights = algorithm.averages_weights
         if "__init__" not in vars(cls):
             cls.__init__ = _algorithm_init(algorithm)
 

@@ -19,19 +19,39 @@ VALIDATING_REPORT_SECONDS = 0.1
 def workers_optimizer(trainer, settings):
     """The optimizer (a name, an instance or a config) the workers and the returned model
     train with: ``worker_optimizer``, with ``learning_rate`` as its rate where the trainer
-    class `sets_worker_learning_rate`.
+    class `sets_worker_learning_rate` and one is given; else, for an optimizer given by
+    name, Keras's default rate for it times the algorithm's `worker_learning_rate_factor`
+    (ADAG's). An optimizer instance or config keeps the rate it was given.
 
     Args:
         trainer: The trainer (its class's declaration).
         settings: Anything with ``worker_optimizer``, ``learning_rate`` (where the class
             has one) and ``master_model``: a run's `Settings`, or the trainer itself.
     """
-    learning_rate = getattr(settings, "learning_rate", None)
-    if not getattr(trainer, "sets_worker_learning_rate", False) or learning_rate is None:
-        return settings.worker_optimizer
     from distkeras.ml.estimators import optimizer_config
 
-    return optimizer_config(settings.worker_optimizer, learning_rate, settings.master_model)
+    learning_rate = getattr(settings, "learning_rate", None)
+    if getattr(trainer, "sets_worker_learning_rate", False) and learning_rate is not None:
+        return optimizer_config(settings.worker_optimizer, learning_rate,
+                                settings.master_model)
+    algorithm = getattr(trainer, "algorithm", None)
+    factor = 1.0 if algorithm is None else \
+        algorithm.worker_learning_rate_factor(settings.communication_window)
+    rate = None if factor == 1.0 else default_learning_rate(settings.worker_optimizer)
+    if rate is None:
+        return settings.worker_optimizer
+    return optimizer_config(settings.worker_optimizer, rate * factor, settings.master_model)
+
+
+def default_learning_rate(optimizer):
+    """Keras's default learning rate for an optimizer given by name (``"adam"``), or None
+    for an instance or a config: its rate was chosen, and is left as it is."""
+    import keras
+
+    if not isinstance(optimizer, str):
+        return None
+    optimizer = keras.optimizers.get(optimizer)
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 def execution_options(model):
