@@ -39,7 +39,8 @@ from distkeras.ml.params import OUTPUT_TYPES
 logger = logging.getLogger(__name__)
 
 # Per Python worker process: the last model rebuilt there ("key", "model", and "settled":
-# whether `_settle` has frozen it).
+# whether `_settle` has frozen it), and how many models this process has rebuilt
+# ("builds", kept across models).
 _CACHE = {}
 
 
@@ -82,13 +83,16 @@ def _cached_model(key, model_bytes, objects=None):
     from distkeras import custom_objects
     from distkeras.utils import deserialize_model
 
+    builds = _CACHE.get("builds", 0)
     if _CACHE:
         _CACHE.clear()
         gc.unfreeze()
         gc.collect()
     with custom_objects.scope(objects):
         model = deserialize_model(model_bytes)
-    _CACHE.update(key=key, model=model, settled=False)
+    _CACHE.update(key=key, model=model, settled=False, builds=builds + 1)
+    logger.debug("Rebuilt the model to predict with (%d rebuilt in this process).",
+                 builds + 1)
     return model
 
 
@@ -293,15 +297,49 @@ def _prediction_udf(model_bytes, backend, names, input_shapes, batch_size, objec
     return F.arrow_udf(predict, return_type)
 
 
-def _read_in_workers(dataframe, outputs, settings):
+def _direct_source(dataframe):
+    """A `parquet_source.ParquetSource` of ``dataframe`` over its scan's own partitions,
+    in Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; None where
+    it is not a plain Parquet scan (or a stream)."""
+    from distkeras.data import parquet_source
+
+    if dataframe.isStreaming:
+        return None
+    batch_rows = int(dataframe.sparkSession.conf.get(
+        "spark.sql.execution.arrow.maxRecordsPerBatch", None) or 10000)
+    return parquet_source.direct_source(dataframe, batch_rows=batch_rows)
+
+
+def _first_row(source, names):
+    """The first row of `_direct_source` ``source`` (the first of its first partition
+    that has rows), columns ``names`` only, read here with pyarrow: no Spark job. None
+    where there are no rows."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from distkeras.data import parquet_source
+
+    pieces = [pieces[0] for pieces in source.partitions if pieces]
+    if not pieces:
+        return None
+    columns = {name: source.columns[name] for name in names}
+    schema = pa.schema([source.schema.field(name) for name in names])
+    first = dataclasses.replace(pieces[0], rows=1)
+    batch = next(parquet_source.read_pieces([first], columns, schema, batch_rows=1))
+    return batch.to_pylist()[0]
+
+
+def _read_in_workers(source, dataframe, outputs, settings):
     """``dataframe`` with the prediction columns ``outputs`` added, its Parquet files read
-    in the Python workers (`parquet_source`); None where it is not a plain Parquet scan.
+    in the Python workers (``source``, `_direct_source`).
 
     Each task reads the row groups of one of the scan's partitions, in Spark's order, and
     yields them with their predictions: the result has the scan's partitions and, within
     each, its rows in the same order as the Arrow UDF's.
 
     Args:
+        source: `_direct_source` of ``dataframe``.
         dataframe: The DataFrame to predict on.
         outputs: The prediction columns' names.
         settings: `_prediction_udf`'s arguments.
@@ -310,13 +348,6 @@ def _read_in_workers(dataframe, outputs, settings):
 
     from distkeras.data import parquet_source
 
-    if dataframe.isStreaming:
-        return None
-    batch_rows = int(dataframe.sparkSession.conf.get(
-        "spark.sql.execution.arrow.maxRecordsPerBatch", None) or 10000)
-    source = parquet_source.direct_source(dataframe, batch_rows=batch_rows)
-    if source is None:
-        return None
     model_bytes, backend, names, input_shapes, batch_size, objects, fields, dtypes = settings
     key = _model_key(model_bytes)
 
@@ -453,10 +484,17 @@ class ModelPredictor:
         # What would fail every task is refused here, from the first row (None: no rows).
         # A stream has none to read before it runs (Spark refuses `first()` on it): its
         # tasks check every row, as they check a DataFrame's rows after the first.
-        row = None if dataframe.isStreaming else dataframe.select(*map(column, features)).first()
+        # A plain Parquet scan's first row is read from its files, without a Spark job.
+        source = _direct_source(dataframe)
+        if source is not None:
+            row = _first_row(source, features)
+        elif dataframe.isStreaming:
+            row = None
+        else:
+            row = dataframe.select(*map(column, features)).first()
         if row is not None:
             check_first_row(row, self.model, features)
-        return features, kinds, outputs, row
+        return features, kinds, outputs, row, source
 
     def _output_columns(self):
         """The prediction columns, one per model output."""
@@ -503,7 +541,7 @@ class ModelPredictor:
         from distkeras import custom_objects
         from distkeras.utils import serialize_model
 
-        features, kinds, outputs, first_row = self._validate(dataframe)
+        features, kinds, outputs, first_row, source = self._validate(dataframe)
         check_executor_python(dataframe.sparkSession.sparkContext)
         _avoid_columnar_udf_input(dataframe)
         sparse = sparse_vector_columns(dataframe, features, first_row)
@@ -521,8 +559,8 @@ class ModelPredictor:
         settings = (model_bytes, keras.backend.backend(), features, input_shapes,
                     int(self.batch_size), objects, fields,
                     [integer_dtype(tensor) for tensor in self.model.inputs])
-        direct = _read_in_workers(dataframe, outputs, settings)
-        if direct is not None:
+        if source is not None:
+            direct = _read_in_workers(source, dataframe, outputs, settings)
             if self.output_type == "array":
                 return direct
             return direct.withColumns({name: as_output_type(F.col(name), self.output_type)

@@ -271,3 +271,36 @@ def test_model_predictor_keeps_sparks_path_for_other_frames(parquet, spark, capl
     with caplog.at_level("INFO", logger="distkeras.predictors"):
         rows = ModelPredictor(model, "features").predict(parquet.where("id < 10")).collect()
     assert len(rows) == 10 and "read in the workers" not in caplog.text
+
+
+def test_model_predictor_checks_a_plain_scans_first_row_from_its_files_without_a_job(
+        parquet, spark, tmp_path):
+    """``predict`` refuses a first row the model cannot take before any task runs; on a
+    plain Parquet scan it reads that row from the files, so defining the prediction starts
+    no Spark job (a job's fixed cost was a large part of a small prediction's)."""
+    import keras
+
+    from distkeras.predictors import ModelPredictor
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    ModelPredictor(model, "features").predict(parquet)  # the once-per-application checks
+    tracker = spark.sparkContext.statusTracker()
+    for group, frame in [("plain-scan", parquet), ("filtered", parquet.where("id >= 0"))]:
+        spark.sparkContext.setJobGroup(group, "ModelPredictor.predict, no action")
+        try:
+            ModelPredictor(model, "features").predict(frame)
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        assert len(tracker.getJobIdsForGroup(group)) == (0 if group == "plain-scan" else 1)
+
+    path = str(tmp_path / "three.parquet")
+    spark.range(0, 10).selectExpr("id", "array(1.0f, 2.0f, 3.0f) as features") \
+        .coalesce(1).write.parquet(path)
+    with pytest.raises(ValueError, match="holds 3 values per row but the model's input "
+                                         r"expects shape \(2,\)"):
+        ModelPredictor(model, "features").predict(spark.read.parquet(path))
+    path = str(tmp_path / "nulls.parquet")
+    spark.range(0, 10).selectExpr("id", "cast(null as array<float>) as features") \
+        .coalesce(1).write.parquet(path)
+    with pytest.raises(ValueError, match="its first row is null"):
+        ModelPredictor(model, "features").predict(spark.read.parquet(path))

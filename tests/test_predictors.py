@@ -870,3 +870,70 @@ def test_output_type_vector_gives_dense_vectors_as_dist_keras(spark):
                                model.predict(x, verbose=0), atol=1e-5)
     with pytest.raises(ValueError, match="output_type"):
         ModelPredictor(model, output_type="list").predict(frame)
+
+
+def test_each_python_worker_rebuilds_the_model_once_for_all_its_partitions(spark):
+    """The model is rebuilt (and compiled) once per Python worker process, not per task:
+    the 8 partitions of one call and the next call with the same model reuse it."""
+    from distkeras.predictors import ModelPredictor
+
+    def builds():
+        def report(batches):
+            import os
+
+            import pyarrow as pa
+
+            from distkeras import predictors
+
+            for _ in batches:
+                pass
+            yield pa.RecordBatch.from_pydict({"pid": [os.getpid()],
+                                              "builds": [predictors._CACHE.get("builds", 0)]})
+
+        rows = spark.range(0, 16, 1, 16).mapInArrow(report, "pid long, builds long").collect()
+        return {row["pid"]: row["builds"] for row in rows}
+
+    model = _mlp((6,), seed=11)
+    x = _features(11, 6)
+    frame = spark.createDataFrame([(i, x[i].tolist()) for i in range(ROWS)],
+                                  ["id", "features"]).repartition(8)
+    assert frame.rdd.getNumPartitions() == 8
+    before = builds()
+    for _ in range(2):
+        rows, predicted = _predictions(ModelPredictor(model, batch_size=8).predict(frame))
+        np.testing.assert_allclose(predicted, model.predict(x, verbose=0), atol=1e-5)
+    after = builds()
+    rebuilt = {pid: count - before.get(pid, 0) for pid, count in after.items()}
+    assert sum(rebuilt.values()) >= 1
+    assert all(count <= 1 for count in rebuilt.values()), rebuilt
+
+
+def test_predicting_batch_after_batch_traces_the_model_once_per_call_size():
+    """A compiling backend traces (and compiles) the model once per input shape: every
+    chunk of ``batch_size`` rows, the last one padded, reuses one trace; only a batch
+    smaller than ``batch_size`` (padded to a power of two) adds one."""
+    import keras
+
+    from distkeras.predictors import _predict_in_chunks
+
+    traces = []
+
+    class Counted(keras.layers.Layer):
+        def call(self, inputs):
+            traces.append(tuple(inputs.shape))  # Python runs only when the model is traced
+            return inputs
+
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential([keras.Input((6,)), Counted(),
+                              keras.layers.Dense(3, activation="softmax")])
+    x = np.random.default_rng(12).normal(size=(1000, 6)).astype("float32")
+    expected = model.predict(x, batch_size=64, verbose=0)
+    model.predict_function = None  # the model's own predict traced it: start afresh
+    traces.clear()
+    for rows in (1000, 999, 64, 130, 1000):  # 16 chunks of 64, the last padded, ...
+        (predicted,) = _predict_in_chunks(model, [x[:rows]], 64)
+        np.testing.assert_allclose(predicted, expected[:rows], atol=1e-6)
+    assert traces == [(64, 6)]
+    _predict_in_chunks(model, [x[:5]], 64)  # a batch of 5 rows: one call of 8
+    _predict_in_chunks(model, [x[:7]], 64)
+    assert traces == [(64, 6), (8, 6)]
