@@ -395,7 +395,7 @@ def test_the_last_epoch_is_validated_before_the_ema_weights_as_fit_does(spark):
     for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
     # The returned model's line evaluates what it holds: the moving averages.
-    returned = trainer.get_validation_history()[2]  # after the two epochs' records
+    returned = trainer._results.returned_validation[0]  # the last run's
     np.testing.assert_allclose(
         returned["val_loss"], reference.evaluate(x_val, y_val, verbose=0), rtol=1e-5)
 
@@ -536,7 +536,8 @@ def test_a_compiled_model_lends_its_optimizer_and_loss(fashion_train):
     assert trained.optimizer.get_config()["momentum"] == 0.5
     # How the model runs later (fit, evaluate, predict) is kept too.
     assert trained.jit_compile is False and trained.steps_per_execution == 4
-    assert trainer.get_config()["loss"] == "categorical_crossentropy"
+    assert trainer.get_config()["loss"] is None  # as given: train() changes no setting
+    assert trainer.settings().loss == "categorical_crossentropy"  # what a run trains with
     with pytest.raises(ValueError, match="`loss` is required, for example "
                                          "loss='categorical_crossentropy', unless keras_model "
                                          "is compiled"):
@@ -808,7 +809,9 @@ def test_columns_given_as_dicts_keyed_by_the_models_names_pair_by_name(spark):
     trained = trainer.train(frame.coalesce(1), verbose=0)
     for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
-    assert trainer.label_col == ["target_a", "target_z"]  # the model's order: names sorted
+    # The run's columns in the model's order (names sorted); the trainer keeps the dict.
+    assert trainer.settings().label_col == ["target_a", "target_z"]
+    assert trainer.label_col == {"y_a": "target_a", "y_z": "target_z"}
     predicted = ModelPredictor(trained, features_col=features).predict(frame)
     values = np.array([row["prediction_y_z"] for row in predicted.collect()])
     np.testing.assert_allclose(values, trained.predict(x, verbose=0)["y_z"], rtol=1e-5,
@@ -870,7 +873,7 @@ def test_outputs_keyed_otherwise_than_their_layers_are_named_by_their_keys(spark
                             KEYED_LOSS, metrics=KEYED_METRICS,
                             label_col={"r": "target", "c": "lab"})
     trained = trainer.train(frame, verbose=0, validation_data=(x, y))
-    assert trainer.label_col == ["lab", "target"]
+    assert trainer.settings().label_col == ["lab", "target"]
     for mine, theirs in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
     assert set(logs) <= set(trainer.get_history()[-1])  # c_accuracy, r_mae, ...

@@ -105,8 +105,9 @@ def _train(plan, dataframe, options):
                                            settings.label_col)
         validated = len(run.validation_history())
         validate_returned(plan, model)
+        run.returned_records = run.returned_validation(validated)
         results.keep(run.trainer, run)
-        report_returned_validation(run.label, run.returned_validation(validated), run.verbose)
+        report_returned_validation(run.label, run.returned_records, run.verbose)
         return model
 
 

@@ -27,6 +27,7 @@ class RunResults:
         validation_history: The validator's records (see `get_validation_history`).
         staleness: Per commit, ``(worker_id, updates by others since its pull)``.
         num_updates: The commits the parameter server applied (0 without one).
+        returned_validation: The validation records of the returned model(s).
     """
 
     history: list = dataclasses.field(default_factory=list)
@@ -34,6 +35,7 @@ class RunResults:
     validation_history: list = dataclasses.field(default_factory=list)
     staleness: list = dataclasses.field(default_factory=list)
     num_updates: int = 0
+    returned_validation: list = dataclasses.field(default_factory=list)
 
 
 class Run:
@@ -68,6 +70,7 @@ class Run:
         self.sample_weight_col = None
         self.class_table = None
         self.worker_host = None  # the driver's address the workers reach a server at
+        self.returned_records = []  # the validation records of the returned model(s)
 
     # -- results ------------------------------------------------------------------------
 
@@ -81,7 +84,8 @@ class Run:
         return RunResults(history=list(self.history), training_time=self.training_time,
                           validation_history=self.validation_history(),
                           staleness=list(getattr(server, "staleness", None) or []),
-                          num_updates=getattr(server, "num_updates", 0) if server else 0)
+                          num_updates=getattr(server, "num_updates", 0) if server else 0,
+                          returned_validation=list(self.returned_records))
 
     def returned_validation(self, validated):
         """The validation records of the returned model(s): the one the validator says
