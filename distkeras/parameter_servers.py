@@ -9,9 +9,10 @@ from distkeras.transport.parameter_servers import (RefusedUpdate, ParameterServe
                                                    ADAGParameterServer,
                                                    DynSGDParameterServer,
                                                    ExperimentalParameterServer,
-                                                   AveragingServer, EpochServer)
+                                                   AveragingServer, EpochServer,
+                                                   part_attribute, part_method)
 
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
            "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
            "DynSGDParameterServer", "ExperimentalParameterServer", "AveragingServer",
-           "EpochServer"]
+           "EpochServer", "part_attribute", "part_method"]

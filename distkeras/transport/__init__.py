@@ -12,7 +12,7 @@ frames, connections and a worker's checks run on both ends.
 - `history_sink`: the workers' step records, failures, goodbyes, task retries and epoch
   ends (driver).
 - `epoch_barrier`: workers wait at each epoch's end while the driver ends it (driver).
-- `parameter_servers`: the servers composed of those parts (driver).
+- `parameter_servers`: the servers, each holding those parts (driver).
 
 `distkeras.networking` and `distkeras.parameter_servers` are the dist-keras import paths
 (thin faces); `distkeras.server_transport`, `.center`, `.history_sink`, `.epoch_barrier`

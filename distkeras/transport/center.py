@@ -4,10 +4,11 @@ commit exchanges that read and change it.
 `CenterVariable` holds the weights, the lock and the update count (what every server of a
 run has, the progress server too). `CenterExchange` adds the pull and commit protocol:
 each commit checked (shapes, finite values), counted with its staleness, and applied with
-`apply_rule`, which refuses a new center that would be non-finite.
+`apply_rule`, which refuses a new center that would be non-finite. The rule itself is the
+server's: `commit_action` calls the handler it is given.
 
-A server whose rule adds each commit to the center exactly as sent (``C += update``) sets
-``commits_applied_as_sent``: a worker whose own commits are the only updates since its
+A server whose rule adds each commit to the center exactly as sent (``C += update``)
+says so to `pull_unchanged`: a worker whose own commits are the only updates since its
 last pull can then ask for the center "unless only mine changed it" and, when so, compute
 it itself (``C_pull + update``, the same float32 additions), which saves sending the
 weights back. That is every exchange of a lone worker.
@@ -62,13 +63,11 @@ class CenterVariable:
 
 
 class CenterExchange(CenterVariable):
-    """The pull and commit protocol of a center variable; subclasses define the rule.
+    """The pull and commit protocol of a center variable; the server gives the rule.
 
     Args:
         model: The master `keras.Model`; its weights are the initial center variable.
     """
-
-    commits_applied_as_sent = False
 
     def __init__(self, model):
         CenterVariable.__init__(self, model)
@@ -80,13 +79,6 @@ class CenterExchange(CenterVariable):
         self.refused = 0
         self.refused_by_worker = {}  # worker id: commits refused (NaN, ...)
 
-    def exchange_actions(self):
-        """The transport's table of the actions this part serves: ``{action: (method
-        name, whether the connection ends)}``."""
-        return {networking.ACTION_PULL: ("handle_pull", False),
-                networking.ACTION_PULL_UNLESS_OWN: ("handle_pull_unless_own", False),
-                networking.ACTION_COMMIT: ("commit_action", False)}
-
     def prepare_connection(self, conn):
         """Sets a new connection's counts: the update it last pulled, and its commits
         since (applied, and received: a refused one is not applied)."""
@@ -94,13 +86,14 @@ class CenterExchange(CenterVariable):
         conn.own_updates = conn.own_commits = 0
         conn.counted = False
 
-    def commit_action(self, conn, addr):
-        """Serves one commit: `handle_commit`, then counts it if the handler did not; a
-        `RefusedUpdate` is counted and logged, the connection stays open."""
+    def commit_action(self, conn, addr, handle_commit):
+        """Serves one commit: ``handle_commit(conn, addr)`` (the server's rule), then
+        counts it if the handler did not; a `RefusedUpdate` is counted and logged, the
+        connection stays open."""
         conn.counted = False
         conn.own_commits += 1
         try:
-            self.handle_commit(conn, addr)
+            handle_commit(conn, addr)
         except RefusedUpdate as refusal:
             with self.mutex:
                 self.refused += 1
@@ -188,31 +181,27 @@ class CenterExchange(CenterVariable):
             fields["optimizer_learning_rate"] = float(self.optimizer_learning_rate)
         return fields
 
-    def handle_pull_unless_own(self, conn, addr):
-        """Like `handle_pull`, but answers ``{"unchanged": True}`` without the weights when
-        the center moved only by this connection's commits since its last pull, every one
-        of them applied (servers with ``commits_applied_as_sent`` only)."""
+    def pull_unchanged(self, conn, commits_applied_as_sent):
+        """Answers ``{"unchanged": True}`` without the weights when the center moved only
+        by this connection's commits since its last pull, every one of them applied, and
+        the server's rule adds commits as sent.
+
+        Args:
+            conn: The connection that asked.
+            commits_applied_as_sent: Whether the server's rule is ``C += update``.
+
+        Returns:
+            Whether it answered; if not, the server answers with a full pull.
+        """
+        if not commits_applied_as_sent:
+            return False
         with self.mutex:
             num_updates = self.num_updates
-            only_own = (self._commits_applied_as_sent()
-                        and num_updates - conn.last_pull_update == conn.own_updates
+            only_own = (num_updates - conn.last_pull_update == conn.own_updates
                         and conn.own_updates == conn.own_commits)
             if only_own:
                 conn.last_pull_update = num_updates
                 conn.own_updates = conn.own_commits = 0
         if only_own:
             send_data(conn, self._pull_reply(unchanged=True, num_updates=num_updates))
-        else:
-            self.handle_pull(conn, addr)
-
-    def _commits_applied_as_sent(self):
-        # The flag counts only where declared by the class whose handle_commit is in use:
-        # a subclass with its own rule does not inherit it by accident.
-        for cls in type(self).__mro__:
-            if "handle_commit" in vars(cls):
-                return bool(vars(cls).get("commits_applied_as_sent", False))
-        return False
-
-    def handle_commit(self, conn, addr):
-        """Receives one commit and applies it; subclasses define the rule."""
-        raise NotImplementedError(f"{type(self).__name__} must implement handle_commit().")
+        return only_own

@@ -1,9 +1,9 @@
 """The history sink of a server: the workers' step records and metric states, their
 failures and goodbyes, Spark's task retries (superseded records) and the epochs' ends.
 
-`HistorySink` serves the history, failure and goodbye actions of `socket_transport`; it
-needs the transport's ``_history_lock`` and a center's ``mutex`` and ``center_variable``
-(what the center holds as each epoch ends).
+`HistorySink` serves the history, failure and goodbye actions of a server; it is given
+the transport's lock and the server's center (`center.CenterVariable`: its ``mutex``,
+and the ``center_variable`` it holds as each epoch ends).
 """
 
 import logging
@@ -51,13 +51,20 @@ def _history_records(columns):
 class HistorySink:
     """Keeps what the workers report: step records, metric states, failures, goodbyes.
 
-    Notes:
-        Composed after `socket_transport.SocketTransport`, whose ``_history_lock`` it uses.
+    Args:
+        lock: The lock of the records (the transport's ``lock``).
+        center: The server's `center.CenterVariable`.
+        supersede_on_retry: Whether a new Spark task attempt of a worker marks all of
+            its earlier attempts' records superseded as it connects (False: the server
+            says which, as an epoch barrier does at the new attempt's pull).
     """
 
     MAX_FAILURE_CHARS = 4000
 
-    def __init__(self):
+    def __init__(self, lock, center, supersede_on_retry=True):
+        self.lock = lock
+        self.center = center
+        self.supersede_on_retry = supersede_on_retry
         self.history = []
         # The workers' reports of their metric state per epoch (`epoch_metrics.unpack`),
         # superseded with the records of the same steps.
@@ -78,26 +85,19 @@ class HistorySink:
         self.worker_failures = []  # (worker id, error) that workers reported before failing
         self.on_worker_failure = None  # called with (worker id, error) as one arrives
 
-    def history_actions(self):
-        """The transport's table of the actions this part serves (see
-        `SocketTransport.action_handlers`)."""
-        return {networking.ACTION_HISTORY: ("handle_history", False),
-                networking.ACTION_FAILURE: ("handle_failure", True),
-                networking.ACTION_QUIT: ("handle_goodbye", True)}
-
     def finished(self):
         """The ids of the workers that said goodbye (a copy)."""
-        with self._history_lock:
+        with self.lock:
             return set(self.finished_workers)
 
     def history_snapshot(self):
         """The step records received so far (a copy)."""
-        with self._history_lock:
+        with self.lock:
             return list(self.history)
 
     def metric_states_snapshot(self):
         """The metric state reports received so far (a copy of the list)."""
-        with self._history_lock:
+        with self.lock:
             return list(self.metric_states)
 
     def joined(self, conn):
@@ -106,7 +106,7 @@ class HistorySink:
         is no longer finished, and the steps the earlier attempts recorded are superseded
         (their commits stay applied)."""
         conn.attempt_index = 0  # this worker's attempts in the order they connected
-        with self.mutex, self._history_lock:
+        with self.center.mutex, self.lock:
             latest = self._attempts.get(conn.worker_id)
             if latest is not None and conn.attempt <= latest[0]:
                 conn.attempt_index = latest[1] if conn.attempt == latest[0] else 0
@@ -118,13 +118,10 @@ class HistorySink:
                 logger.info("Worker %s is back as a new Spark task attempt; the steps of "
                             "its failed attempt are marked superseded.", conn.worker_id)
                 self.finished_workers.discard(conn.worker_id)
-                self._retried(conn)
-
-    def _retried(self, conn):
-        """A new attempt of ``conn``'s worker connected: what its earlier attempts recorded
-        is redone. Call under ``self.mutex`` and the history lock."""
-        self._supersede(conn.worker_id, lambda record: True)
-        self._trained_epochs.pop(conn.worker_id, None)  # it trains from epoch 0 again
+                if self.supersede_on_retry:
+                    # What its earlier attempts recorded is redone, from epoch 0.
+                    self.supersede(conn.worker_id, lambda record: True)
+                    self._trained_epochs.pop(conn.worker_id, None)
 
     # -- epoch ends ----------------------------------------------------------------------
 
@@ -142,7 +139,7 @@ class HistorySink:
             num_tasks: The worker tasks of the run.
             num_epoch: Its epochs.
         """
-        with self._history_lock:
+        with self.lock:
             self._epoch_tracking = None if num_tasks is None else (num_tasks, num_epoch)
             self._trained_epochs, self._epochs_ended, self._epoch_ends = {}, 0, {}
 
@@ -151,7 +148,7 @@ class HistorySink:
         samples of the steps recorded then (the ones it holds), or None where they were
         not kept (see `track_epochs`); they are then forgotten, with those of the epochs
         before."""
-        with self._history_lock:
+        with self.lock:
             end = self._epoch_ends.pop(epoch, None)
             for earlier in [kept for kept in self._epoch_ends if kept < epoch]:
                 del self._epoch_ends[earlier]
@@ -159,7 +156,7 @@ class HistorySink:
 
     def _note_epoch_records(self, worker_id, records):
         """Counts the epochs of a worker's new records (of its current attempt); call
-        under the history lock."""
+        under ``lock``."""
         epochs = [int(record["epoch"]) for record in records if "epoch" in record
                   and not record.get("superseded")]
         if self._epoch_tracking is None or not epochs:
@@ -188,13 +185,13 @@ class HistorySink:
         # Handlers replace the center, never modify it in place: the reference is the
         # center as it is now, and pins one copy of the weights until taken.
         for epoch in ended:
-            self._epoch_ends[epoch] = (self.center_variable, samples)
+            self._epoch_ends[epoch] = (self.center.center_variable, samples)
             self._epochs_ended = epoch
 
-    def _supersede(self, worker_id, redone):
+    def supersede(self, worker_id, redone):
         """Marks ``worker_id``'s records for which ``redone(record)`` holds as
         ``superseded`` (with the ``attempt`` that made them, 0 for the first); call under
-        the history lock."""
+        ``lock``."""
         marked = False
         for report in self.metric_states:
             if report["worker_id"] == worker_id and redone(report):
@@ -219,7 +216,7 @@ class HistorySink:
         reports = unpack(data, conn.worker_id)
         attempt = getattr(conn, "attempt", 0)
         index = getattr(conn, "attempt_index", 0)
-        with self._history_lock:
+        with self.lock:
             # A failed attempt that still reports (speculation, a slow goodbye) has been
             # replaced already: its steps count as superseded at once.
             latest = self._attempts.get(conn.worker_id)
@@ -241,13 +238,13 @@ class HistorySink:
         keeps it and calls ``on_worker_failure``."""
         data = recv_data(conn)
         error = str(data.get("error", "an error it did not describe"))[:self.MAX_FAILURE_CHARS]
-        with self._history_lock:
+        with self.lock:
             self.worker_failures.append((conn.worker_id, error))
         if self.on_worker_failure is not None:
             self.on_worker_failure(conn.worker_id, error)
 
     def handle_goodbye(self, conn, addr):
         """A worker is done: after its last history, so its records are all in."""
-        with self._history_lock:
+        with self.lock:
             self.finished_workers.add(conn.worker_id)
             self._note_epoch_ends()

@@ -1,15 +1,23 @@
 """Parameter servers: hold the center variable on the driver and apply workers' commits.
 
-A server is built from parts: `socket_transport.SocketTransport` (accept, handshake,
-eviction, one thread per connection, the dispatch of actions), `center.CenterExchange`
-(the center variable, its lock, the pull and commit protocol, update counting and
-staleness) and `history_sink.HistorySink` (step records, task retries, epoch ends).
-`SocketParameterServer` composes all three; subclasses define `handle_commit`.
-`HistoryServer` (the progress server) composes the transport and the history sink only.
-`AveragingServer` and SingleTrainer's `EpochServer` add `epoch_barrier.EpochBarrier`
-(workers wait at each epoch's end) in place of a rule per commit.
+A server holds its parts and hands each its share of the work: the transport
+(`socket_transport.SocketTransport`: accept, handshake, eviction, one thread per
+connection, the dispatch of actions to the server), the center (`center.CenterExchange`:
+the center variable, its lock, the pull and commit protocol, update counting and
+staleness) and the history sink (`history_sink.HistorySink`: step records, task retries,
+epoch ends). `SocketParameterServer` holds all three; its subclasses define the rule,
+`handle_commit` (an `Algorithm`'s `apply`, through `AlgorithmServer`). `HistoryServer`
+(the progress server) holds a transport, the center's weights and a history sink, and
+serves no pull or commit. `AveragingServer` and SingleTrainer's `EpochServer` hold an
+`epoch_barrier.EpochBarrier` (workers wait at each epoch's end) in place of a rule per
+commit.
+
+The server's attributes that seed 000's extension API and the trainers use
+(``mutex``, ``center_variable``, ``num_updates``, ``port``, ``token``, ``history``, ...)
+are its parts', read and written through it (`part_attribute`).
 """
 
+import functools
 import sys
 
 import numpy as np
@@ -18,7 +26,7 @@ from distkeras import algorithms, update_rules
 from distkeras.algorithms import ServerContext
 from distkeras.transport import networking
 from distkeras.transport.center import CenterExchange, CenterVariable, RefusedUpdate
-from distkeras.transport.epoch_barrier import EpochBarrier
+from distkeras.transport.epoch_barrier import EpochBarrier, EpochEnds
 from distkeras.transport.history_sink import HistorySink
 from distkeras.transport.networking import recv_data, weights_array
 from distkeras.transport.socket_transport import SocketTransport
@@ -26,11 +34,44 @@ from distkeras.transport.socket_transport import SocketTransport
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
            "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
            "DynSGDParameterServer", "ExperimentalParameterServer", "AveragingServer",
-           "EpochServer"]
+           "EpochServer", "part_attribute", "part_method"]
 
 
-class ParameterServer(CenterVariable):
-    """Holds the center variable and the update counter.
+def part_attribute(part, name, writable=False):
+    """A property of a server that is ``name`` of the part it holds at ``part``.
+
+    Args:
+        part: The server's attribute that holds the part (``"center"``, ...).
+        name: The part's attribute.
+        writable: Whether setting it on the server sets it on the part.
+    """
+    def get(server):
+        return getattr(getattr(server, part), name)
+
+    def set_(server, value):
+        setattr(getattr(server, part), name, value)
+
+    return property(get, set_ if writable else None,
+                    doc=f"The ``{name}`` of the server's ``{part}``.")
+
+
+def part_method(part_class, part, name):
+    """A method of a server that calls method ``name`` of the part it holds at ``part``.
+
+    Args:
+        part_class: The part's class (the method's signature and docstring are its).
+        part: The server's attribute that holds the part.
+        name: The part's method.
+    """
+    @functools.wraps(getattr(part_class, name))
+    def method(server, *args, **kwargs):
+        return getattr(getattr(server, part), name)(*args, **kwargs)
+
+    return method
+
+
+class ParameterServer:
+    """Holds the center variable (`center.CenterVariable`) and the update counter.
 
     Args:
         model: The master `keras.Model`; its weights are the initial center variable.
@@ -38,8 +79,22 @@ class ParameterServer(CenterVariable):
     """
 
     def __init__(self, model, master_port=0):
-        CenterVariable.__init__(self, model)
+        self.center = self.make_center(model)
         self.master_port = master_port
+
+    def make_center(self, model):
+        """The center part this server holds."""
+        return CenterVariable(model)
+
+    model = part_attribute("center", "model")
+    center_variable = part_attribute("center", "center_variable", writable=True)
+    num_updates = part_attribute("center", "num_updates", writable=True)
+    mutex = part_attribute("center", "mutex")
+    weight_spec = part_attribute("center", "weight_spec")
+    max_frame_bytes = part_attribute("center", "max_frame_bytes", writable=True)
+    get_model = part_method(CenterVariable, "center", "get_model")
+    # Fields whose lists of arrays are not shaped like the weights (their own spec).
+    field_specs = None
 
     def start(self):
         """Starts serving."""
@@ -48,8 +103,9 @@ class ParameterServer(CenterVariable):
         """Stops serving."""
 
 
-class SocketParameterServer(CenterExchange, HistorySink, SocketTransport, ParameterServer):
-    """A parameter server on a TCP socket, one thread per worker connection.
+class _ServedBySocket(ParameterServer):
+    """A `ParameterServer` that holds a `SocketTransport` and a `HistorySink`, and
+    serves the actions of its ``action_handlers`` table.
 
     Args:
         model: The master `keras.Model`.
@@ -60,23 +116,97 @@ class SocketParameterServer(CenterExchange, HistorySink, SocketTransport, Parame
 
     # Whether the progress shows commits per second (the rate of the workers' exchanges).
     shows_commit_rate = True
+    MAX_PENDING_HANDSHAKES = SocketTransport.MAX_PENDING_HANDSHAKES
+    supersede_on_retry = True  # see `HistorySink`
 
     def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
-        SocketTransport.__init__(self, master_port, host, handshake_timeout)
-        CenterExchange.__init__(self, model)
-        HistorySink.__init__(self)
+        self.transport = SocketTransport(master_port, host, handshake_timeout, server=self)
+        ParameterServer.__init__(self, model, master_port)
+        self.sink = HistorySink(self.transport.lock, self.center, self.supersede_on_retry)
+
+    # The transport's.
+    start = part_method(SocketTransport, "transport", "start")
+    stop = part_method(SocketTransport, "transport", "stop")
+    wait_for_goodbyes = part_method(SocketTransport, "transport", "wait_for_goodbyes")
+    idle_workers = part_method(SocketTransport, "transport", "idle_workers")
+    expect_workers = part_method(SocketTransport, "transport", "expect_workers")
+    master_port = part_attribute("transport", "master_port", writable=True)
+    host = part_attribute("transport", "host", writable=True)
+    port = part_attribute("transport", "port")
+    token = part_attribute("transport", "token")
+    handshake_timeout = part_attribute("transport", "handshake_timeout", writable=True)
+    max_pending_handshakes = part_attribute("transport", "max_pending_handshakes",
+                                            writable=True)
+    handshakes_closed = part_attribute("transport", "handshakes_closed")
+    errors = part_attribute("transport", "errors")
+    running = part_attribute("transport", "running")
+    on_error = part_attribute("transport", "on_error", writable=True)
+    # The history sink's.
+    history = part_attribute("sink", "history")
+    metric_states = part_attribute("sink", "metric_states")
+    history_generation = part_attribute("sink", "history_generation")
+    finished_workers = part_attribute("sink", "finished_workers")
+    worker_failures = part_attribute("sink", "worker_failures")
+    on_worker_failure = part_attribute("sink", "on_worker_failure", writable=True)
+    finished = part_method(HistorySink, "sink", "finished")
+    history_snapshot = part_method(HistorySink, "sink", "history_snapshot")
+    metric_states_snapshot = part_method(HistorySink, "sink", "metric_states_snapshot")
+    track_epochs = part_method(HistorySink, "sink", "track_epochs")
+    epoch_end = part_method(HistorySink, "sink", "epoch_end")
+    handle_history = part_method(HistorySink, "sink", "handle_history")
+    handle_failure = part_method(HistorySink, "sink", "handle_failure")
+    handle_goodbye = part_method(HistorySink, "sink", "handle_goodbye")
 
     def action_handlers(self):
-        return {**self.exchange_actions(), **self.history_actions()}
+        """``{action: (method name, whether the connection ends after it)}``: what the
+        transport serves (`SocketTransport.action_handlers`)."""
+        return {networking.ACTION_HISTORY: ("handle_history", False),
+                networking.ACTION_FAILURE: ("handle_failure", True),
+                networking.ACTION_QUIT: ("handle_goodbye", True)}
+
+    def prepare_connection(self, conn):
+        """Sets a new connection's own state, before its handshake."""
+
+    def joined(self, conn):
+        """Called once ``conn`` presented the token: the sink notes its task attempt."""
+        self.sink.joined(conn)
 
 
-class HistoryServer(HistorySink, SocketTransport, ParameterServer):
-    """Takes the step records of workers that exchange no weights (SingleTrainer's), so the
-    driver shows their progress as it does for the parameter-server trainers.
+class _ExchangingServer(_ServedBySocket):
+    """A `_ServedBySocket` server whose center is a `CenterExchange`: it serves pulls
+    and commits."""
 
-    The transport and the history sink, without the pull and commit protocol: a pull or
-    a commit is an action it does not take, and closes the connection. The center (the
-    master model's weights) never changes and ``num_updates`` stays 0.
+    # The method that serves a pull "unless only mine changed it".
+    pull_unless_own_handler = "handle_pull_unless_own"
+
+    def make_center(self, model):
+        return CenterExchange(model)
+
+    # The center's.
+    staleness = part_attribute("center", "staleness")
+    refused = part_attribute("center", "refused")
+    refused_by_worker = part_attribute("center", "refused_by_worker")
+    allow_nonfinite = part_attribute("center", "allow_nonfinite", writable=True)
+    optimizer_learning_rate = part_attribute("center", "optimizer_learning_rate",
+                                             writable=True)
+    next_update = part_method(CenterExchange, "center", "next_update")
+    model_update = part_method(CenterExchange, "center", "model_update")
+
+    def action_handlers(self):
+        return {networking.ACTION_PULL: ("handle_pull", False),
+                networking.ACTION_PULL_UNLESS_OWN: (self.pull_unless_own_handler, False),
+                networking.ACTION_COMMIT: ("commit_action", False),
+                **super().action_handlers()}
+
+    def prepare_connection(self, conn):
+        self.center.prepare_connection(conn)
+
+
+class SocketParameterServer(_ExchangingServer):
+    """A parameter server on a TCP socket, one thread per worker connection.
+
+    Subclasses define the rule, `handle_commit`; it reads the commit with `recv_data`
+    and changes ``center_variable`` under ``mutex`` (seed 000's extension API).
 
     Args:
         model: The master `keras.Model`.
@@ -85,13 +215,57 @@ class HistoryServer(HistorySink, SocketTransport, ParameterServer):
         handshake_timeout: Seconds a new connection has, in all, to present the token.
     """
 
-    def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
-        SocketTransport.__init__(self, master_port, host, handshake_timeout)
-        ParameterServer.__init__(self, model, master_port)
-        HistorySink.__init__(self)
+    # Whether its `handle_commit` adds each commit to the center exactly as sent (see
+    # `center`); counted only where the class that defines `handle_commit` declares it.
+    commits_applied_as_sent = False
 
-    def action_handlers(self):
-        return self.history_actions()
+    def apply_rule(self, rule, *args):
+        """Replaces the center with ``rule(center, *args)``; call under ``mutex`` (see
+        `CenterExchange.apply_rule`)."""
+        self.center.apply_rule(rule, *args)
+
+    def handle_pull(self, conn, addr):
+        """Sends the center variable and the update count read under one lock."""
+        self.center.handle_pull(conn, addr)
+
+    def handle_pull_unless_own(self, conn, addr):
+        """Like `handle_pull`, but answers ``{"unchanged": True}`` without the weights when
+        the center moved only by this connection's commits since its last pull (servers
+        whose rule adds commits as sent only)."""
+        if not self.center.pull_unchanged(conn, self._commits_applied_as_sent()):
+            self.handle_pull(conn, addr)
+
+    def commit_action(self, conn, addr):
+        """Serves one commit with `handle_commit` (see `CenterExchange.commit_action`)."""
+        self.center.commit_action(conn, addr, self.handle_commit)
+
+    def _commits_applied_as_sent(self):
+        # The flag counts only where declared by the class whose handle_commit is in use:
+        # a subclass with its own rule does not inherit it by accident.
+        for cls in type(self).__mro__:
+            if "handle_commit" in vars(cls):
+                return bool(vars(cls).get("commits_applied_as_sent", False))
+        return False
+
+    def handle_commit(self, conn, addr):
+        """Receives one commit and applies it; subclasses define the rule."""
+        raise NotImplementedError(f"{type(self).__name__} must implement handle_commit().")
+
+
+class HistoryServer(_ServedBySocket):
+    """Takes the step records of workers that exchange no weights (SingleTrainer's), so the
+    driver shows their progress as it does for the parameter-server trainers.
+
+    A transport, the center's weights (`center.CenterVariable`, which never change:
+    ``num_updates`` stays 0) and a history sink: no pull or commit is served, and either
+    closes the connection as any unknown action does.
+
+    Args:
+        model: The master `keras.Model`.
+        master_port: Port to listen on; 0 lets the OS pick a free one.
+        host: Address to bind; the trainer sets the driver's address.
+        handshake_timeout: Seconds a new connection has, in all, to present the token.
+    """
 
 
 def _reference_counts(weights):
@@ -262,9 +436,9 @@ class ExperimentalParameterServer(AlgorithmServer):
                          algorithm=algorithms.Experimental(learning_rate=learning_rate))
 
 
-class _EpochBarrierServer(EpochBarrier, CenterExchange, HistorySink, SocketTransport,
-                          ParameterServer):
-    """The transport, the center, the history sink and the epoch barrier, composed.
+class _EpochBarrierServer(EpochEnds, _ExchangingServer):
+    """A transport, a center, a history sink and an epoch barrier (`EpochBarrier`); the
+    server says what each epoch's end makes of the weights (`EpochEnds`).
 
     Args:
         model: The master `keras.Model` (its weights: the first center).
@@ -272,14 +446,32 @@ class _EpochBarrierServer(EpochBarrier, CenterExchange, HistorySink, SocketTrans
         master_port: Port to listen on; 0 lets the OS pick a free one.
     """
 
-    def __init__(self, model, num_workers, master_port=0):
-        SocketTransport.__init__(self, master_port)
-        CenterExchange.__init__(self, model)
-        HistorySink.__init__(self)
-        EpochBarrier.__init__(self, num_workers)
+    # Its commits are epoch ends, not the workers' exchanges: no commit rate to show.
+    shows_commit_rate = False
+    # A rejoining worker's pull says which epochs it redoes (an epoch may still end
+    # between its handshake and its pull).
+    supersede_on_retry = False
 
-    def action_handlers(self):
-        return {**self.exchange_actions(), **self.history_actions()}
+    def __init__(self, model, num_workers, master_port=0):
+        _ExchangingServer.__init__(self, model, master_port)
+        self.barrier = EpochBarrier(num_workers, self.transport, self.center, self.sink,
+                                    self)
+
+    # Every pull answers with the weights and the epochs done.
+    pull_unless_own_handler = "handle_pull"
+
+    num_workers = part_attribute("barrier", "num_workers")
+    epochs_done = part_attribute("barrier", "epochs_done")
+    stop_requested = part_attribute("barrier", "stop_requested")
+    learning_rate = part_attribute("barrier", "learning_rate", writable=True)
+
+    def handle_pull(self, conn, addr):
+        """A worker joins or rejoins (`EpochBarrier.handle_pull`)."""
+        self.barrier.handle_pull(conn, addr)
+
+    def commit_action(self, conn, addr):
+        """A worker's epoch end (`EpochBarrier.handle_commit`)."""
+        self.center.commit_action(conn, addr, self.barrier.handle_commit)
 
 
 class AveragingServer(_EpochBarrierServer):
@@ -303,20 +495,17 @@ class AveragingServer(_EpochBarrierServer):
         super().__init__(model, num_workers, master_port)
         self.on_average = on_average
 
-    def _average(self):
-        """Averages the epoch's weights (in worker order); call under the lock."""
-        trained = [weights for _, (weights, samples) in sorted(self._epoch_weights.items())
+    def average(self, entries):
+        """The mean of the epoch's weights (in worker order) that trained on some rows."""
+        trained = [weights for _, (weights, samples) in sorted(entries.items())
                    if samples > 0]
-        if trained:
-            self.center_variable = update_rules.average_weights(trained)
-        self._epoch_weights = {}
-        self._end_epoch()
+        return update_rules.average_weights(trained) if trained else None
 
-    def _run_epoch_hook(self):
+    def end_epoch(self, epochs_done):
         """Runs ``on_average``; returns whether to stop."""
         if self.on_average is None:
             return False
-        return self.on_average(self.epochs_done, self.center_variable)
+        return self.on_average(epochs_done, self.center_variable)
 
 
 class EpochServer(_EpochBarrierServer):
@@ -347,7 +536,7 @@ class EpochServer(_EpochBarrierServer):
         self.max_frame_bytes += sum(value.nbytes for value in self.optimizer_state)
         self.on_epoch_end = on_epoch_end
 
-    def _epoch_entry(self, data, weights, samples):
+    def epoch_entry(self, data, weights, samples):
         state = data.get(self.FIELD)
         if not (isinstance(state, np.ndarray) and state.dtype == object
                 and len(state) == len(self.optimizer_state)):
@@ -355,23 +544,20 @@ class EpochServer(_EpochBarrierServer):
                 "An epoch's commit must carry the optimizer's state.")
         return weights, samples, state
 
-    def _average(self):
-        """Takes the one worker's weights and optimizer state; call under the lock."""
-        ((weights, _, state),) = self._epoch_weights.values()
-        self._epoch_weights = {}
-        self.center_variable, self.optimizer_state = weights, state
-        self._end_epoch()
+    def average(self, entries):
+        """The one worker's weights; its optimizer state is kept too."""
+        ((weights, _, state),) = entries.values()
+        self.optimizer_state = state
+        return weights
 
-    def _run_epoch_hook(self):
+    def end_epoch(self, epochs_done):
         if self.on_epoch_end is None:
             return False
-        stop, state = self.on_epoch_end(self.epochs_done, self.center_variable,
+        stop, state = self.on_epoch_end(epochs_done, self.center_variable,
                                         self.optimizer_state)
         if state is not None:
             self.optimizer_state = weights_array(state)
         return stop
 
-    def _reply(self):
-        reply = super()._reply()
-        reply[self.FIELD] = self.optimizer_state
-        return reply
+    def reply_fields(self):
+        return {self.FIELD: self.optimizer_state}

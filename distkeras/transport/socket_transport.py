@@ -2,10 +2,10 @@
 connection, and the dispatch of each action to the handler that serves it.
 
 A connection starts with the run's token (compared in constant time); then the worker
-sends one-byte actions. `SocketTransport` knows no model: the parts composed with it
-(`center.CenterExchange`, `history_sink.HistorySink`) say which actions they serve
-(`action_handlers`), and any other action closes the connection. A frame is read into
-memory only up to ``max_frame_bytes`` (a small limit until the token is in).
+sends one-byte actions. `SocketTransport` knows no model: the server that holds it says
+which actions it serves (`action_handlers`) and how large a frame may be, and any other
+action closes the connection. A frame is read into memory only up to the server's
+``max_frame_bytes`` (a small limit until the token is in).
 """
 
 import errno
@@ -42,6 +42,7 @@ class Listener:
     def __init__(self, master_port=0, host="127.0.0.1"):
         self.master_port = master_port
         self.host = host
+        self.name = type(self).__name__  # in the log, with the port
         self.port = None
         self._server_socket = None
         self._accept_thread = None
@@ -67,7 +68,7 @@ class Listener:
             target=self._accept_loop, name=f"distkeras-ps-{self.port}", daemon=True)
         self._accept_thread.start()
         logger.info("Parameter server %s listening on %s:%s",
-                    type(self).__name__, self.host, self.port)
+                    self.name, self.host, self.port)
 
     # The most stop() waits, in all, for the connections' threads once it shut them down.
     def _stop_accepting(self):
@@ -122,12 +123,14 @@ class SocketTransport(Listener):
         master_port: Port to listen on; 0 lets the OS pick a free one.
         host: Address to bind; the trainer sets the driver's address.
         handshake_timeout: Seconds a new connection has, in all, to present the token.
+        server: What serves the actions: its `action_handlers`, `prepare_connection`,
+            `joined` and handler methods, and its frame limits (``max_frame_bytes``,
+            ``weight_spec``, ``field_specs``), read as each connection starts. None:
+            this object itself (a subclass that defines them).
 
     Notes:
-        Composed servers call this ``__init__`` first: it creates ``_history_lock``, the
-        lock the parts share for the connections, the history and the errors, and a
-        frame limit (``max_frame_bytes``, ``weight_spec``) that a center then sets from
-        its weights.
+        ``lock`` guards the connections and the errors; a server's parts share it for
+        what they keep (the history sink's records).
     """
 
     # Connections that have not presented the token yet each hold a thread until the
@@ -138,8 +141,10 @@ class SocketTransport(Listener):
     # raise the cap to twice their workers (`expect_workers`), who may connect at once.
     MAX_PENDING_HANDSHAKES = 64
 
-    def __init__(self, master_port=0, host="127.0.0.1", handshake_timeout=30.0):
+    def __init__(self, master_port=0, host="127.0.0.1", handshake_timeout=30.0, server=None):
         Listener.__init__(self, master_port, host)
+        self.server = self if server is None else server
+        self.name = type(self.server).__name__
         self.token = secrets.token_hex(32)
         self.handshake_timeout = handshake_timeout
         self.max_pending_handshakes = self.MAX_PENDING_HANDSHAKES
@@ -150,15 +155,20 @@ class SocketTransport(Listener):
         self.field_specs = None
         self.errors = []
         self.on_error = None  # called with the error of a handler (a bug) as it happens
-        self._history_lock = threading.Lock()
+        self.lock = threading.Lock()
         self._connections = set()
         # Connections still in their handshake, oldest first (a dict: ordered, O(1) removal).
         self._pending = {}
         self._threads = set()
 
+    @property
+    def running(self):
+        """Whether it accepts and serves connections (from `start` until `stop`)."""
+        return self._running
+
     def action_handlers(self):
         """``{action: (method name, whether the connection ends after it)}``: the actions
-        this server serves. Composed servers merge their parts' tables."""
+        this transport serves when it is its own server (see ``server``)."""
         return {}
 
     def prepare_connection(self, conn):
@@ -196,12 +206,12 @@ class SocketTransport(Listener):
         writing a descriptor whose number the OS may have given to a file opened since.
         Shut down, its next read or write ends at once.
         """
-        with self._history_lock:
+        with self.lock:
             connections = list(self._connections)
         for conn in connections:
             conn.shutdown()
         if not self.wait_for_goodbyes(self.STOP_JOIN_SECONDS):
-            with self._history_lock:
+            with self.lock:
                 running = len(self._threads)
             logger.warning("%s connection threads of the parameter server on port %s did "
                            "not end within %s s of stop(); each closes its connection as "
@@ -214,14 +224,14 @@ class SocketTransport(Listener):
             Whether every connection ended in time.
         """
         deadline = time.monotonic() + timeout
-        with self._history_lock:
+        with self.lock:
             threads = list(self._threads)
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
 
     def _warn_exhausted(self, error):
-        with self._history_lock:
+        with self.lock:
             count = len(self._connections)
         logger.warning(
             "The parameter server on port %s cannot accept connections: %s (%s open). "
@@ -236,12 +246,13 @@ class SocketTransport(Listener):
             logger.debug("Dropped connection from %s before serving it: %s", addr, error)
             networking.close_socket(sock)
             return
-        conn = networking.Connection(sock, self.max_frame_bytes, self.weight_spec,
-                                     self.field_specs)
+        server = self.server
+        conn = networking.Connection(sock, server.max_frame_bytes, server.weight_spec,
+                                     server.field_specs)
         conn.addr, conn.evicted = addr, False
         thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                                   name=f"distkeras-ps-conn-{addr[1]}")
-        with self._history_lock:  # started under the lock: a listed thread can be joined
+        with self.lock:  # started under the lock: a listed thread can be joined
             self._make_room_for_handshake()
             try:
                 thread.start()
@@ -256,7 +267,7 @@ class SocketTransport(Listener):
 
     def _make_room_for_handshake(self):
         """Closes the oldest connections still in their handshake until a new one fits
-        within ``max_pending_handshakes``; call under the history lock."""
+        within ``max_pending_handshakes``; call under ``lock``."""
         while self._pending and len(self._pending) >= self.max_pending_handshakes:
             oldest = next(iter(self._pending))
             del self._pending[oldest]
@@ -277,7 +288,7 @@ class SocketTransport(Listener):
         Raises:
             ConnectionError: If it was closed to make room before its token was read.
         """
-        with self._history_lock:
+        with self.lock:
             if conn.evicted:
                 raise ConnectionError("closed to make room for newer connections before "
                                       "its token was read")
@@ -288,7 +299,7 @@ class SocketTransport(Listener):
     def _serve(self, conn, addr):
         conn.worker_id = -1
         conn.last_activity = time.monotonic()
-        self.prepare_connection(conn)
+        self.server.prepare_connection(conn)
         try:
             # The whole handshake, not each read: the token arrives in time or never.
             conn.set_deadline(self.handshake_timeout)
@@ -299,8 +310,8 @@ class SocketTransport(Listener):
             conn.worker_id = networking.check_token(hello, self.token)
             self._end_handshake(conn)
             conn.attempt = networking.hello_attempt(hello)
-            conn.max_frame_bytes = self.max_frame_bytes
-            self.joined(conn)
+            conn.max_frame_bytes = self.server.max_frame_bytes
+            self.server.joined(conn)
             conn.set_deadline(None)
             self._dispatch(conn, addr)
         except (networking.ProtocolError, ConnectionError, OSError) as error:
@@ -310,13 +321,13 @@ class SocketTransport(Listener):
                 log("Closed connection from %s (worker %s): %s", addr, conn.worker_id, error)
         except Exception as error:  # a bug in a handler: keep it for the trainer to report
             logger.exception("Parameter server handler failed for %s", addr)
-            with self._history_lock:
+            with self.lock:
                 self.errors.append(f"{type(error).__name__}: {error}")
             if self.on_error is not None:
                 self.on_error(self.errors[-1])
         finally:
             conn.close()
-            with self._history_lock:
+            with self.lock:
                 self._connections.discard(conn)
                 self._pending.pop(conn, None)
                 self._threads.discard(threading.current_thread())
@@ -336,7 +347,7 @@ class SocketTransport(Listener):
         """
         startup_limit = limit if startup_limit is None else startup_limit
         now = time.monotonic()
-        with self._history_lock:
+        with self.lock:
             connections = list(self._connections)
         idle = []
         for conn in connections:
@@ -353,7 +364,7 @@ class SocketTransport(Listener):
         # Until its first commit or history, and again while it compiles a step: see
         # `idle_workers`.
         conn.stepped = False
-        handlers = self.action_handlers()
+        handlers = self.server.action_handlers()
         while True:
             conn.last_activity = time.monotonic()
             action = networking.recv_action(conn)
@@ -368,12 +379,12 @@ class SocketTransport(Listener):
                 continue
             if action not in handlers:
                 raise networking.ProtocolError(
-                    f"Unknown action {action!r} (this {type(self).__name__} takes "
+                    f"Unknown action {action!r} (this {type(self.server).__name__} takes "
                     f"{sorted(handlers)}).")
             if action in (networking.ACTION_COMMIT, networking.ACTION_HISTORY):
                 conn.stepped = True
             name, ends = handlers[action]
             # Looked up per action: a subclass's (or a test's) handler is the one served.
-            getattr(self, name)(conn, addr)
+            getattr(self.server, name)(conn, addr)
             if ends:
                 return
