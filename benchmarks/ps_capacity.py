@@ -252,7 +252,9 @@ def timed_server_operations():
     timers (benchmark only); returns the Counter of CPU seconds they fill, by name."""
     import collections
 
-    from distkeras import center, parameter_servers
+    # The modules themselves, not their faces (`distkeras.center`, ...): the servers look
+    # these names up where they are defined.
+    from distkeras.transport import center, parameter_servers
 
     spent = collections.Counter()
 

@@ -237,7 +237,7 @@ def _predictions(batches, key, model_bytes, backend, names, input_shapes, batch_
     """
     import pyarrow as pa
 
-    from distkeras.executor_backend import _ensure_backend
+    from distkeras.executor.backend import ensure_backend
 
     _raise_remembered_failure(key)
     model = None
@@ -251,7 +251,7 @@ def _predictions(batches, key, model_bytes, backend, names, input_shapes, batch_
             arrays = _input_arrays(columns, names, input_shapes,
                                    dtypes or [None] * len(names))
             if model is None:  # not for an empty partition, nor for bad first rows
-                _ensure_backend(backend)
+                ensure_backend(backend)
                 model = _cached_model(key, model_bytes, objects)
             yield _predict_arrays(model, arrays, batch_size, output_fields)
             _settle()

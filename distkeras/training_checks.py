@@ -162,5 +162,7 @@ def check_fraction(name, value):
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
 
 
-# The names the algorithms' modules imported before these became public.
+
+# The names an earlier docs/writing-an-algorithm.md imported: plug-ins written from it keep
+# working.
 _check_int, _check_number, _check_fraction = check_int, check_number, check_fraction

@@ -45,7 +45,7 @@ def _wait_until_held(server, worker_id, kernel_value, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with server.mutex:
-            entry = server._epoch_weights.get(worker_id)
+            entry = server.barrier.entries.get(worker_id)
             if entry is not None and np.all(entry[0][0] == kernel_value):
                 return
         time.sleep(0.01)

@@ -331,7 +331,7 @@ def test_plot_history_leaves_out_superseded_steps():
 def test_a_results_file_that_fails_to_write_leaves_the_last_one_and_nothing_else(tmp_path):
     """A write that failed midway (here a value no number; a full disk alike) left its
     temporary file next to results.csv."""
-    from distkeras import experiments
+    from distkeras.tools import experiments
 
     path = str(tmp_path / "results.csv")
     column = sorted(experiments._DECIMALS)[0]

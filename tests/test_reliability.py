@@ -481,7 +481,7 @@ except KeyboardInterrupt:
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server._running))
+    print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server.running))
 second = trainer(1)
 second.master_port = port  # the same port again: no "address already in use"
 second.train(data.limit(1000), verbose=0)

@@ -27,7 +27,7 @@ class EchoServer(SocketTransport):
         return {ECHO: ("handle_echo", False), networking.ACTION_QUIT: ("handle_quit", True)}
 
     def joined(self, conn):
-        with self._history_lock:
+        with self.lock:
             self.joined_workers.append(conn.worker_id)
 
     def handle_echo(self, conn, addr):
@@ -191,26 +191,83 @@ def test_stop_ends_every_connection_and_its_thread():
         socket.create_connection(("127.0.0.1", server.port), timeout=2).recv(1)
 
 
-def test_the_servers_are_compositions_of_the_parts():
-    """The progress server has no pull or commit protocol to refuse, and SingleTrainer's
-    epoch server is the epoch barrier composed with the parts, not model averaging of
-    one worker."""
-    from distkeras.center import CenterExchange
+def test_the_servers_hold_their_parts_instead_of_inheriting_them():
+    """A server holds a transport, a center and a history sink and hands each its work:
+    the progress server has no pull or commit to refuse, and SingleTrainer's epoch
+    server holds an epoch barrier, not model averaging of one worker."""
+    import keras
+
+    from distkeras.center import CenterExchange, CenterVariable
     from distkeras.epoch_barrier import EpochBarrier
     from distkeras.history_sink import HistorySink
     from distkeras.parameter_servers import (
         AveragingServer,
+        DeltaParameterServer,
         EpochServer,
         HistoryServer,
         SocketParameterServer,
     )
 
-    assert issubclass(HistoryServer, (SocketTransport, HistorySink))
-    assert not issubclass(HistoryServer, CenterExchange)
-    assert not any(hasattr(HistoryServer, name) for name in
+    for part in (SocketTransport, CenterVariable, HistorySink, EpochBarrier):
+        for server_class in (SocketParameterServer, HistoryServer, AveragingServer,
+                             EpochServer):
+            assert not issubclass(server_class, part), (server_class, part)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    servers = [DeltaParameterServer(model), HistoryServer(model),
+               AveragingServer(model, 2), EpochServer(model, [])]
+    for server in servers:
+        assert isinstance(server.transport, SocketTransport)
+        assert server.transport.server is server  # the actions are served by the server
+        assert isinstance(server.sink, HistorySink) and server.sink.center is server.center
+    delta, history, averaging, epochs = servers
+    assert isinstance(delta.center, CenterExchange)
+    # The progress server holds the weights only: no exchange, no pull or commit.
+    assert type(history.center) is CenterVariable
+    assert not any(hasattr(history, name) for name in
                    ("handle_pull", "handle_pull_unless_own", "handle_commit"))
-    for cls in (SocketParameterServer, AveragingServer, EpochServer):
-        assert issubclass(cls, SocketTransport) and issubclass(cls, CenterExchange) \
-            and issubclass(cls, HistorySink)
-    assert issubclass(EpochServer, EpochBarrier) and issubclass(AveragingServer, EpochBarrier)
+    assert not (set(history.action_handlers()) & {networking.ACTION_PULL,
+                                                   networking.ACTION_COMMIT})
+    for server in (averaging, epochs):
+        assert isinstance(server.barrier, EpochBarrier) and server.barrier.center is \
+            server.center
     assert not issubclass(EpochServer, AveragingServer)
+    # What the trainers and seed 000's API read and write on a server is its parts'.
+    delta.center_variable = delta.center_variable * 2
+    assert delta.center.center_variable is delta.center_variable
+    delta.optimizer_learning_rate = 0.5
+    assert delta.center.optimizer_learning_rate == 0.5
+    assert delta.mutex is delta.center.mutex and delta.errors is delta.transport.errors
+
+
+def test_a_subclass_rule_is_served_through_the_parts():
+    """Seed 000's escape hatch, without Spark: a subclass's `handle_commit` reads the
+    commit with `recv_data` and changes ``center_variable`` under ``mutex``."""
+    import keras
+    import numpy as np
+
+    from distkeras.networking import weights_array
+    from distkeras.parameter_servers import SocketParameterServer
+
+    class HalfStep(SocketParameterServer):
+        def handle_commit(self, conn, addr):
+            data = recv_data(conn)
+            with self.mutex:
+                self.center_variable = self.center_variable + 0.5 * data["delta"]
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    server = HalfStep(model)
+    server.start()
+    try:
+        sock = connect(server)
+        first = [np.array(layer) for layer in server.center_variable]
+        networking.send_action(sock, networking.ACTION_COMMIT)
+        send_data(sock, {"delta": weights_array(np.ones_like(layer) for layer in first)})
+        networking.send_action(sock, networking.ACTION_PULL)
+        pulled = recv_data(sock)
+        assert pulled["num_updates"] == 1 == server.num_updates
+        for before, after in zip(first, pulled["center"]):
+            np.testing.assert_allclose(after, before + 0.5)
+        sock.close()
+    finally:
+        server.stop(grace_seconds=0)
+    assert server.errors == []

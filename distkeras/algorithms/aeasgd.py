@@ -2,7 +2,7 @@
 
 from distkeras import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import _check_number
+from distkeras.training_checks import check_number
 
 
 class AEASGD(Algorithm):
@@ -15,8 +15,8 @@ class AEASGD(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("rho", 5.0, _check_number, "the elastic force's strength"),
-        Hyperparameter("learning_rate", 0.1, _check_number,
+        Hyperparameter("rho", 5.0, check_number, "the elastic force's strength"),
+        Hyperparameter("learning_rate", 0.1, check_number,
                        "multiplies the elastic force (rho * learning_rate <= 1)"),
     )
     default_window = 32

@@ -2,7 +2,7 @@
 
 from distkeras import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import _check_fraction, _check_number
+from distkeras.training_checks import check_fraction, check_number
 
 
 class DiLoCo(Algorithm):
@@ -24,8 +24,8 @@ class DiLoCo(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("outer_learning_rate", 0.7, _check_number, "the outer SGD's rate"),
-        Hyperparameter("outer_momentum", 0.5, _check_fraction,
+        Hyperparameter("outer_learning_rate", 0.7, check_number, "the outer SGD's rate"),
+        Hyperparameter("outer_momentum", 0.5, check_fraction,
                        "the outer SGD's Nesterov momentum, in [0, 1)"),
     )
     default_window = 20

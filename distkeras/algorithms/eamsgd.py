@@ -3,12 +3,12 @@
 from distkeras import update_rules
 from distkeras.algorithms.aeasgd import AEASGD
 from distkeras.algorithms.base import Hyperparameter
-from distkeras.training_checks import _check_fraction
+from distkeras.training_checks import check_fraction
 
 
 def _check_momentum(name, value):
     if value is not None:
-        _check_fraction(name, value)
+        check_fraction(name, value)
 
 
 class EAMSGD(AEASGD):

@@ -2,7 +2,7 @@
 
 from distkeras import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import _check_number
+from distkeras.training_checks import check_number
 
 
 class Experimental(Algorithm):
@@ -17,7 +17,7 @@ class Experimental(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("learning_rate", 1.0, _check_number, "the damping's learning rate"),)
+        Hyperparameter("learning_rate", 1.0, check_number, "the damping's learning rate"),)
     window_up_to_workers = True
     sends_pulled = True
 

@@ -2,7 +2,7 @@
 
 from distkeras import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import _check_fraction, _check_number
+from distkeras.training_checks import check_fraction, check_number
 
 
 class FedAdam(Algorithm):
@@ -18,10 +18,10 @@ class FedAdam(Algorithm):
     """
 
     hyperparameters = (
-        Hyperparameter("server_learning_rate", 0.003, _check_number, "server Adam's rate"),
-        Hyperparameter("beta_1", 0.9, _check_fraction, "its first moment's decay"),
-        Hyperparameter("beta_2", 0.99, _check_fraction, "its second moment's decay"),
-        Hyperparameter("epsilon", 1e-3, _check_number, "added to sqrt(v) (the paper's tau)"),
+        Hyperparameter("server_learning_rate", 0.003, check_number, "server Adam's rate"),
+        Hyperparameter("beta_1", 0.9, check_fraction, "its first moment's decay"),
+        Hyperparameter("beta_2", 0.99, check_fraction, "its second moment's decay"),
+        Hyperparameter("epsilon", 1e-3, check_number, "added to sqrt(v) (the paper's tau)"),
     )
     default_window = 10
     sets_worker_learning_rate = True

@@ -174,7 +174,7 @@ def history_executors_average(history):
         `distkeras.utils.average_history`); dist-keras returned a list of
         ``[loss, accuracy]`` arrays: ``loss`` and ``accuracy`` are keys here.
     """
-    from distkeras.utils import average_history
+    from distkeras.tools.history import average_history
 
     return average_history(history)
 

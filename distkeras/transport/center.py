@@ -1,0 +1,207 @@
+"""The center variable: the weights a parameter server holds, its lock, and the pull and
+commit exchanges that read and change it.
+
+`CenterVariable` holds the weights, the lock and the update count (what every server of a
+run has, the progress server too). `CenterExchange` adds the pull and commit protocol:
+each commit checked (shapes, finite values), counted with its staleness, and applied with
+`apply_rule`, which refuses a new center that would be non-finite. The rule itself is the
+server's: `commit_action` calls the handler it is given.
+
+A server whose rule adds each commit to the center exactly as sent (``C += update``)
+says so to `pull_unchanged`: a worker whose own commits are the only updates since its
+last pull can then ask for the center "unless only mine changed it" and, when so, compute
+it itself (``C_pull + update``, the same float32 additions), which saves sending the
+weights back. That is every exchange of a lone worker.
+"""
+
+import logging
+import threading
+
+import numpy as np
+
+from distkeras.transport import networking
+from distkeras.transport.networking import send_data, weights_array
+
+logger = logging.getLogger(__name__)
+
+
+class RefusedUpdate(Exception):
+    """A well-formed commit that is not applied (for example NaN or infinite values)."""
+
+
+# Floating-point errors that make a rule's new center non-finite from finite operands: a
+# float32 sum past 3.4e38 overflows to inf, and inf - inf or 0 * inf gives NaN. Raising
+# costs nothing: numpy reads the FPU's flags after every ufunc anyway (to warn by default).
+_NON_FINITE_ERRORS = {"over": "raise", "invalid": "raise"}
+
+
+class CenterVariable:
+    """Holds the center variable, its lock (``mutex``) and the update counter.
+
+    Args:
+        model: The master `keras.Model`; its weights are the initial center variable.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.center_variable = weights_array(model.get_weights())
+        self.num_updates = 0
+        self.mutex = threading.RLock()
+        self.weight_spec = [(weight.shape, weight.dtype) for weight in self.center_variable]
+        model_bytes = sum(weight.nbytes for weight in self.center_variable)
+        # Room for two copies of the weights (Experimental sends the delta and the center).
+        self.max_frame_bytes = 2 * model_bytes + (1 << 20)
+
+    def get_model(self):
+        """Returns a copy of the master model holding the center variable."""
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
+
+        model = deserialize_model(serialize_model(self.model))
+        with self.mutex:
+            model.set_weights(list(self.center_variable))
+        return model
+
+
+class CenterExchange(CenterVariable):
+    """The pull and commit protocol of a center variable; the server gives the rule.
+
+    Args:
+        model: The master `keras.Model`; its weights are the initial center variable.
+    """
+
+    def __init__(self, model):
+        CenterVariable.__init__(self, model)
+        self.staleness = []
+        self.allow_nonfinite = False
+        # The workers' optimizer learning rate that the driver's callbacks set
+        # (ReduceLROnPlateau, LearningRateScheduler): sent with every pull once set.
+        self.optimizer_learning_rate = None
+        self.refused = 0
+        self.refused_by_worker = {}  # worker id: commits refused (NaN, ...)
+
+    def prepare_connection(self, conn):
+        """Sets a new connection's counts: the update it last pulled, and its commits
+        since (applied, and received: a refused one is not applied)."""
+        conn.last_pull_update = 0
+        conn.own_updates = conn.own_commits = 0
+        conn.counted = False
+
+    def commit_action(self, conn, addr, handle_commit):
+        """Serves one commit: ``handle_commit(conn, addr)`` (the server's rule), then
+        counts it if the handler did not; a `RefusedUpdate` is counted and logged, the
+        connection stays open."""
+        conn.counted = False
+        conn.own_commits += 1
+        try:
+            handle_commit(conn, addr)
+        except RefusedUpdate as refusal:
+            with self.mutex:
+                self.refused += 1
+                self.refused_by_worker[conn.worker_id] = \
+                    self.refused_by_worker.get(conn.worker_id, 0) + 1
+            logger.warning("Refused a commit from worker %s (%s): %s",
+                           conn.worker_id, addr, refusal)
+            return
+        if not conn.counted:  # a custom handler that does not count its updates
+            with self.mutex:
+                self.next_update(conn)
+
+    def next_update(self, conn):
+        """Counts one applied commit and records its staleness. Call under ``self.mutex``.
+
+        Staleness is the number of updates by others since this worker's last pull.
+        """
+        self.staleness.append((conn.worker_id, self.num_updates - conn.last_pull_update))
+        self.num_updates += 1
+        conn.own_updates += 1
+        conn.counted = True
+
+    def model_update(self, update):
+        """Checks that a commit's update is a list of arrays, one per layer.
+
+        Lists of arrays were checked against the model's shapes and dtypes as they arrived;
+        a single array or a number would broadcast into every layer (and could change their
+        dtype), so they are refused.
+
+        Raises:
+            ProtocolError: If the update is not a list of arrays shaped like the model.
+            RefusedUpdate: If it holds NaN or infinite values (unless ``allow_nonfinite``):
+                the commit is dropped with a warning, the connection stays open.
+        """
+        if not (isinstance(update, np.ndarray) and update.dtype == object
+                and len(update) == len(self.weight_spec)):
+            raise networking.ProtocolError(
+                "A commit must carry a list of arrays shaped like the model's weights.")
+        if not self.allow_nonfinite and not all(np.isfinite(layer).all() for layer in update):
+            raise RefusedUpdate("it holds NaN or infinite values")
+        return update
+
+    def apply_rule(self, rule, *args):
+        """Replaces the center with ``rule(center, *args)``; call under ``self.mutex``.
+
+        A finite update can still make the center infinite (3e38 added to a center near
+        3e38 in float32), and every worker would pull that center from then on: such an
+        update is refused as a non-finite one is, and the center stays as it was (rules
+        return a new center, they never modify it in place).
+
+        Args:
+            rule: An `update_rules` function of the center and ``args``.
+            *args: The rule's other arguments (the commit's update, ...).
+
+        Raises:
+            RefusedUpdate: If the rule's arithmetic overflowed or gave NaN (unless
+                ``allow_nonfinite``).
+        """
+        if self.allow_nonfinite:
+            self.center_variable = rule(self.center_variable, *args)
+            return
+        try:
+            with np.errstate(**_NON_FINITE_ERRORS):
+                center = rule(self.center_variable, *args)
+        except FloatingPointError as error:
+            raise RefusedUpdate(f"applying it would make the center non-finite ({error})") \
+                from None
+        self.center_variable = center
+
+    def handle_pull(self, conn, addr):
+        """Sends the center variable and the update count read under one lock."""
+        with self.mutex:
+            # Handlers replace the center variable, never modify it in place, so this
+            # reference stays a consistent snapshot after the lock is released.
+            center = self.center_variable
+            num_updates = self.num_updates
+            conn.last_pull_update = num_updates
+            conn.own_updates = conn.own_commits = 0
+        send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
+
+    def _pull_reply(self, **fields):
+        """A pull's reply: ``fields``, and the workers' learning rate once the driver set
+        one."""
+        if self.optimizer_learning_rate is not None:
+            fields["optimizer_learning_rate"] = float(self.optimizer_learning_rate)
+        return fields
+
+    def pull_unchanged(self, conn, commits_applied_as_sent):
+        """Answers ``{"unchanged": True}`` without the weights when the center moved only
+        by this connection's commits since its last pull, every one of them applied, and
+        the server's rule adds commits as sent.
+
+        Args:
+            conn: The connection that asked.
+            commits_applied_as_sent: Whether the server's rule is ``C += update``.
+
+        Returns:
+            Whether it answered; if not, the server answers with a full pull.
+        """
+        if not commits_applied_as_sent:
+            return False
+        with self.mutex:
+            num_updates = self.num_updates
+            only_own = (num_updates - conn.last_pull_update == conn.own_updates
+                        and conn.own_updates == conn.own_commits)
+            if only_own:
+                conn.last_pull_update = num_updates
+                conn.own_updates = conn.own_commits = 0
+        if only_own:
+            send_data(conn, self._pull_reply(unchanged=True, num_updates=num_updates))
+        return only_own
