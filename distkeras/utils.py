@@ -26,7 +26,8 @@ from distkeras.tools.legacy_utils import (get_os_username, history_executor,
 serialize_keras_model = serialize_model
 deserialize_keras_model = deserialize_model
 
-__all__ = ["tensorflow_only_once_imported", "serialize_model", "deserialize_model",
+__all__ = ["BINARY_LOSSES", "tensorflow_only_once_imported", "serialize_model",
+           "deserialize_model",
            "declared_weight_bytes", "save_model", "load_model", "serialize_keras_object",
            "compile_arguments", "optimizer_as_compiled", "optimizer_config",
            "check_compile_arguments", "average_history", "save_history", "load_history",
