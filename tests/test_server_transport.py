@@ -231,7 +231,7 @@ def test_the_servers_hold_their_parts_instead_of_inheriting_them():
         assert isinstance(server.barrier, EpochBarrier) and server.barrier.center is \
             server.center
     assert not issubclass(EpochServer, AveragingServer)
-    # What the trainers and seed 000's API read and write on a server is its parts'.
+    # What the trainers and the extension API read and write on a server is its parts'.
     delta.center_variable = delta.center_variable * 2
     assert delta.center.center_variable is delta.center_variable
     delta.optimizer_learning_rate = 0.5

@@ -12,9 +12,9 @@ serves no pull or commit. `AveragingServer` and SingleTrainer's `EpochServer` ho
 `epoch_barrier.EpochBarrier` (workers wait at each epoch's end) in place of a rule per
 commit.
 
-The server's attributes that seed 000's extension API and the trainers use
-(``mutex``, ``center_variable``, ``num_updates``, ``port``, ``token``, ``history``, ...)
-are its parts', read and written through it (`part_attribute`).
+The server's attributes that the extension API (docs/writing-an-algorithm.md) and the
+trainers use (``mutex``, ``center_variable``, ``num_updates``, ``port``, ``token``,
+``history``, ...) are its parts', read and written through it (`part_attribute`).
 """
 
 import functools
@@ -206,7 +206,8 @@ class SocketParameterServer(_ExchangingServer):
     """A parameter server on a TCP socket, one thread per worker connection.
 
     Subclasses define the rule, `handle_commit`; it reads the commit with `recv_data`
-    and changes ``center_variable`` under ``mutex`` (seed 000's extension API).
+    and changes ``center_variable`` under ``mutex`` (the extension API of
+    docs/writing-an-algorithm.md).
 
     Args:
         model: The master `keras.Model`.
