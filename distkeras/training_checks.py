@@ -68,7 +68,7 @@ def compiled_without_loss(model):
 def binary_loss_logits(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) is a binary
     cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.utils import BINARY_LOSSES
+    from distkeras.keras_io.compile_config import BINARY_LOSSES
 
     if isinstance(loss, dict):
         name = str(loss.get("class_name", ""))

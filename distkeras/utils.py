@@ -10,7 +10,7 @@ checks), `distkeras.tools.history` (the step history), `distkeras.tools.datafram
 from distkeras.keras_io.archives import (declared_weight_bytes, deserialize_model, load_model,
                                          save_model, serialize_model,
                                          tensorflow_only_once_imported)
-from distkeras.keras_io.compile_config import (BINARY_LOSSES, check_compile_arguments,
+from distkeras.keras_io.compile_config import (check_compile_arguments,
                                                compile_arguments, optimizer_as_compiled,
                                                optimizer_config, serialize_keras_object)
 from distkeras.tools.dataframes import precache, shuffle
@@ -26,8 +26,7 @@ from distkeras.tools.legacy_utils import (get_os_username, history_executor,
 serialize_keras_model = serialize_model
 deserialize_keras_model = deserialize_model
 
-__all__ = ["BINARY_LOSSES", "tensorflow_only_once_imported", "serialize_model",
-           "deserialize_model",
+__all__ = ["tensorflow_only_once_imported", "serialize_model", "deserialize_model",
            "declared_weight_bytes", "save_model", "load_model", "serialize_keras_object",
            "compile_arguments", "optimizer_as_compiled", "optimizer_config",
            "check_compile_arguments", "average_history", "save_history", "load_history",

@@ -10,7 +10,7 @@ waits for the workers' last records, stops both and collects what the workers re
 import contextlib
 
 from distkeras.errors import TrainingError
-from distkeras.server_transport import SocketTransport
+from distkeras.transport.socket_transport import SocketTransport
 from distkeras.training_jobs import bind_address, driver_address, raise_reported_failure
 
 
@@ -59,7 +59,8 @@ def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
         TrainingError: Naming the partition whose worker reported its failure, when the
             job failed after one did.
     """
-    sockets = isinstance(server, SocketTransport)
+    # The built-in servers hold a `SocketTransport` (``server.transport``).
+    sockets = isinstance(getattr(server, "transport", None), SocketTransport)
     if sockets:
         server.host = bind_address(spark)
         server.expect_workers(num_tasks)
