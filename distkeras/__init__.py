@@ -10,3 +10,36 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 __version__ = "0.1.0"
+
+# The names most scripts need, from the package itself (``from distkeras import ADAG,
+# local_spark_session``). Imported on first use: importing the package must not import
+# Keras or JAX, as the driver starts Spark first.
+_EXPORTS = {
+    "local_spark_session": "distkeras.session",
+    "DistkerasError": "distkeras.errors",
+    "TrainingError": "distkeras.errors",
+    "Algorithm": "distkeras.algorithms",
+    "Hyperparameter": "distkeras.algorithms",
+    "ModelPredictor": "distkeras.predictors",
+    "Trainer": "distkeras.trainers",
+    "trainer_for": "distkeras.trainers",
+    **{name: "distkeras.trainers" for name in (
+        "SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG", "DynSGD",
+        "AEASGD", "EAMSGD", "Experimental", "DiLoCo", "FedAdam")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    """The public name ``name``, imported from its module on first use."""
+    import importlib
+
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'distkeras' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

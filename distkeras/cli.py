@@ -16,6 +16,7 @@ import threading
 import time
 
 from distkeras import train_options
+from distkeras.errors import DistkerasError
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ COMMON_ARGUMENTS = {"keras_model", "worker_optimizer", "loss", "metrics", "num_w
                     "communication_window"}
 
 
-class CommandError(Exception):
+class CommandError(DistkerasError):
     """A failure to report in one line."""
 
 

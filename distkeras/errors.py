@@ -1,7 +1,12 @@
 """Errors that say what kind of failure happened, so each is handled as it should be."""
 
 
-class UnretryableError(Exception):
+class DistkerasError(Exception):
+    """The base of every error distkeras raises of its own (``except DistkerasError``
+    catches them all; each also keeps its built-in kind: ValueError, RuntimeError, ...)."""
+
+
+class UnretryableError(DistkerasError):
     """An error that every retry of the worker's task would meet again.
 
     A worker that meets one tells the driver instead of failing its Spark task: Spark
@@ -24,12 +29,12 @@ class BackendUnavailableError(UnretryableError, ImportError):
     driver runs ``KERAS_BACKEND=torch``, the executors have no torch installed)."""
 
 
-class ExecutorEnvironmentError(ImportError):
+class ExecutorEnvironmentError(DistkerasError, ImportError):
     """The executors' Python cannot import distkeras or its dependencies: the message names
     the Python to give them (``spark.pyspark.python`` / ``PYSPARK_PYTHON``)."""
 
 
-class TrainingError(RuntimeError):
+class TrainingError(DistkerasError, RuntimeError):
     """A worker or the parameter server failed during training."""
 
 

@@ -5,14 +5,14 @@ import logging
 import re
 
 from distkeras import networking
-from distkeras.errors import UnretryableError
+from distkeras.errors import DistkerasError, UnretryableError
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`:
 # logging configurations that name it still see their records.
 logger = logging.getLogger("distkeras.workers")
 
 
-class WorkerFailure(RuntimeError):
+class WorkerFailure(DistkerasError, RuntimeError):
     """A worker's training failed; the message names its partition and the cause."""
 
 

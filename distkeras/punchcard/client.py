@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
+from distkeras.errors import DistkerasError
 from distkeras.punchcard.protocol import CANCEL, DESTROY, RESULT, SECRET_HEADER, STATE, SUBMIT
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SECRET_HEADER", "Job", "JobError", "ServerUnreachable"]
 
 
-class JobError(RuntimeError):
+class JobError(DistkerasError, RuntimeError):
     """The server refused a request, or the job failed, was cancelled or was lost.
 
     Attributes:

@@ -14,6 +14,8 @@ import io
 import json
 import zipfile
 
+from distkeras.errors import DistkerasError
+
 # What a config.json may inflate to, and how many JSON lists and objects a body or a
 # config may hold: json.loads builds a Python object of ~100 bytes for each ({} or []).
 MAX_CONFIG_BYTES = 16 << 20
@@ -46,7 +48,7 @@ _FUNCTION_MODULES = {"keras.activations": None, "keras.losses": None,
                      "keras.metrics": None, "builtins": None, "keras.ops": _OPS_MATH}
 
 
-class ConfigRefused(ValueError):
+class ConfigRefused(DistkerasError, ValueError):
     """A configuration this server does not build (its message says what and why)."""
 
 

@@ -15,6 +15,8 @@ import os
 import re
 import urllib.parse
 
+from distkeras.errors import DistkerasError
+
 # A URL scheme (RFC 3986) followed by ':', as Hadoop reads one.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -23,7 +25,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 MAX_ENTRIES_CHECKED = 200_000
 
 
-class OutsideRoots(ValueError):
+class OutsideRoots(DistkerasError, ValueError):
     """A path that resolves outside the allowed roots (its message says which entry)."""
 
 

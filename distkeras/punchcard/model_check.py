@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 
+from distkeras.errors import DistkerasError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_BYTES = 4 << 30
@@ -26,7 +28,7 @@ DEFAULT_CPU_SECONDS = 300
 DEFAULT_TIMEOUT = 300
 
 
-class CheckFailed(ValueError):
+class CheckFailed(DistkerasError, ValueError):
     """The check did not end with an answer: it ran out of memory, CPU time or time."""
 
 

@@ -12,6 +12,7 @@ import re
 import zipfile
 
 from distkeras import train_options
+from distkeras.errors import DistkerasError
 from distkeras.punchcard import config_scan, data_roots
 
 # Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
@@ -28,11 +29,11 @@ MAX_JSON_DEPTH = 100
 _GLOB_CHARACTERS = set("{}[]*?\\,")
 
 
-class BadRequest(ValueError):
+class BadRequest(DistkerasError, ValueError):
     """A malformed submission (HTTP 400)."""
 
 
-class SubmissionInProgress(RuntimeError):
+class SubmissionInProgress(DistkerasError, RuntimeError):
     """Another submission with the same secret is still being checked (HTTP 403)."""
 
 

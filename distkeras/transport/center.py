@@ -19,13 +19,14 @@ import threading
 
 import numpy as np
 
+from distkeras.errors import DistkerasError
 from distkeras.transport import networking
 from distkeras.transport.networking import send_data, weights_array
 
 logger = logging.getLogger(__name__)
 
 
-class RefusedUpdate(Exception):
+class RefusedUpdate(DistkerasError):
     """A well-formed commit that is not applied (for example NaN or infinite values)."""
 
 

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from distkeras.errors import DistkerasError
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"DK"
@@ -51,11 +53,11 @@ ACTION_FAILURE = b"f"
 ACTION_COMPILING = b"k"
 
 
-class ProtocolError(Exception):
+class ProtocolError(DistkerasError):
     """A frame broke the wire format, a limit, or the expected shapes."""
 
 
-class PeerClosedError(ConnectionError):
+class PeerClosedError(DistkerasError, ConnectionError):
     """The peer closed the connection, possibly in the middle of a frame."""
 
 
