@@ -31,7 +31,9 @@ def test_parameter_server_trainers_check_speculation_before_training(spark, monk
     import keras
 
     checked = []
-    monkeypatch.setattr(trainers, "warn_if_speculative",
+    from distkeras.training import parameter_server
+
+    monkeypatch.setattr(parameter_server, "warn_if_speculative",
                         lambda context, name: checked.append((context.master, name)))
     rows = [([float(i % 3), 1.0], i % 2) for i in range(64)]
     frame = spark.createDataFrame(rows, "features array<float>, label long")

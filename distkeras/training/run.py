@@ -46,7 +46,9 @@ class Run:
         settings: The run's `settings.Settings`.
         label: The run's name in its progress, Spark jobs and result lines.
         verbose: The resolved verbosity (0, 1 or 2).
-        checkpoint_dir, checkpoint_every, resume: As `train()` takes them.
+        checkpoint_dir: As `train()` takes it.
+        checkpoint_every: As `train()` takes it.
+        resume: As `train()` takes it.
     """
 
     def __init__(self, trainer, settings, label, verbose, checkpoint_dir=None,
