@@ -71,9 +71,9 @@ def recompute(model, x, batch_size=256):
 
 def sample_inputs(dataframe, model, features_col, label_col, rows=SAMPLE_ROWS):
     """Up to ``rows`` of ``dataframe``'s features, on the driver, shaped for ``model``."""
-    from distkeras import validation
+    from distkeras.training import validation_data
 
-    x, _, _ = validation.collect(dataframe.limit(rows), model, features_col, label_col)
+    x, _, _ = validation_data.collect(dataframe.limit(rows), model, features_col, label_col)
     return x
 
 

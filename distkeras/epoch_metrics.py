@@ -14,7 +14,7 @@ the host per step) and sends what it added since its last report with its step r
 computes each metric's result from the sum (`exact_logs`), in place of the steps' mean.
 
 Metrics of the user's own classes are not known to add up: they keep the steps' mean (see
-`validation.warn_of_step_mean_metrics`).
+`distkeras.training.callbacks.warn_of_step_mean_metrics`).
 """
 
 import logging

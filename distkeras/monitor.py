@@ -154,7 +154,7 @@ class TrainingMonitor(threading.Thread):
         checkpoint_dir: Where to save the center variable periodically, or None.
         checkpoint_every: Seconds between two checkpoints.
         interval: Seconds between two looks.
-        validator: A `distkeras.validation.Validator` to evaluate the center variable with
+        validator: A `distkeras.training.validator.Validator` to evaluate the center variable with
             each time the workers' samples complete an epoch (all but the last: the trainer
             evaluates the returned model), or None. Needs ``total_samples``.
         num_epoch: Epochs in ``total_samples``.

@@ -31,6 +31,8 @@ FACES = {
     "distkeras.experiments": ["distkeras.tools.experiments"],
     "distkeras.plotting": ["distkeras.tools.plotting"],
     "distkeras.schemes": ["distkeras.tools.schemes"],
+    "distkeras.validation": ["distkeras.training.validation_data",
+                             "distkeras.training.callbacks", "distkeras.training.validator"],
 }
 # Public in the package for its own modules, never names of the old module.
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",

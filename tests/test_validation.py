@@ -793,10 +793,10 @@ def test_callbacks_are_taken_alone_or_in_a_callback_list_as_fit_takes_them(
 
 def test_too_many_validation_rows_are_refused_before_training(spark, fashion_train,
                                                               monkeypatch):
-    from distkeras import validation
     from distkeras.trainers import SingleTrainer
+    from distkeras.training import validation_data
 
-    monkeypatch.setattr(validation, "MAX_ROWS", 100)
+    monkeypatch.setattr(validation_data, "MAX_ROWS", 100)
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy")
 
     with pytest.raises(ValueError, match="more than 100 rows; they are held on the driver"):

@@ -13,6 +13,9 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
   `parameter_server`): the Spark jobs and servers of a run, with their capabilities
   declared; `serving`: the one owner of a server's lifecycle; `launch`: the Spark job;
   `shortfalls`: the warnings of a run that trained less than asked.
+- `validation_data`: the validation rows, held on the driver; `callbacks`: the checks of
+  the Keras callbacks; `validator`: their per-epoch evaluation and calls
+  (`distkeras.validation` is their face).
 
 `distkeras.trainers` is the public face: import the trainers from there.
 """

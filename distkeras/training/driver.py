@@ -11,12 +11,13 @@ import time
 
 from distkeras import batch_statistics
 from distkeras import custom_objects
-from distkeras import validation
 from distkeras.data import dataframes
 from distkeras.monitor import report_returned_validation, resolve_verbose
 from distkeras.training import preparation
 from distkeras.training import results
+from distkeras.training import validation_data
 from distkeras.training import worker_setup
+from distkeras.training.callbacks import check_callbacks
 from distkeras.training.run import Run
 from distkeras.training_checks import check_number
 from distkeras.training_jobs import begin_run, end_run
@@ -65,12 +66,12 @@ def _train(plan, dataframe, options):
     name = type(run.trainer).__name__
     check_checkpointing(plan)
     dataframes.check_spark_dataframe(dataframe)
-    callbacks = validation.check_callbacks(
+    callbacks = check_callbacks(
         options["callbacks"], name,
         learning_rate_callbacks=plan.follows_learning_rate_callbacks)
-    validation_data = options["validation_data"]
-    dataframe, validation_frame = (dataframe, None) if validation_data is None \
-        else validation.split(dataframe, validation_data)
+    validation = options["validation_data"]
+    dataframe, validation_frame = (dataframe, None) if validation is None \
+        else validation_data.split(dataframe, validation)
     label_shapes = dataframes.validate(
         dataframe, settings.master_model, settings.features_col, settings.label_col)
     preparation.check_run(run, dataframe, label_shapes, options["sample_weight_col"],

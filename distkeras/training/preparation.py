@@ -1,15 +1,17 @@
 """What the driver checks and builds before a run's first Spark job.
 
 The custom objects the executors need, the compile arguments against the data's shapes,
-the sample and class weights, and the `validation.Validator` of the validation data and
+the sample and class weights, and the `validator.Validator` of the validation data and
 the callbacks. Everything here raises on the driver, naming what to change, rather than
 on every executor.
 """
 
 from distkeras import custom_objects
-from distkeras import validation
 from distkeras.data import dataframes
 from distkeras.data import sample_weights
+from distkeras.training import validation_data
+from distkeras.training import validator
+from distkeras.training.callbacks import warn_of_step_mean_metrics
 from distkeras.utils import check_compile_arguments
 
 
@@ -54,7 +56,7 @@ def find_custom_objects(settings):
 
 
 def make_validator(run, validation_frame, callbacks, compile_model):
-    """A `validation.Validator` for the validation rows and the callbacks, or None
+    """A `validator.Validator` for the validation rows and the callbacks, or None
     without either.
 
     Args:
@@ -70,24 +72,24 @@ def make_validator(run, validation_frame, callbacks, compile_model):
 
     settings = run.settings
     if callbacks:
-        validation.warn_of_step_mean_metrics(settings.metrics)
+        warn_of_step_mean_metrics(settings.metrics)
     x = y = weights = None
     if isinstance(validation_frame, tuple):
-        x, y, weights = validation.from_arrays(validation_frame, settings.master_model)
+        x, y, weights = validation_data.from_arrays(validation_frame, settings.master_model)
         check_validation_labels(settings, y)
     elif validation_frame is not None:
-        x, y, weights = validation.collect(validation_frame, settings.master_model,
-                                           settings.features_col, settings.label_col,
-                                           run.sample_weight_col)
+        x, y, weights = validation_data.collect(validation_frame, settings.master_model,
+                                                settings.features_col, settings.label_col,
+                                                run.sample_weight_col)
         check_validation_labels(settings, y)
     model = compile_model(deserialize_model(serialize_model(settings.master_model)))
     # In minibatches of the training's size, as `fit` validates (its
     # validation_batch_size defaults to batch_size): a loss summed per minibatch
     # (reduction="sum"), or averaged over the elements it does not ignore (ignore_class),
     # is a mean over minibatches whose value depends on their size.
-    return validation.Validator(model, x, y, batch_size=settings.batch_size,
-                                callbacks=callbacks, num_epoch=settings.num_epoch,
-                                sample_weight=weights)
+    return validator.Validator(model, x, y, batch_size=settings.batch_size,
+                               callbacks=callbacks, num_epoch=settings.num_epoch,
+                               sample_weight=weights)
 
 
 def check_validation_labels(settings, y):

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from distkeras import epoch_metrics
-from distkeras import validation
+from distkeras.training.validator import epoch_logs
 from distkeras.errors import TrainingError
 
 
@@ -100,7 +100,7 @@ class Run:
 
     def trained_so_far(self, worker_id=None, epochs=1):
         """Samples in the history (of one worker, if given) and the loss and metrics
-        (`validation.epoch_logs`) of its last ``1 / epochs`` of them (the last epoch's, in
+        (`epoch_logs`) of its last ``1 / epochs`` of them (the last epoch's, in
         time order)."""
         records = [record for record in self.history if not record.get("superseded")
                    and (worker_id is None or record["worker_id"] == worker_id)]
@@ -109,7 +109,7 @@ class Run:
         start = total * (epochs - 1) / epochs
         states = [] if worker_id is not None else epoch_metrics.of_epoch(
             self.metric_states, epochs - 1)
-        return total, validation.epoch_logs(
+        return total, epoch_logs(
             (record for record, count in zip(records, counts) if count > start), states)
 
     def begin_epoch(self, epoch):
@@ -129,7 +129,7 @@ class Run:
         if self.validator is None:
             return False
         samples, _ = self.trained_so_far()
-        logs = validation.epoch_logs(epoch_records, epoch_metrics.of_epoch(
+        logs = epoch_logs(epoch_records, epoch_metrics.of_epoch(
             self.metric_states, epoch - 1))
         try:
             self.validator.evaluate(weights, epoch, samples, logs.pop("loss", None), logs)
