@@ -159,10 +159,12 @@ def run(name, kind, train, data, epochs, batch_size):
             clock.points[0][0] - first_step
         rate = len(x_train) * max(epochs - 1, 1) / span
     else:
-        trainer = getattr(trainers, trainer_name)(
-            keras_model=model, worker_optimizer="adam", loss="categorical_crossentropy",
-            metrics=["accuracy"], batch_size=batch_size, num_epoch=epochs,
-            features_col="features", label_col="label", **extra)
+        arguments = dict(keras_model=model, worker_optimizer="adam",
+                         loss="categorical_crossentropy", metrics=["accuracy"],
+                         batch_size=batch_size, num_epoch=epochs, features_col="features",
+                         label_col="label")
+        arguments.update(extra)
+        trainer = getattr(trainers, trainer_name)(**arguments)
         wall_start = time.time()
         trained = trainer.train(train, verbose=0, validation_data=(x_val, y_val),
                                 callbacks=[clock])

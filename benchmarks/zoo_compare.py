@@ -10,7 +10,9 @@ several seeds, one line per run: the mean test accuracy, its spread (max - min) 
 points against `fit`'s mean where `fit` ran.
 
 A run is a `zoo.py` run name, optionally ``/W`` (communication_window=W) and
-``:key=value,...`` (more constructor arguments, numbers or None/True/False).
+``:key=value,...`` (more constructor arguments, numbers or None/True/False;
+``worker_rate=R``: the workers' Adam at rate R, for trainers whose ``learning_rate`` is
+another rate).
 A seed sets the initial weights, the shuffling and the dropout masks (`zoo.py` alone
 always uses seed 1).
 """
@@ -48,6 +50,9 @@ def register(spec):
     trainer, extra = zoo.RUNS[base]
     extra = dict(extra, **{key: ast.literal_eval(value) for key, value in
                            (item.split("=", 1) for item in settings.split(",") if item)})
+    if "worker_rate" in extra:  # the workers' Adam at this rate
+        extra["worker_optimizer"] = {"class_name": "Adam", "config": {
+            "learning_rate": extra.pop("worker_rate")}}
     key = spec.replace("/", "_w")  # zoo.run reads "/W" as the window: keep it last
     zoo.RUNS[key] = (trainer, extra)
     return f"{key}/{window}" if window else key

@@ -33,7 +33,7 @@ class ADAG(Algorithm):
     sets_worker_learning_rate = True
 
     @classmethod
-    def worker_learning_rate_factor(cls, window):
+    def worker_learning_rate_factor(cls, window, num_workers):
         return 2.0 if window >= 2 else 1.0
 
     def commit(self, weights, pulled, context):

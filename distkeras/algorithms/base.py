@@ -141,10 +141,19 @@ class Algorithm:
         return cls.default_window  # a bad num_workers is refused by train()
 
     @classmethod
-    def worker_learning_rate_factor(cls, window):
+    def worker_learning_rate_factor(cls, window, num_workers):
         """What the trainer multiplies its workers' Keras optimizer's learning rate by when
-        it is given no ``learning_rate``, for a ``communication_window`` of ``window``
-        (1.0: the optimizer's own rate)."""
+        it is given no ``learning_rate`` (1.0: the optimizer's own rate).
+
+        Args:
+            window: The run's ``communication_window``.
+            num_workers: The run's number of workers.
+
+        Returns:
+            A positive float. A rule whose center keeps only part of its workers'
+            progress (it divides each commit by the window, or by its staleness) returns
+            more than 1, so that at equal epochs the center goes about as far as `fit`.
+        """
         return 1.0
 
     @property

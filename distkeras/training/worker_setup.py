@@ -36,7 +36,8 @@ def workers_optimizer(trainer, settings):
                                 settings.master_model)
     algorithm = getattr(trainer, "algorithm", None)
     factor = 1.0 if algorithm is None else \
-        algorithm.worker_learning_rate_factor(settings.communication_window)
+        algorithm.worker_learning_rate_factor(settings.communication_window,
+                                              getattr(settings, "num_workers", 1))
     rate = None if factor == 1.0 else default_learning_rate(settings.worker_optimizer)
     if rate is None:
         return settings.worker_optimizer
