@@ -13,7 +13,9 @@ import os
 import uuid
 from urllib.parse import urlparse
 
-logger = logging.getLogger(__name__)
+# The logger of its former module, `distkeras.storage`: logging configurations that name it
+# still see its records.
+logger = logging.getLogger("distkeras.storage")
 
 CHUNK_BYTES = 1 << 20
 

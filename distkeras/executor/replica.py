@@ -3,7 +3,7 @@
 
 from distkeras.model_state import set_optimizer_state
 from distkeras.networking import weights_array
-from distkeras.step_history import to_float
+from distkeras.executor.step_history import to_float
 
 
 def batch_size_of(x):

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from distkeras import networking
-from distkeras.epoch_metrics import EpochMetricSums
+from distkeras.executor.metric_sums import EpochMetricSums
+from distkeras.transport import networking
 
 # The workers' logger, as before these helpers moved out of `distkeras.workers`: logging
 # configurations that name it still see their records.
@@ -26,7 +26,7 @@ class HistoryLog:
     so recording a step never waits for that step to finish.
 
     ``metric_sums`` adds up the steps' metric state per epoch, for the exact epoch logs
-    (see `distkeras.epoch_metrics`); it travels with the records (`drain_metric_sums`).
+    (see `distkeras.executor.metric_sums`); it travels with the records (`drain_metric_sums`).
     """
 
     MATERIALIZE_EVERY = 64

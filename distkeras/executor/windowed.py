@@ -3,7 +3,8 @@
 
 import logging
 
-from distkeras import algorithms, networking, update_rules
+from distkeras import algorithms, networking
+from distkeras.algorithms import update_rules
 from distkeras.algorithms import WorkerContext
 from distkeras.executor.network import NetworkWorker
 from distkeras.executor.task_spec import SpecSetting

@@ -3,7 +3,7 @@ minibatches, runs `optimize()` and returns its message to the driver.
 
 A worker is built on the driver and holds its `TaskSpec` (the model as `.keras` bytes and
 the training settings); Spark ships both to the executors. Its step history is kept and
-sent by `distkeras.step_history`, its model's seed and optimizer state by
+sent by `distkeras.executor.step_history`, its model's seed and optimizer state by
 `distkeras.model_state`, and Keras prepared on the executor by `executor.backend`.
 """
 
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.data.feed import MinibatchFeed, input_names, integer_dtype, output_keys
 from distkeras.executor.affinity import claimed_cores
 from distkeras.executor.backend import enable_compilation_cache, ensure_backend
@@ -19,7 +19,7 @@ from distkeras.executor.failures import unretryable_error
 from distkeras.executor.replica import ModelReplica, batch_size_of
 from distkeras.executor.task_spec import SpecSetting, TaskSpec
 from distkeras.model_state import seed_states, seed_worker_generators
-from distkeras.step_history import HistoryLog
+from distkeras.executor.step_history import HistoryLog
 
 
 def class_indices(label_shape, output_shape):

@@ -13,7 +13,7 @@ from distkeras import parameter_servers
 from distkeras import workers
 from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.trainer import Trainer
-from distkeras.training_checks import check_communication_window, check_int, check_number, \
+from distkeras.training.checks import check_communication_window, check_int, check_number, \
     uses_ema
 
 # The trainers' logger, as before these classes moved out of `distkeras.trainers`.

@@ -7,12 +7,12 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
-from distkeras import epoch_metrics
+from distkeras.training import epoch_metrics
 from distkeras import parameter_servers
-from distkeras import step_history
+from distkeras.executor import step_history
 from distkeras.data import dataframes
 from distkeras.data import parquet_source
-from distkeras.epochs import Replay
+from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
@@ -105,7 +105,7 @@ class AveragingPlan(Plan):
     def run_epoch_job(self, model, worker, layout, frame, label_shapes, epoch):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
-        from distkeras import update_rules
+        from distkeras.algorithms import update_rules
         from distkeras.networking import weights_array
         from distkeras.utils import optimizer_config
 

@@ -91,7 +91,7 @@ def default_metrics(loss, model):
     """
     import keras
 
-    from distkeras.utils import serialize_keras_object
+    from distkeras.keras_io.compile_config import serialize_keras_object
 
     binary, from_logits = binary_loss_logits(loss)
     units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
@@ -161,8 +161,3 @@ def check_fraction(name, value):
             or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
 
-
-
-# The names an earlier docs/writing-an-algorithm.md imported: plug-ins written from it keep
-# working.
-_check_int, _check_number, _check_fraction = check_int, check_number, check_fraction

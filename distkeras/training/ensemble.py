@@ -2,9 +2,9 @@
 
 import logging
 
-from distkeras import step_history
+from distkeras.executor import step_history
 from distkeras.data import dataframes
-from distkeras.epochs import Replay
+from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.

@@ -9,9 +9,9 @@ import time
 
 from distkeras import affinity
 from distkeras import networking
-from distkeras.epochs import Replay
+from distkeras.executor.epochs import Replay
 from distkeras.errors import TrainingError
-from distkeras.training_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
+from distkeras.training.spark_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
                                      joined_replies, warn_if_uneven, worker_error_message)
 
 

@@ -14,10 +14,12 @@ import time
 
 import numpy as np
 
-from distkeras.epoch_metrics import of_epoch
-from distkeras.validation import epoch_logs
+from distkeras.training.epoch_metrics import of_epoch
+from distkeras.training.validator import epoch_logs
 
-logger = logging.getLogger(__name__)
+# The logger of its former module, `distkeras.monitor`: logging configurations that name it
+# still see its records.
+logger = logging.getLogger("distkeras.monitor")
 
 VERBOSE_CHOICES = (0, 1, 2, "auto")
 
@@ -383,7 +385,7 @@ class TrainingMonitor(threading.Thread):
         self._done.set()
 
     def _checkpoint(self):
-        from distkeras.checkpoints import save_checkpoint
+        from distkeras.training.checkpoints import save_checkpoint
 
         if self.server.num_updates == self._checkpointed_updates:
             return  # nothing new since the last one

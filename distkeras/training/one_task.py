@@ -8,15 +8,15 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 
 import logging
 
-from distkeras import epoch_metrics
+from distkeras.training import epoch_metrics
 from distkeras import model_state
 from distkeras import parameter_servers
-from distkeras import step_history
+from distkeras.executor import step_history
 from distkeras import workers
 from distkeras.data import dataframes
-from distkeras.epochs import Replay
+from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
-from distkeras.training_checks import check_optimizer_tracks_trainable, steps_taken
+from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")

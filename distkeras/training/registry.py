@@ -17,7 +17,9 @@ import inspect
 import logging
 from importlib import metadata
 
-logger = logging.getLogger(__name__)
+# The logger of its former module, `distkeras.registry`: logging configurations that name it
+# still see its records.
+logger = logging.getLogger("distkeras.registry")
 
 ENTRY_POINT_GROUP = "distkeras.trainers"
 BUILTIN_TRAINERS = ("SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG",

@@ -10,7 +10,7 @@ from distkeras.training.averaging import AveragingPlan
 from distkeras.training.ensemble import EnsemblePlan
 from distkeras.training.one_task import OneTaskPlan
 from distkeras.training.trainer import Trainer
-from distkeras.training_checks import check_int
+from distkeras.training.checks import check_int
 
 
 class SingleTrainer(Trainer):

@@ -11,7 +11,7 @@ import contextlib
 
 from distkeras.errors import TrainingError
 from distkeras.transport.socket_transport import SocketTransport
-from distkeras.training_jobs import bind_address, driver_address, raise_reported_failure
+from distkeras.training.spark_jobs import bind_address, driver_address, raise_reported_failure
 
 
 class Served:

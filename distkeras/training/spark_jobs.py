@@ -13,9 +13,9 @@ import socket
 import sys
 import threading
 
-from distkeras import networking
-from distkeras import workers
 from distkeras.errors import TrainingError
+from distkeras.executor import failures
+from distkeras.transport import networking
 
 # The trainers' logger, as before these helpers moved out of `distkeras.trainers`: logging
 # configurations that name it still see the warnings.
@@ -274,16 +274,16 @@ def arrow_training_job(worker, label_shapes, replay):
             message = worker.run(partition, replay.batches(record_batches, partition),
                                  label_shapes)
         except Exception as error:
-            unretryable = workers.unretryable_error(error)
+            unretryable = failures.unretryable_error(error)
             if unretryable is None:
-                raise workers.WorkerFailure(
+                raise failures.WorkerFailure(
                     f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                    f"{workers.one_line(error)}") from error
+                    f"{failures.one_line(error)}") from error
             # Rows no retry can train on, an update that does not fit the model: the task
             # ends as one that succeeded, so Spark does not run it again (up to 4 times,
             # each training up to the same error), and its reply carries the error.
             message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
-                                                            f"{workers.one_line(unretryable)}"}
+                                                            f"{failures.one_line(unretryable)}"}
         chunks = reply_chunks(networking.encode_message(message))
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),

@@ -9,7 +9,7 @@ moved as they were, with ``self.<setting>`` read from ``run.settings`` and
 """
 
 from distkeras import model_state
-from distkeras.training_jobs import register_user_module
+from distkeras.training.spark_jobs import register_user_module
 
 # With validation or callbacks, workers report (and the monitor looks) this often, so that
 # the end of an epoch is seen within about this long.

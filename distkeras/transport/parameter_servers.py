@@ -22,7 +22,8 @@ import sys
 
 import numpy as np
 
-from distkeras import algorithms, update_rules
+from distkeras import algorithms
+from distkeras.algorithms import update_rules
 from distkeras.algorithms import ServerContext
 from distkeras.transport import networking
 from distkeras.transport.center import CenterExchange, CenterVariable, RefusedUpdate
