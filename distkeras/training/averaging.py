@@ -112,11 +112,11 @@ class AveragingPlan(Plan):
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:
             # The driver's optimizer: the worker's config, at the rate a callback set.
-            worker.optimizer = optimizer_config(run.validator.model.optimizer,
-                                                run.validator.model)
+            worker.spec = worker.spec.replace(optimizer=optimizer_config(
+                run.validator.model.optimizer, run.validator.model))
         # Each worker's steps count on from its own last epoch's, as in the one-job
         # path (from the largest of all, the smaller partition's left gaps).
-        worker.first_iterations = next_iterations(run.history)
+        worker.spec = worker.spec.replace(first_iterations=next_iterations(run.history))
         description = f"{run.label} epoch {epoch + 1}/{settings.num_epoch}"
         job_group = self.new_job_group()
         samples = run.progress_total // settings.num_epoch if run.progress_total else None

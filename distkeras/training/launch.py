@@ -47,7 +47,8 @@ def run_workers(frame, num_tasks, worker, label_shapes, description, job_group=N
         context.setJobGroup(job_group, description, interruptOnCancel=True)
     else:
         context.setJobDescription(description)
-    worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
+    worker.spec = worker.spec.replace(
+        workers_per_machine=affinity.workers_per_machine(context, num_tasks))
     job = frame.mapInArrow(arrow_training_job(worker, label_shapes, replay or Replay()),
                            "worker_id long, chunk int, chunks int, payload binary",
                            barrier=barrier)

@@ -37,7 +37,7 @@ class OneTaskPlan(Plan):
             layout = dataframes.lay_out(frame, 1, shuffle)
             worker = trainer.allocate_worker()
             if lent_state is not None:
-                worker.optimizer_state = lent_state
+                worker.spec = worker.spec.replace(optimizer_state=lent_state)
             message = self.run_sequential(layout, worker, label_shapes, run.label,
                                           run.progress_total,
                                           Replay(settings.num_epoch, shuffle))
@@ -100,7 +100,7 @@ class OneTaskPlan(Plan):
         steps to the history and keeps its optimizer's state."""
         run = self.run
         self.configure_worker(worker)
-        worker.return_optimizer_state = True
+        worker.spec = worker.spec.replace(return_optimizer_state=True)
         job_group = self.new_job_group()
         with self.progress(layout.sparkSession, worker, samples, description,
                            job_group) as reported:
@@ -152,8 +152,9 @@ class OneTaskPlan(Plan):
             if not isinstance(worker, workers.SequentialWorker):
                 raise TypeError(f"{type(self.trainer).__name__}.allocate_worker() must return "
                                 f"a SequentialWorker. Received: {type(worker).__name__}")
-            worker.master_model = serialize_model(model)  # this epoch's starting weights
-            worker.optimizer_state = run.optimizer_state
+            # This epoch's starting weights and optimizer state.
+            worker.spec = worker.spec.replace(model_bytes=serialize_model(model),
+                                              optimizer_state=run.optimizer_state)
             # Numbered on from the last epoch's steps: not from the count of records, which
             # holds a retried task's superseded ones too.
             worker.iteration = 1 + max((record["iteration"] for record in run.history
