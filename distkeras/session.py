@@ -52,7 +52,8 @@ def _import_keras_on_executor(record_batches):
 
     import pyarrow as pa
 
-    import distkeras.workers  # noqa: F401  (imports Keras and its backend)
+    # The workers' modules, imported once per Python worker rather than in the first task.
+    from distkeras.executor import averaging, network, sequential, windowed  # noqa: F401
     import keras
     import numpy as np
 

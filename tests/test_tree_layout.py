@@ -113,6 +113,66 @@ def test_the_private_name_check_tells_another_modules_from_its_own(tmp_path):
         (1, "from distkeras.other import _hidden"), (4, "other._state")]
 
 
+# Modules that still import a top-level face, being split by another change of issue #34
+# (their imports move with them).
+IMPORTS_FACES_FOR_NOW = {"cli.py", "predictors.py", os.path.join("data", "dataframes.py"),
+                         os.path.join("ml", "estimators.py"), os.path.join("ml", "evaluators.py")}
+
+
+def _faces():
+    return {os.path.splitext(os.path.basename(path))[0]
+            for path in _top_level_modules()} - NOT_FACES
+
+
+def faces_imported(path, faces):
+    """``(line, name)`` of each top-level face (of ``faces``) the module at ``path``
+    imports: the library imports the modules that hold the names, faces are for users."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "distkeras":
+            names = [f"distkeras.{alias.name}" for alias in node.names if alias.name in faces]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distkeras."):
+            names = [node.module] if node.module.split(".")[1] in faces else []
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names
+                     if alias.name.startswith("distkeras.") and alias.name.split(".")[1] in faces]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names]
+    return found
+
+
+def _library_modules():
+    """Every module but the faces and those of IMPORTS_FACES_FOR_NOW."""
+    faces = _faces()
+    return [path for path in _all_modules()
+            if os.path.relpath(path, os.path.join(ROOT, "distkeras")) not in IMPORTS_FACES_FOR_NOW
+            and not (os.path.dirname(path) == os.path.join(ROOT, "distkeras")
+                     and os.path.splitext(os.path.basename(path))[0] in faces)]
+
+
+@pytest.mark.parametrize("path", _library_modules(),
+                         ids=lambda path: os.path.relpath(path, ROOT))
+def test_the_library_imports_no_face(path):
+    assert faces_imported(path, _faces()) == []
+
+
+def test_the_face_import_check_finds_each_form(tmp_path):
+    """The check above can fail: each form of import of a face is found."""
+    module = tmp_path / "module.py"
+    module.write_text("from distkeras import errors, utils\n"
+                      "from distkeras.networking import connect\n"
+                      "import distkeras.workers\n"
+                      "from distkeras.transport import networking\n"
+                      "def f():\n"
+                      "    from distkeras.monitor import TrainingMonitor\n")
+    assert faces_imported(str(module), {"utils", "networking", "workers", "monitor"}) == [
+        (1, "distkeras.utils"), (2, "distkeras.networking"), (3, "distkeras.workers"),
+        (6, "distkeras.monitor")]
+
+
 def _is_alias(node):
     """Whether ``node`` is a name, an attribute of one, a constant, or a literal
     container of those: what a face may assign (``__all__``, an old name for a new one)."""

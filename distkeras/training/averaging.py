@@ -7,13 +7,13 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
-from distkeras.training import epoch_metrics
-from distkeras import parameter_servers
-from distkeras.executor import step_history
 from distkeras.data import dataframes
 from distkeras.data import parquet_source
+from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
+from distkeras.training import epoch_metrics
 from distkeras.training.plans import Plan
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -84,7 +84,7 @@ class AveragingPlan(Plan):
         return server.get_model()
 
     def train_epoch_by_epoch(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
@@ -106,8 +106,8 @@ class AveragingPlan(Plan):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
         from distkeras.algorithms import update_rules
-        from distkeras.networking import weights_array
-        from distkeras.utils import optimizer_config
+        from distkeras.transport.networking import weights_array
+        from distkeras.keras_io.compile_config import optimizer_config
 
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:

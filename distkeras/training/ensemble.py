@@ -2,8 +2,8 @@
 
 import logging
 
-from distkeras.executor import step_history
 from distkeras.data import dataframes
+from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
 
@@ -17,7 +17,7 @@ class EnsemblePlan(Plan):
     watches_one_model = False  # each member is its own model: no callbacks
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings = self.run, self.settings
         count = settings.num_ensembles

@@ -7,12 +7,12 @@ replies decoded, with the errors no retry gets past raised on the driver.
 
 import time
 
-from distkeras import affinity
-from distkeras import networking
-from distkeras.executor.epochs import Replay
 from distkeras.errors import TrainingError
+from distkeras.executor import affinity
+from distkeras.executor.epochs import Replay
 from distkeras.training.spark_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
                                      joined_replies, warn_if_uneven, worker_error_message)
+from distkeras.transport import networking
 
 
 def new_job_group(trainer):

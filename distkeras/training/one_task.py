@@ -8,15 +8,15 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 
 import logging
 
-from distkeras.training import epoch_metrics
-from distkeras import model_state
-from distkeras import parameter_servers
-from distkeras.executor import step_history
-from distkeras import workers
 from distkeras.data import dataframes
+from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
-from distkeras.training.plans import Plan
+from distkeras.executor.sequential import SequentialWorker
+from distkeras.keras_io import model_state
+from distkeras.training import epoch_metrics
 from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
+from distkeras.training.plans import Plan
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -28,7 +28,7 @@ class OneTaskPlan(Plan):
     follows_learning_rate_callbacks = True
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings, trainer = self.run, self.settings, self.trainer
         model = deserialize_model(serialize_model(settings.master_model))
@@ -141,7 +141,7 @@ class OneTaskPlan(Plan):
         The validator's model holds the optimizer's state between epochs, so the callbacks
         see it (``ModelCheckpoint`` saves it) and may change its learning rate.
         """
-        from distkeras.utils import serialize_model
+        from distkeras.keras_io.archives import serialize_model
 
         run, num_epoch = self.run, self.settings.num_epoch
         driver_model = run.validator.model
@@ -149,7 +149,7 @@ class OneTaskPlan(Plan):
             run.begin_epoch(epoch)
             run.optimizer_state = model_state.get_optimizer_state(driver_model)
             worker = self.trainer.allocate_worker()
-            if not isinstance(worker, workers.SequentialWorker):
+            if not isinstance(worker, SequentialWorker):
                 raise TypeError(f"{type(self.trainer).__name__}.allocate_worker() must return "
                                 f"a SequentialWorker. Received: {type(worker).__name__}")
             # This epoch's starting weights and optimizer state.

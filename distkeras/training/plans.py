@@ -17,11 +17,11 @@ The plans: `one_task.OneTaskPlan` (SingleTrainer: one task, or a task per epoch)
 
 import contextlib
 
-from distkeras import parameter_servers
-from distkeras.training.monitor import TrainingMonitor
 from distkeras.training import launch
 from distkeras.training import worker_setup
+from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.serving import serving
+from distkeras.transport import parameter_servers
 
 
 class Plan:

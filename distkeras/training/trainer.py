@@ -63,7 +63,7 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
 
     def get_config(self):
         """The trainer's settings as a JSON-able dict (the model is not included)."""
-        from distkeras.utils import serialize_keras_object
+        from distkeras.keras_io.compile_config import serialize_keras_object
 
         return {
             "worker_optimizer": serialize_keras_object(self.worker_optimizer),
