@@ -7,6 +7,7 @@ than ``worker_timeout`` between its steps (``STARTUP_TIMEOUT`` before the first 
 while it compiles one).
 """
 
+import importlib.util
 import logging
 import sys
 import threading
@@ -53,11 +54,7 @@ def _tqdm_class():
     elsewhere. (``tqdm.auto`` warns "IProgress not found. Please update jupyter and
     ipywidgets" in a notebook without them, then draws the text bar all the same.)"""
     if _in_notebook():
-        try:
-            import ipywidgets  # noqa: F401
-        except ImportError:
-            pass
-        else:
+        if importlib.util.find_spec("ipywidgets") is not None:
             from tqdm.notebook import tqdm
 
             return tqdm
