@@ -1,7 +1,7 @@
 """Launches a run's workers as one Spark job and collects their replies.
 
 The Spark side of a run: a job group of its own (to cancel it as one), the slots the job
-needs, the `mapInArrow` job whose tasks run the workers (`training_jobs`), and their
+needs, the `mapInArrow` job whose tasks run the workers (`spark_jobs`), and their
 replies decoded, with the errors no retry gets past raised on the driver.
 """
 
