@@ -48,6 +48,7 @@ FACES = {
     "distkeras.step_history": ["distkeras.executor.step_history"],
     "distkeras.update_rules": ["distkeras.algorithms.update_rules"],
     "distkeras.storage": ["distkeras.data.storage"],
+    "distkeras.executor_backend": ["distkeras.executor.backend"],
 }
 # Top-level modules that are not faces, each for a reason: the package itself, the
 # exception hierarchy and the Spark session every script starts with (imported by the
@@ -62,7 +63,10 @@ NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_a
 # Names the face keeps for scripts and plug-ins written against it, outside its __all__.
 FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
                                              "_check_number": "check_number",
-                                             "_check_fraction": "check_fraction"}}
+                                             "_check_fraction": "check_fraction"},
+               "distkeras.executor_backend": {
+                   "_ensure_backend": "ensure_backend",
+                   "_enable_compilation_cache": "enable_compilation_cache"}}
 # dist-keras's aliases, defined by the face itself.
 FACE_ALIASES = {"distkeras.utils": {"serialize_keras_model": "serialize_model",
                                     "deserialize_keras_model": "deserialize_model"}}
