@@ -8,7 +8,7 @@ from distkeras.executor.step_history import ProgressReporter, pack_history
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
 from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_state, seed_states,
-                                   set_optimizer_state)
+                                            set_optimizer_state)
 from distkeras.transport import networking
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`.

@@ -106,8 +106,8 @@ class AveragingPlan(Plan):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
         from distkeras.algorithms import update_rules
-        from distkeras.transport.networking import weights_array
         from distkeras.keras_io.compile_config import optimizer_config
+        from distkeras.transport.networking import weights_array
 
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:

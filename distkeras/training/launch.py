@@ -11,7 +11,8 @@ from distkeras.errors import TrainingError
 from distkeras.executor import affinity
 from distkeras.executor.epochs import Replay
 from distkeras.training.spark_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
-                                     joined_replies, warn_if_uneven, worker_error_message)
+                                           joined_replies, warn_if_uneven,
+                                           worker_error_message)
 from distkeras.transport import networking
 
 
