@@ -13,8 +13,8 @@ import os
 import uuid
 from urllib.parse import urlparse
 
-# The logger of its former module, `distkeras.storage`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.storage`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.storage")
 
 CHUNK_BYTES = 1 << 20

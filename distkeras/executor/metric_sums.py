@@ -20,8 +20,8 @@ import logging
 
 import numpy as np
 
-# The logger of its former module, `distkeras.epoch_metrics`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.epoch_metrics")
 
 # Message fields of a report (next to a worker's step records).

@@ -93,7 +93,8 @@ def _check_output_dir(output_dir, name="`output_dir`"):
 
 
 def resolve_trainers(trainers):
-    """``{name: class}`` for trainer names (see `distkeras.training.registry`) or Trainer classes.
+    """``{name: class}`` for trainer names (see `distkeras.training.registry`) or Trainer
+    classes.
 
     Raises:
         ValueError: For an unknown name, listing the available trainers.

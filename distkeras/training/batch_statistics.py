@@ -11,8 +11,8 @@ the same in the exact mean.
 
 import logging
 
-# The logger of its former module, `distkeras.batch_statistics`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.batch_statistics`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.batch_statistics")
 
 # Rows of the training data read on the driver for the new statistics: 2,048 rows give

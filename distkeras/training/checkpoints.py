@@ -1,8 +1,8 @@
 """Checkpoints of a parameter-server training: the center variable and the update count.
 
 A checkpoint is one frame of the wire format (JSON header, raw arrays: no pickle) written
-atomically through `distkeras.data.storage`, so it may live on any path the cluster's filesystem
-understands (``hdfs://``, ``s3a://``, a local folder).
+atomically through `distkeras.data.storage`, so it may live on any path the cluster's
+filesystem understands (``hdfs://``, ``s3a://``, a local folder).
 """
 
 import logging
@@ -11,8 +11,8 @@ import time
 from distkeras.data import storage
 from distkeras.transport import networking
 
-# The logger of its former module, `distkeras.checkpoints`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.checkpoints`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.checkpoints")
 
 CHECKPOINT_NAME = "checkpoint.dkc"

@@ -14,8 +14,8 @@ import numpy as np
 
 from distkeras.executor.metric_sums import INDEX_FIELD, VALUES_FIELD
 
-# The logger of its former module, `distkeras.epoch_metrics`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.epoch_metrics")
 
 

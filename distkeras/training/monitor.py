@@ -18,8 +18,8 @@ import numpy as np
 from distkeras.training.epoch_metrics import of_epoch
 from distkeras.training.validator import epoch_logs
 
-# The logger of its former module, `distkeras.monitor`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.monitor`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.monitor")
 
 VERBOSE_CHOICES = (0, 1, 2, "auto")

@@ -17,8 +17,8 @@ import inspect
 import logging
 from importlib import metadata
 
-# The logger of its former module, `distkeras.registry`: logging configurations that name it
-# still see its records.
+# Its former module's logger (`distkeras.registry`): logging configurations that name
+# it still see its records.
 logger = logging.getLogger("distkeras.registry")
 
 ENTRY_POINT_GROUP = "distkeras.trainers"

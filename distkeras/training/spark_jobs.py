@@ -282,8 +282,9 @@ def arrow_training_job(worker, label_shapes, replay):
             # Rows no retry can train on, an update that does not fit the model: the task
             # ends as one that succeeded, so Spark does not run it again (up to 4 times,
             # each training up to the same error), and its reply carries the error.
-            message = {"worker_id": partition, UNRETRYABLE: f"partition {partition} failed: "
-                                                            f"{failures.one_line(unretryable)}"}
+            message = {"worker_id": partition,
+                       UNRETRYABLE: f"partition {partition} failed: "
+                                    f"{failures.one_line(unretryable)}"}
         chunks = reply_chunks(networking.encode_message(message))
         yield pa.RecordBatch.from_pydict(
             {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),

@@ -73,7 +73,8 @@ def compile_returned(trainer, settings, model):
     """Compiles ``model`` as a run of ``trainer`` with ``settings`` returns it: with the
     workers' optimizer, the loss, the metrics and the given model's execution options;
     returns it."""
-    from distkeras.keras_io.compile_config import compile_arguments, optimizer_as_compiled, serialize_keras_object
+    from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
+                                                   serialize_keras_object)
 
     # From configs, so the returned model never shares optimizer state with objects the
     # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
