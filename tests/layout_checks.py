@@ -5,8 +5,11 @@ import os
 
 
 def module_name(path):
-    """The dotted name of the distkeras module at ``path`` (``distkeras.training.run``)."""
+    """The dotted name of the distkeras module at ``path`` (``distkeras.training.run``), or
+    None for a file outside a ``distkeras`` folder."""
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    if "distkeras" not in parts:
+        return None
     start = len(parts) - 1 - parts[::-1].index("distkeras")
     name = ".".join(parts[start:])[:-len(".py")]
     return name[:-len(".__init__")] if name.endswith(".__init__") else name
