@@ -4,7 +4,7 @@ Trains the 784-500-500-10 MLP for 3 epochs on the full Fashion-MNIST training se
 features, 2 even partitions, executors warmed) with SingleTrainer and ADAG (2 workers,
 window 6), ``--repeat`` times in turns, and reports each epoch's samples per second from
 the per-step history (each worker reads its partition from Spark in epoch 1 and replays
-it from the executor's local disk in the later ones, see `distkeras.epochs`), the wall
+it from the executor's local disk in the later ones, see `distkeras.executor.epochs`), the wall
 time and the test accuracy.
 
     python benchmarks/epochs.py [--repeat 2] [--limit N]

@@ -110,7 +110,7 @@ def measure_feed(spark, path, rows, repeat, clock):
     """Minibatches from each path: Spark's ``mapInArrow`` of the scan, and the files read
     in the workers (the same 2 partitions)."""
     from distkeras.data import dataframes
-    from distkeras.training_jobs import feed_batch_rows
+    from distkeras.training.spark_jobs import feed_batch_rows
 
     frame = spark.read.parquet(path)
     partitions = frame.rdd.getNumPartitions()

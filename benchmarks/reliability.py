@@ -171,7 +171,7 @@ def main():
             spark.read.parquet({parquet!r}), verbose=0, checkpoint_dir={checkpoints!r},
             checkpoint_every=1.0)
     """)
-    from distkeras.checkpoints import load_checkpoint
+    from distkeras.training.checkpoints import load_checkpoint
 
     spec = [(w.shape, w.dtype) for w in build_mlp().get_weights()]
     started = time.time()

@@ -8,8 +8,9 @@ event simulation: a worker's window takes ``window * speed * jitter`` time units
 ``speed`` drawn once per worker (lognormal, sigma ``--speed-sigma``: machines differ) and
 ``jitter`` per window (lognormal, sigma ``--jitter-sigma``: a step's time varies). At each
 window's end, in simulated time order, the worker exchanges with the center exactly as its
-`distkeras.workers` class does, through the real rules of `distkeras.update_rules`, so a
-commit is as stale as the other workers' commits since its pull make it.
+`distkeras.workers` class does, through the real rules of
+`distkeras.algorithms.update_rules`, so a commit is as stale as the other workers' commits
+since its pull make it.
 
     python benchmarks/staleness.py --workers 1 4 8 16 32 64 --rows 20000 --epochs 2 \\
         --plot docs/staleness.png --json staleness.json
@@ -117,7 +118,7 @@ def simulate(algorithm, num_workers, replicas, images, labels, batch_size, epoch
              speed_sigma, jitter_sigma, seed):
     """Trains ``num_workers`` simulated workers of ``algorithm``; returns the center and
     the staleness of every commit (others' commits between a worker's pull and commit)."""
-    from distkeras import update_rules
+    from distkeras.algorithms import update_rules
 
     options = ALGORITHMS[algorithm]
     rng = np.random.default_rng(seed)

@@ -48,11 +48,15 @@ def local_spark_session(master="local[2]", app_name="distkeras", **conf):
 
 
 def _import_keras_on_executor(record_batches):
+    import importlib
     import os
 
     import pyarrow as pa
 
-    import distkeras.workers  # noqa: F401  (imports Keras and its backend)
+    # The workers' modules (before Keras, as a task imports them), once per Python worker
+    # rather than in the first task.
+    for name in ("averaging", "network", "sequential", "windowed"):
+        importlib.import_module(f"distkeras.executor.{name}")
     import keras
     import numpy as np
 

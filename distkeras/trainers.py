@@ -18,8 +18,8 @@ import copy
 import logging
 
 from distkeras import algorithms
-from distkeras import workers
 from distkeras.errors import TrainingError
+from distkeras.executor.windowed import EAMSGDWorker
 from distkeras.training.asynchronous import (AlgorithmTrainer, AsynchronousDistributedTrainer,
                                              DistributedTrainer, trainer_for)
 from distkeras.training.sequential import AveragingTrainer, EnsembleTrainer, SingleTrainer
@@ -121,7 +121,7 @@ class EAMSGD(AEASGD):
                                      momentum=self.local_momentum()))
 
     def allocate_worker(self):
-        return workers.EAMSGDWorker(self.master_model, algorithm=self.make_algorithm())
+        return EAMSGDWorker(self.master_model, algorithm=self.make_algorithm())
 
 
 class Experimental(AlgorithmTrainer):

@@ -1,168 +1,20 @@
-"""Checks of a trainer's settings, made on the driver before any Spark job.
+"""Checks of a trainer's settings, under its old import path.
 
-Argument ranges and column names, and the loss, metrics and optimizer a trainer takes from
-a compiled model (what its `fit` would train with).
+A thin face: the names live in `distkeras.training.checks` (see there).
 """
 
-import numpy as np
-
-
-def check_int(name, value, minimum=1, maximum=None):
-    """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
-    ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
-
-
-def check_communication_window(value):
-    """`check_int` for ``communication_window``, naming dist-keras's README order when the
-    value looks like a learning rate (its DOWNPOUR line put learning_rate before it)."""
-    if isinstance(value, (float, np.floating)) and 0 < value < 1:
-        raise ValueError(
-            f"`communication_window` must be an integer >= 1. Received: "
-            f"communication_window={value!r}, a learning rate? dist-keras's README lists "
-            "DOWNPOUR(..., num_epoch, learning_rate, communication_window), an order its "
-            "code did not take (nor does this one): pass learning_rate=... by name.")
-    check_int("communication_window", value)
-
-
-def check_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
-            not np.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
-
-
-def is_classification_loss(loss):
-    """Whether a loss (a name, a Keras loss or function, or its config) classifies: a
-    cross-entropy, hinge or focal loss, for which accuracy means something."""
-    if isinstance(loss, dict):
-        name = str(loss.get("class_name", ""))
-    elif isinstance(loss, str):
-        name = loss
-    else:
-        name = getattr(loss, "__name__", None) or type(loss).__name__
-    name = name.lower()
-    return any(kind in name for kind in ("crossentropy", "hinge", "focal"))
-
-
-def compiled_with(model):
-    """The arguments a compiled ``model``'s ``compile`` was given, as objects.
-
-    Not `get_compile_config()`: Keras's configs of some losses and metrics leave out
-    arguments (``CosineSimilarity(axis=0)``'s axis), which `utils.serialize_keras_object`
-    puts back from the objects only.
-    """
-    given = getattr(getattr(model, "_compile_config", None), "config", None)
-    return dict(given) if isinstance(given, dict) else (model.get_compile_config() or {})
-
-
-def compiled_without_loss(model):
-    """Whether ``model`` was compiled with ``loss=None``, as Keras allows for a model whose
-    loss is its own: layers' ``add_loss`` (an autoencoder's reconstruction penalty), or
-    a ``train_step`` or ``compute_loss`` of its class. Its workers compile it so too."""
-    return bool(getattr(model, "compiled", False)) and getattr(model, "loss", None) is None
-
-
-def binary_loss_logits(loss):
-    """Whether a loss (a name, a Keras loss or function, or its config) is a binary
-    cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.keras_io.compile_config import BINARY_LOSSES
-
-    if isinstance(loss, dict):
-        name = str(loss.get("class_name", ""))
-        config = loss.get("config") or {}
-    else:
-        name = loss if isinstance(loss, str) else \
-            getattr(loss, "__name__", None) or type(loss).__name__
-        config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return name.lower() in BINARY_LOSSES, bool(config.get("from_logits", False))
-
-
-def default_metrics(loss, model):
-    """The metrics of a one-output model that was given none and classifies: accuracy.
-
-    ``"accuracy"`` is what Keras's ``compile`` resolves from the labels' shape: for a
-    binary cross-entropy over several sigmoid units (multi-hot labels) it becomes
-    categorical accuracy (the argmax of the labels matched, meaningless there), and for
-    logits it thresholds them at 0.5 rather than 0. Those get Keras's binary accuracy,
-    thresholded where the loss puts probability 0.5, still logged as ``accuracy``.
-    """
-    import keras
-
-    from distkeras.utils import serialize_keras_object
-
-    binary, from_logits = binary_loss_logits(loss)
-    units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
-        else 1
-    if not binary or not (from_logits or (units or 1) > 1):
-        return ["accuracy"]
-    # A config, not an instance: each compile (workers, validation, the returned model)
-    # then builds its own metric rather than sharing one's state.
-    return [serialize_keras_object(keras.metrics.BinaryAccuracy(
-        name="accuracy", threshold=0.0 if from_logits else 0.5))]
-
-
-def uses_ema(optimizer):
-    """Whether a worker optimizer (an instance, a config dict or a name) has use_ema=True."""
-    if isinstance(optimizer, dict):
-        return bool(optimizer.get("config", {}).get("use_ema", False))
-    return bool(getattr(optimizer, "use_ema", False))
-
-
-def steps_taken(optimizer):
-    """The minibatches a built optimizer has taken, counting those it only accumulated.
-
-    With ``gradient_accumulation_steps``, Keras's ``iterations`` is a tensor (not a
-    variable) that counts the updates applied: a model `fit` for fewer minibatches than
-    one accumulation holds gradients all the same. Its own step variable counts each.
-    """
-    steps = getattr(optimizer, "_iterations", None)
-    if steps is None:
-        steps = optimizer.iterations
-    return int(np.asarray(steps))
-
-
-def check_optimizer_tracks_trainable(model):
-    """Refuses, as `fit` does, a model whose trainable weights changed since its optimizer
-    was built (layers frozen or unfrozen without compiling again).
-
-    Its state (moments per trainable weight) fits the old split only: on an executor this
-    failed as 'The optimizer has N variables; the state given has M', after every attempt.
-    """
-    tracked = getattr(model.optimizer, "_trainable_variables", None)
-    if tracked is None:
-        return
-    current = model.trainable_variables
-    if [id(variable) for variable in tracked] != [id(variable) for variable in current]:
-        raise ValueError(
-            f"The model has {len(current)} trainable weights, and its optimizer was built "
-            f"for {len(tracked)}: layers were frozen or unfrozen (`trainable`) after the "
-            "model was compiled. Call `model.compile(...)` again after changing "
-            "`trainable`, as Keras's `fit` requires.")
-
-
-def check_columns(name, value):
-    """Refuses a column setting that is not a name or a non-empty list of names (a dict
-    keyed by the model's names has become the list by now)."""
-    names = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not names or not all(isinstance(column, str) and column for column in names):
-        none = " (or None, for a model compiled with loss=None, trained as fit(x))" \
-            if name == "label_col" else ""
-        raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
-                        "model input or output, in the model's order) or a dict keyed by the "
-                        f"model's input or output names{none}. Received: {name}={value!r}")
-
-
-def check_fraction(name, value):
-    """A ValueError naming ``name`` unless ``value`` is a number in [0, 1) (a momentum)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
-            or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
-
-
+from distkeras.training.checks import (check_int, check_communication_window, check_number,
+                                       is_classification_loss, compiled_with,
+                                       compiled_without_loss, binary_loss_logits,
+                                       default_metrics, uses_ema, steps_taken,
+                                       check_optimizer_tracks_trainable, check_columns,
+                                       check_fraction)
 
 # The names an earlier docs/writing-an-algorithm.md imported: plug-ins written from it keep
 # working.
 _check_int, _check_number, _check_fraction = check_int, check_number, check_fraction
+
+__all__ = ["check_int", "check_communication_window", "check_number", "is_classification_loss",
+           "compiled_with", "compiled_without_loss", "binary_loss_logits", "default_metrics",
+           "uses_ema", "steps_taken", "check_optimizer_tracks_trainable", "check_columns",
+           "check_fraction"]

@@ -270,7 +270,7 @@ def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_tr
 
     trainer = Typo(keras_model=build_mlp(16), worker_optimizer="adam",
                    loss="categorical_crossentropy", num_workers=2, communication_window=2)
-    trainer._new_job_group = lambda: "distkeras-test-typo-server"
+    trainer.new_job_group = lambda: "distkeras-test-typo-server"
     with pytest.raises(TrainingError,
                        match=r"The TypoParameterServer failed: KeyError: 'deltaa'"):
         trainer.train(fashion_train.limit(256), verbose=0)

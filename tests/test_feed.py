@@ -504,7 +504,7 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
     frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target")
-    trainer._new_job_group = lambda: "distkeras-test-invalid-rows-single"
+    trainer.new_job_group = lambda: "distkeras-test-invalid-rows-single"
     with pytest.raises(TrainingError, match=r"partition 0 failed: InvalidDataError: Column "
                                             r"'target' holds 1 NaN or infinite") as caught:
         trainer.train(frame, verbose=0)
@@ -535,7 +535,7 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
     trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
                    num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2,
                    overlap_communication=overlap)
-    trainer._new_job_group = lambda: f"distkeras-test-invalid-rows-adag-{overlap}"
+    trainer.new_job_group = lambda: f"distkeras-test-invalid-rows-adag-{overlap}"
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
     try:
         with pytest.raises(TrainingError, match=r"partition \d failed: InvalidDataError: "

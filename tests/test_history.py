@@ -87,7 +87,7 @@ def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
                                                        fashion_train.schema)
     trainer = AveragingTrainer(build_mlp(16), "adam", "categorical_crossentropy",
                                num_workers=2, num_epoch=3)
-    monkeypatch.setattr(trainer, "_slots_for_one_job", lambda *args: False)
+    monkeypatch.setattr(trainer, "slots_for_one_job", lambda *args: False)
     trainer.train(frame, verbose=0)
 
     for worker, steps in ((0, 10), (1, 6)):

@@ -272,7 +272,7 @@ def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch)
 def test_line_progress_writes_at_most_every_interval_and_at_the_end(monkeypatch):
     import io
 
-    from distkeras import monitor
+    from distkeras.training import monitor  # its `time` is patched
 
     now = [100.0]
     monkeypatch.setattr(monitor.time, "monotonic", lambda: now[0])

@@ -12,9 +12,8 @@ from layout_checks import private_names_taken_from_other_modules
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 TRAINING_PATH = sorted(glob.glob(os.path.join(ROOT, "distkeras", "training", "*.py"))) + [
     os.path.join(ROOT, "distkeras", name) for name in
-    ("trainers.py", "training_checks.py", "training_jobs.py", "checkpoints.py",
-     "epochs.py", "compat.py", "train_options.py")] + [
-    os.path.join(ROOT, "distkeras", "ml", "estimators.py")]
+    ("trainers.py", "compat.py", os.path.join("executor", "epochs.py"),
+     os.path.join("ml", "estimators.py"))]
 IDS = [os.path.relpath(path, ROOT) for path in TRAINING_PATH]
 
 

@@ -1,9 +1,11 @@
-"""The layout of `distkeras.transport`, `distkeras.keras_io` and `distkeras.tools`: each
-old import path (`distkeras.networking`, `distkeras.parameter_servers`, `distkeras.utils`,
-the server's parts, ...) is a thin and complete face of the package modules that hold its
-names, and no module of the packages takes another module's private names. No Spark, no
+"""The layout of the package (issue #34): the tree answers where a module runs and what
+it may touch. Each old top-level import path (`distkeras.networking`, `distkeras.utils`,
+`distkeras.monitor`, ...) is a thin and complete face of the package modules that hold its
+names; the top level holds nothing but faces and a short list of modules of its own; and no
+module anywhere under ``distkeras/`` takes another module's private names. No Spark, no
 server started."""
 
+import ast
 import glob
 import importlib
 import inspect
@@ -33,10 +35,38 @@ FACES = {
     "distkeras.schemes": ["distkeras.tools.schemes"],
     "distkeras.validation": ["distkeras.training.validation_data",
                              "distkeras.training.callbacks", "distkeras.training.validator"],
+    "distkeras.monitor": ["distkeras.training.monitor"],
+    "distkeras.training_checks": ["distkeras.training.checks"],
+    "distkeras.training_jobs": ["distkeras.training.spark_jobs"],
+    "distkeras.train_options": ["distkeras.training.options"],
+    "distkeras.checkpoints": ["distkeras.training.checkpoints"],
+    "distkeras.batch_statistics": ["distkeras.training.batch_statistics"],
+    "distkeras.epoch_metrics": ["distkeras.executor.metric_sums",
+                                "distkeras.training.epoch_metrics"],
+    "distkeras.registry": ["distkeras.training.registry"],
+    "distkeras.epochs": ["distkeras.executor.epochs"],
+    "distkeras.step_history": ["distkeras.executor.step_history"],
+    "distkeras.update_rules": ["distkeras.algorithms.update_rules"],
+    "distkeras.storage": ["distkeras.data.storage"],
+    "distkeras.executor_backend": ["distkeras.executor.backend"],
 }
+# Top-level modules that are not faces, each for a reason: the package itself, the
+# exception hierarchy and the Spark session every script starts with (imported by the
+# package, below every subpackage), dist-keras's own classes kept under their own names
+# (`compat`), the command line and the predictors (being split, issue #34), and the
+# trainers: dist-keras's trainer classes by their dist-keras names (declarations of the
+# built-in algorithms' trainers over `distkeras.training`), the module users import.
+NOT_FACES = {"__init__", "errors", "session", "compat", "cli", "predictors", "trainers"}
 # Public in the package for its own modules, never names of the old module.
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
                                        "BINARY_LOSSES"}}
+# Names the face keeps for scripts and plug-ins written against it, outside its __all__.
+FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
+                                             "_check_number": "check_number",
+                                             "_check_fraction": "check_fraction"},
+               "distkeras.executor_backend": {
+                   "_ensure_backend": "ensure_backend",
+                   "_enable_compilation_cache": "enable_compilation_cache"}}
 # dist-keras's aliases, defined by the face itself.
 FACE_ALIASES = {"distkeras.utils": {"serialize_keras_model": "serialize_model",
                                     "deserialize_keras_model": "deserialize_model"}}
@@ -60,10 +90,160 @@ def _package_modules():
     return [path for package in PACKAGES for path in _modules(package)]
 
 
-@pytest.mark.parametrize("path", _package_modules(),
-                         ids=lambda path: os.path.relpath(path, ROOT))
+def _all_modules():
+    return sorted(glob.glob(os.path.join(ROOT, "distkeras", "**", "*.py"), recursive=True))
+
+
+def _top_level_modules():
+    return sorted(glob.glob(os.path.join(ROOT, "distkeras", "*.py")))
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda path: os.path.relpath(path, ROOT))
 def test_no_module_takes_another_modules_private_names(path):
     assert private_names_taken_from_other_modules(path) == []
+
+
+def test_the_private_name_check_tells_another_modules_from_its_own(tmp_path):
+    """The check above can fail: a private name imported from, or read off, another
+    module is found; a module that imports itself by name (for Spark's closures) is not."""
+    package = tmp_path / "distkeras"
+    package.mkdir()
+    (package / "own.py").write_text(
+        "from distkeras.other import _hidden\n"
+        "from distkeras import other, own\n"
+        "def f():\n"
+        "    return other._state, own._mine, other.__name__\n")
+    assert private_names_taken_from_other_modules(str(package / "own.py")) == [
+        (1, "from distkeras.other import _hidden"), (4, "other._state")]
+
+
+# Modules that still import a top-level face, being split by another change of issue #34
+# (their imports move with them).
+IMPORTS_FACES_FOR_NOW = {"cli.py", "predictors.py", os.path.join("data", "dataframes.py"),
+                         os.path.join("ml", "estimators.py"), os.path.join("ml", "evaluators.py")}
+
+
+def _faces():
+    return {os.path.splitext(os.path.basename(path))[0]
+            for path in _top_level_modules()} - NOT_FACES
+
+
+def faces_imported(path, faces):
+    """``(line, name)`` of each top-level face (of ``faces``) the module at ``path``
+    imports: the library imports the modules that hold the names, faces are for users."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "distkeras":
+            names = [f"distkeras.{alias.name}" for alias in node.names if alias.name in faces]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distkeras."):
+            names = [node.module] if node.module.split(".")[1] in faces else []
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names
+                     if alias.name.startswith("distkeras.") and alias.name.split(".")[1] in faces]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names]
+    return found
+
+
+def _library_modules():
+    """Every module but the faces and those of IMPORTS_FACES_FOR_NOW."""
+    faces = _faces()
+    return [path for path in _all_modules()
+            if os.path.relpath(path, os.path.join(ROOT, "distkeras")) not in IMPORTS_FACES_FOR_NOW
+            and not (os.path.dirname(path) == os.path.join(ROOT, "distkeras")
+                     and os.path.splitext(os.path.basename(path))[0] in faces)]
+
+
+@pytest.mark.parametrize("path", _library_modules(),
+                         ids=lambda path: os.path.relpath(path, ROOT))
+def test_the_library_imports_no_face(path):
+    assert faces_imported(path, _faces()) == []
+
+
+def test_the_face_import_check_finds_each_form(tmp_path):
+    """The check above can fail: each form of import of a face is found."""
+    module = tmp_path / "module.py"
+    module.write_text("from distkeras import errors, utils\n"
+                      "from distkeras.networking import connect\n"
+                      "import distkeras.workers\n"
+                      "from distkeras.transport import networking\n"
+                      "def f():\n"
+                      "    from distkeras.monitor import TrainingMonitor\n")
+    assert faces_imported(str(module), {"utils", "networking", "workers", "monitor"}) == [
+        (1, "distkeras.utils"), (2, "distkeras.networking"), (3, "distkeras.workers"),
+        (6, "distkeras.monitor")]
+
+
+def _is_alias(node):
+    """Whether ``node`` is a name, an attribute of one, a constant, or a literal
+    container of those: what a face may assign (``__all__``, an old name for a new one)."""
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Constant)):
+        return True
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_is_alias(element) for element in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(key is not None and _is_alias(key) for key in node.keys) and \
+            all(_is_alias(value) for value in node.values)
+    return False
+
+
+def not_face_statements(source):
+    """``(line, kind)`` of each top-level statement that makes ``source`` more than a face.
+
+    A face holds its docstring, imports, and assignments of names, attributes or literal
+    containers of them (``__all__``, aliases, ``sys.modules[__name__] = module``); besides
+    those only PEP 562's ``__getattr__`` and ``__dir__`` when short (a lazy face) and an
+    ``if __name__ == "__main__":`` of one statement (a face runnable with ``-m``).
+    """
+    found = []
+    for index, node in enumerate(ast.parse(source).body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Assign) and _is_alias(node.value) and all(
+                isinstance(target, (ast.Name, ast.Tuple))
+                or ast.unparse(target) == "sys.modules[__name__]"
+                for target in node.targets):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__") \
+                and node.end_lineno - node.lineno < 10:
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'" \
+                and len(node.body) == 1 and not node.orelse:
+            continue
+        found.append((node.lineno, type(node).__name__))
+    return found
+
+
+@pytest.mark.parametrize("path", _top_level_modules(),
+                         ids=lambda path: os.path.relpath(path, ROOT))
+def test_the_top_level_holds_faces_and_a_short_list_of_its_own(path):
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path, encoding="utf-8") as handle:
+        statements = not_face_statements(handle.read())
+    if name in NOT_FACES:
+        assert statements, f"distkeras/{name}.py is a face now: take it off NOT_FACES"
+    else:
+        assert statements == [], (
+            f"distkeras/{name}.py holds code of its own: move it into the subpackage where "
+            "it runs and leave a face (or, for a reason, add it to NOT_FACES)")
+
+
+def test_the_face_definition_tells_a_face_from_code():
+    """The check above can fail: a function, a class or a computed value is code."""
+    face = ('"""A face."""\nimport sys\nfrom distkeras.x import a, b\nold = a\n'
+            '__all__ = ["a", "b"]\n_NAMES = {"c": "x"}\n'
+            'def __getattr__(name):\n    return name\n'
+            'if __name__ == "__main__":\n    sys.exit(a())\n')
+    assert not_face_statements(face) == []
+    assert not_face_statements(face + "def helper():\n    pass\n") == [(11, "FunctionDef")]
+    assert not_face_statements(face + "class Thing:\n    pass\n") == [(11, "ClassDef")]
+    assert not_face_statements(face + "LIMIT = a(3)\n") == [(11, "Assign")]
+    assert not_face_statements(face + "a()\n") == [(11, "Expr")]
 
 
 @pytest.mark.parametrize("path", _package_modules(),
@@ -104,6 +284,17 @@ def test_each_face_resolves_every_name_to_the_package_object(face_name):
     modules = [importlib.import_module(name) for name in FACES[face_name]]
     assert face_problems(face, modules, NOT_IN_THE_FACE.get(face_name, ()),
                          FACE_ALIASES.get(face_name)) == []
+    for old, new in FACE_EXTRAS.get(face_name, {}).items():
+        assert any(getattr(face, old) is getattr(module, new, None) for module in modules)
+
+
+def test_old_plug_ins_imports_of_the_training_checks_still_run():
+    """docs/writing-an-algorithm.md once printed the underscored checks."""
+    from distkeras.training import checks
+    from distkeras.training_checks import _check_fraction, _check_int, _check_number
+
+    assert (_check_int, _check_number, _check_fraction) == (
+        checks.check_int, checks.check_number, checks.check_fraction)
 
 
 def test_seed_000s_imports_still_run():

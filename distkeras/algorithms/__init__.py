@@ -1,4 +1,8 @@
-"""Asynchronous optimizers, one small file each, on the Algorithm API (`base`)."""
+"""Asynchronous optimizers, one small file each, on the Algorithm API (`base`).
+
+`update_rules` holds the update rules they share, as small pure functions on weights
+(`distkeras.update_rules` is its old import path).
+"""
 
 from distkeras.algorithms.adag import ADAG
 from distkeras.algorithms.aeasgd import AEASGD

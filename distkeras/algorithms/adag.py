@@ -1,6 +1,6 @@
 """ADAG (Hermans 2017): commit the window's change averaged per step; the center adds it."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm
 
 

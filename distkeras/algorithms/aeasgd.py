@@ -1,8 +1,8 @@
 """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015)."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import check_number
+from distkeras.training.checks import check_number
 
 
 class AEASGD(Algorithm):

@@ -1,8 +1,8 @@
 """DiLoCo, asynchronous: workers take H local steps; the center takes a Nesterov step."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import check_fraction, check_number
+from distkeras.training.checks import check_fraction, check_number
 
 
 class DiLoCo(Algorithm):

@@ -1,6 +1,6 @@
 """DOWNPOUR (Dean et al. 2012): commit the window's change; the center adds it."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm
 
 

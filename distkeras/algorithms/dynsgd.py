@@ -1,6 +1,6 @@
 """DynSGD (Jiang et al. 2017): each commit divided by its staleness."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm
 
 

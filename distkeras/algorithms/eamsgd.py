@@ -1,9 +1,9 @@
 """EAMSGD: AEASGD's elastic exchange plus local Nesterov momentum (the EASGD paper)."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.aeasgd import AEASGD
 from distkeras.algorithms.base import Hyperparameter
-from distkeras.training_checks import check_fraction
+from distkeras.training.checks import check_fraction
 
 
 def _check_momentum(name, value):

@@ -1,8 +1,8 @@
 """The research scaffold: ADAG's commit, damped on the server by the disagreement."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import check_number
+from distkeras.training.checks import check_number
 
 
 class Experimental(Algorithm):

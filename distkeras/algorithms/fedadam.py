@@ -1,8 +1,8 @@
 """FedAdam (Reddi et al. 2021), asynchronous: the server runs Adam on workers' changes."""
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter
-from distkeras.training_checks import check_fraction, check_number
+from distkeras.training.checks import check_fraction, check_number
 
 
 class FedAdam(Algorithm):

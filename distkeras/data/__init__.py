@@ -9,6 +9,8 @@
   executor).
 - `parquet_source`: a plain Parquet scan's files read in the workers with pyarrow.
 - `datasets`: Fashion-MNIST as DataFrames, and datasets written to Parquet through Spark.
+- `storage`: bytes to and from any path the cluster's filesystem understands (models,
+  histories, checkpoints; driver).
 
 `distkeras.datasets` is its dist-keras import path.
 """

@@ -212,7 +212,7 @@ def write_parquet(table, path, row_group_size=2048, compression="none"):
     """
     import pyarrow.parquet as pq
 
-    from distkeras.storage import replacing_local_file
+    from distkeras.data.storage import replacing_local_file
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with replacing_local_file(path) as temporary:
@@ -305,7 +305,7 @@ def check_not_there(spark, path, mode):
     Raises:
         FileExistsError: ``path`` exists and ``mode`` refuses that.
     """
-    from distkeras.storage import HadoopFS
+    from distkeras.data.storage import HadoopFS
 
     if mode not in ("error", "errorifexists"):
         return

@@ -10,6 +10,9 @@
 - `failures`: a worker's failure, as the driver hears it.
 - `jax_steps`, `backend`, `affinity`: JAX's fast steps, Keras's backend on the executor,
   one set of CPU cores per worker.
+- `epochs`: a worker's later epochs, replayed from the executor's local disk.
+- `step_history`: the per-step records, kept and sent to the driver; `metric_sums`: the
+  metric state added up per epoch for the driver's exact epoch values.
 
 The public import path stays `distkeras.workers`; this package imports nothing itself.
 """

@@ -1,12 +1,12 @@
 """Workers that meet a server at each epoch's end: `AveragingWorker` (model averaging
 in one Spark job) and `SequentialEpochWorker` (SingleTrainer's epoch barrier)."""
 
-from distkeras import networking
-from distkeras.exchange_checks import learning_rate_field
 from distkeras.executor.network import NetworkWorker
 from distkeras.executor.replica import batch_size_of
-from distkeras.model_state import get_optimizer_state
-from distkeras.networking import weights_array
+from distkeras.keras_io.model_state import get_optimizer_state
+from distkeras.transport import networking
+from distkeras.transport.exchange_checks import learning_rate_field
+from distkeras.transport.networking import weights_array
 
 
 class AveragingWorker(NetworkWorker):

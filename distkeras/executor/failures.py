@@ -4,8 +4,8 @@ get past it, and the report to the driver's server."""
 import logging
 import re
 
-from distkeras import networking
 from distkeras.errors import DistkerasError, UnretryableError
+from distkeras.transport import networking
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`:
 # logging configurations that name it still see their records.

@@ -12,7 +12,7 @@ Two more costs are removed against a loop over Keras's train function:
   metric variables. The reset happens inside the compiled step (the initial values are
   constants of the trace), not as fresh arrays built in Python before every step. The
   step's metric variables that the worker adds up for the epoch's logs come back too
-  (still on the device; see `distkeras.epoch_metrics`), and only those: a window stacks
+  (still on the device; see `distkeras.executor.metric_sums`), and only those: a window stacks
   one copy per step, which a metric with a large state the epoch leaves out (a
   ``MeanIoU`` over a thousand classes) would make a copy of hundreds of megabytes.
 * The weights the workers exchange every window are read from and written to the JAX state
@@ -131,7 +131,7 @@ class JaxTrainStep:
         self._weight_slots = None
         # The metric variables' values after the last step (or, after a window, one per
         # step along their first axis): that batch's state, from zero. None in place of
-        # those the epoch's sums do not take (`epoch_metrics.metric_slots`).
+        # those the epoch's sums do not take (`metric_sums.metric_slots`).
         self.metric_values = None
 
     @staticmethod
@@ -268,8 +268,8 @@ class JaxTrainStep:
 
 def _summed_metric_positions(model):
     """The positions in ``model.metrics_variables`` of the variables whose per-step values
-    the worker adds up for the epoch's logs (`epoch_metrics.EpochMetricSums`)."""
-    from distkeras.epoch_metrics import EpochMetricSums
+    the worker adds up for the epoch's logs (`metric_sums.EpochMetricSums`)."""
+    from distkeras.executor.metric_sums import EpochMetricSums
 
     sums = EpochMetricSums()
     sums.bind(model)

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 
-from distkeras import networking
-from distkeras.exchange_checks import checked_update, learning_rate_field
 from distkeras.executor.failures import send_failure
+from distkeras.executor.step_history import send_history_columns
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
-from distkeras.step_history import send_history_columns
+from distkeras.transport import networking
+from distkeras.transport.exchange_checks import checked_update, learning_rate_field
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
 logger = logging.getLogger("distkeras.workers")

@@ -1,9 +1,9 @@
 """The worker's Keras model on an executor: `ModelReplica`, and how its steps run as
 `fit` runs them."""
 
-from distkeras.model_state import set_optimizer_state
-from distkeras.networking import weights_array
-from distkeras.step_history import to_float
+from distkeras.executor.step_history import to_float
+from distkeras.keras_io.model_state import set_optimizer_state
+from distkeras.transport.networking import weights_array
 
 
 def batch_size_of(x):

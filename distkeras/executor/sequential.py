@@ -3,13 +3,13 @@
 
 import logging
 
-from distkeras import networking
 from distkeras.executor.failures import send_failure
+from distkeras.executor.step_history import ProgressReporter, pack_history
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
-from distkeras.model_state import (finalize_weights, get_optimizer_state, seed_states,
-                                   set_optimizer_state)
-from distkeras.step_history import ProgressReporter, pack_history
+from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_state, seed_states,
+                                            set_optimizer_state)
+from distkeras.transport import networking
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
 logger = logging.getLogger("distkeras.workers")
@@ -97,7 +97,7 @@ class EnsembleWorker(SequentialWorker):
     def build_model(self):
         import keras
 
-        from distkeras.utils import tensorflow_only_once_imported
+        from distkeras.keras_io.archives import tensorflow_only_once_imported
 
         model = super().build_model()
         # On the executor: seeding an installed but unused TensorFlow would import it.

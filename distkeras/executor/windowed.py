@@ -3,10 +3,12 @@
 
 import logging
 
-from distkeras import algorithms, networking, update_rules
+from distkeras import algorithms
 from distkeras.algorithms import WorkerContext
+from distkeras.algorithms import update_rules
 from distkeras.executor.network import NetworkWorker
 from distkeras.executor.task_spec import SpecSetting
+from distkeras.transport import networking
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
 logger = logging.getLogger("distkeras.workers")

@@ -3,7 +3,7 @@ minibatches, runs `optimize()` and returns its message to the driver.
 
 A worker is built on the driver and holds its `TaskSpec` (the model as `.keras` bytes and
 the training settings); Spark ships both to the executors. Its step history is kept and
-sent by `distkeras.step_history`, its model's seed and optimizer state by
+sent by `distkeras.executor.step_history`, its model's seed and optimizer state by
 `distkeras.model_state`, and Keras prepared on the executor by `executor.backend`.
 """
 
@@ -11,15 +11,15 @@ import time
 
 import numpy as np
 
-from distkeras import update_rules
+from distkeras.algorithms import update_rules
 from distkeras.data.feed import MinibatchFeed, input_names, integer_dtype, output_keys
 from distkeras.executor.affinity import claimed_cores
 from distkeras.executor.backend import enable_compilation_cache, ensure_backend
 from distkeras.executor.failures import unretryable_error
 from distkeras.executor.replica import ModelReplica, batch_size_of
+from distkeras.executor.step_history import HistoryLog
 from distkeras.executor.task_spec import SpecSetting, TaskSpec
-from distkeras.model_state import seed_states, seed_worker_generators
-from distkeras.step_history import HistoryLog
+from distkeras.keras_io.model_state import seed_states, seed_worker_generators
 
 
 def class_indices(label_shape, output_shape):
@@ -126,7 +126,8 @@ class Worker:
     def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
                  features_col=None, label_col=None, batch_size=None, num_epoch=None,
                  learning_rate=None):
-        from distkeras.utils import serialize_keras_object, serialize_model
+        from distkeras.keras_io.archives import serialize_model
+        from distkeras.keras_io.compile_config import serialize_keras_object
 
         self.spec = TaskSpec(
             model_bytes=model if isinstance(model, (bytes, bytearray))
@@ -173,8 +174,8 @@ class Worker:
         spec = self.spec
         ensure_backend(spec.backend)
         enable_compilation_cache()
-        from distkeras import custom_objects
-        from distkeras.utils import compile_arguments
+        from distkeras.keras_io import custom_objects
+        from distkeras.keras_io.compile_config import compile_arguments
 
         with custom_objects.scope(spec.custom_objects):
             model = self.build_model()
@@ -195,7 +196,7 @@ class Worker:
 
     def build_model(self):
         """The uncompiled Keras model this worker trains."""
-        from distkeras.utils import deserialize_model
+        from distkeras.keras_io.archives import deserialize_model
 
         return deserialize_model(bytes(self.spec.model_bytes))
 

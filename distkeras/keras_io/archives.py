@@ -168,7 +168,7 @@ def save_model(model, path):
 
     The write is atomic: readers see the old model or the new one, never half of one.
     """
-    from distkeras import storage
+    from distkeras.data import storage
 
     storage.write_bytes(path, serialize_model(model))
 
@@ -180,7 +180,7 @@ def load_model(path, compile=True, custom_objects=None):
         FileNotFoundError: Naming the path, when it does not exist.
         ValueError: When the file is no `.keras` archive (cut short, or another format).
     """
-    from distkeras import storage
+    from distkeras.data import storage
 
     data = storage.read_bytes(path)
     check_keras_archive(data)

@@ -34,7 +34,8 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
     """
     import keras
 
-    from distkeras.utils import check_compile_arguments, deserialize_model
+    from distkeras.keras_io.archives import deserialize_model
+    from distkeras.keras_io.compile_config import check_compile_arguments
 
     model_bytes = decode_model(model_text)
     scan_configs(model_bytes, config, frozenset(keras.saving.get_custom_objects()))
@@ -72,7 +73,7 @@ def _check_declared_weights(data):
     archive's files may unpack to: an archive that ``keras.saving.save_model`` wrote
     holds every weight, uncompressed.
     """
-    from distkeras.utils import declared_weight_bytes
+    from distkeras.keras_io.archives import declared_weight_bytes
 
     try:
         values, nbytes = declared_weight_bytes(data)

@@ -150,14 +150,14 @@ def _warm_up():
 
     import keras
 
-    from distkeras import utils
+    from distkeras.keras_io.archives import serialize_model
     from distkeras.punchcard.keras_checks import check_keras_parts
     from distkeras.trainers import ADAG
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
     trainer = ADAG(keras_model=model, worker_optimizer="adam",
                    loss="categorical_crossentropy", metrics=["accuracy"], num_workers=1)
-    check_keras_parts(base64.b64encode(utils.serialize_model(model)).decode(), "ADAG",
+    check_keras_parts(base64.b64encode(serialize_model(model)).decode(), "ADAG",
                       trainer.get_config(), 1)
 
 

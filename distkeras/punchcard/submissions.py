@@ -11,9 +11,9 @@ import io
 import re
 import zipfile
 
-from distkeras import train_options
 from distkeras.errors import DistkerasError
 from distkeras.punchcard import config_scan, data_roots
+from distkeras.training import options as train_options
 
 # Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
 JOB_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -164,7 +164,7 @@ def validate_submission(body, allowed_roots=(), check=None, any_local_path=True)
 
 def registered_trainer_class(name):
     """The registered trainer class ``name``, refused if unknown or an ensemble."""
-    from distkeras.registry import get_trainer_class
+    from distkeras.training.registry import get_trainer_class
     from distkeras.trainers import EnsembleTrainer
 
     try:

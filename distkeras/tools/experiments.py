@@ -93,12 +93,13 @@ def _check_output_dir(output_dir, name="`output_dir`"):
 
 
 def resolve_trainers(trainers):
-    """``{name: class}`` for trainer names (see `distkeras.registry`) or Trainer classes.
+    """``{name: class}`` for trainer names (see `distkeras.training.registry`) or Trainer
+    classes.
 
     Raises:
         ValueError: For an unknown name, listing the available trainers.
     """
-    from distkeras import registry
+    from distkeras.training import registry
 
     if isinstance(trainers, str) or inspect.isclass(trainers):
         trainers = [trainers]
@@ -230,7 +231,7 @@ def _cell(column, value):
 
 def write_csv(results, path):
     """Writes results (dicts with the `COLUMNS`) to ``path`` atomically."""
-    from distkeras.storage import replacing_local_file
+    from distkeras.data.storage import replacing_local_file
 
     with replacing_local_file(path) as temporary, \
             open(temporary, "w", newline="", encoding="utf-8") as handle:
@@ -317,7 +318,7 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
 
     Args:
         spark: The SparkSession (start it before importing Keras).
-        trainers: Trainer names (see `distkeras.registry`) or Trainer classes.
+        trainers: Trainer names (see `distkeras.training.registry`) or Trainer classes.
         workers: Numbers of workers to try.
         windows: Communication windows to try.
         epochs: Passes over the data in every run.
@@ -442,7 +443,7 @@ def _parser():
         description="Train every trainer x workers x window combination on local Spark; "
                     "write results.csv, by_workers.png and by_window.png.")
     command.add_argument("--trainer", nargs="+", default=["ADAG"], metavar="NAME",
-                         help="trainers (distkeras.registry names)")
+                         help="trainers (distkeras.training.registry names)")
     command.add_argument("--workers", nargs="+", type=_positive_int, default=[1, 2],
                          metavar="N", help="numbers of workers")
     command.add_argument("--window", nargs="+", type=_positive_int, default=[12],

@@ -63,7 +63,7 @@ def save_history(history, path):
     """Saves a trainer's history (a list of records) as JSON at ``path``, atomically."""
     import json
 
-    from distkeras import storage
+    from distkeras.data import storage
 
     storage.write_bytes(path, json.dumps(list(history)).encode("utf-8"))
 
@@ -72,7 +72,7 @@ def load_history(path):
     """Loads a history saved by `save_history`."""
     import json
 
-    from distkeras import storage
+    from distkeras.data import storage
 
     return json.loads(storage.read_bytes(path).decode("utf-8"))
 

@@ -16,6 +16,18 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
 - `validation_data`: the validation rows, held on the driver; `callbacks`: the checks of
   the Keras callbacks; `validator`: their per-epoch evaluation and calls
   (`distkeras.validation` is their face).
+- `checks`: the checks of a trainer's settings; `options`: ``train()``'s options as they
+  travel in JSON (the CLI, Punchcard); `registry`: the trainer classes by name.
+- `spark_jobs`: the Spark jobs as the driver sees them (the task function, replies in
+  chunks, the driver's address); `monitor`: the progress bar and the stall watch;
+  `checkpoints`: the center variable saved and restored; `epoch_metrics`: the epoch's
+  exact metric values from the workers' reports; `batch_statistics`: BatchNormalization
+  statistics measured again for averaged weights.
+
+Their old top-level import paths (`distkeras.monitor`, `distkeras.training_checks`,
+`distkeras.training_jobs`, `distkeras.train_options`, `distkeras.checkpoints`,
+`distkeras.batch_statistics`, `distkeras.epoch_metrics`, `distkeras.registry`) are thin
+faces.
 
 `distkeras.trainers` is the public face: import the trainers from there.
 """

@@ -9,12 +9,12 @@ plan (`parameter_server.ParameterServerPlan`) trains them.
 import logging
 
 from distkeras import compat
-from distkeras import parameter_servers
-from distkeras import workers
+from distkeras.executor.windowed import WindowedWorker
+from distkeras.training.checks import check_communication_window, check_int, check_number, \
+    uses_ema
 from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.trainer import Trainer
-from distkeras.training_checks import check_communication_window, check_int, check_number, \
-    uses_ema
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before these classes moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -244,7 +244,7 @@ class AlgorithmTrainer(AsynchronousDistributedTrainer):
         return settings
 
     def allocate_worker(self):
-        return workers.WindowedWorker(self.master_model, algorithm=self.make_algorithm())
+        return WindowedWorker(self.master_model, algorithm=self.make_algorithm())
 
     def allocate_parameter_server(self):
         return parameter_servers.AlgorithmServer(

@@ -7,13 +7,13 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
-from distkeras import epoch_metrics
-from distkeras import parameter_servers
-from distkeras import step_history
 from distkeras.data import dataframes
 from distkeras.data import parquet_source
-from distkeras.epochs import Replay
+from distkeras.executor import step_history
+from distkeras.executor.epochs import Replay
+from distkeras.training import epoch_metrics
 from distkeras.training.plans import Plan
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -84,7 +84,7 @@ class AveragingPlan(Plan):
         return server.get_model()
 
     def train_epoch_by_epoch(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
@@ -105,18 +105,18 @@ class AveragingPlan(Plan):
     def run_epoch_job(self, model, worker, layout, frame, label_shapes, epoch):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
-        from distkeras import update_rules
-        from distkeras.networking import weights_array
-        from distkeras.utils import optimizer_config
+        from distkeras.algorithms import update_rules
+        from distkeras.keras_io.compile_config import optimizer_config
+        from distkeras.transport.networking import weights_array
 
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:
             # The driver's optimizer: the worker's config, at the rate a callback set.
-            worker.optimizer = optimizer_config(run.validator.model.optimizer,
-                                                run.validator.model)
+            worker.spec = worker.spec.replace(optimizer=optimizer_config(
+                run.validator.model.optimizer, run.validator.model))
         # Each worker's steps count on from its own last epoch's, as in the one-job
         # path (from the largest of all, the smaller partition's left gaps).
-        worker.first_iterations = next_iterations(run.history)
+        worker.spec = worker.spec.replace(first_iterations=next_iterations(run.history))
         description = f"{run.label} epoch {epoch + 1}/{settings.num_epoch}"
         job_group = self.new_job_group()
         samples = run.progress_total // settings.num_epoch if run.progress_total else None

@@ -151,8 +151,8 @@ def warn_of_step_mean_metrics(metrics):
     class whose result is not a mean is the mean of its per-step values here, which
     differs from ``fit``'s (its ``val_`` value is exact). Keras's own metrics (``AUC``,
     ``Precision``, ``RootMeanSquaredError``, ...) get fit's value: their state adds up over
-    steps and workers (see `distkeras.epoch_metrics`); a class of the user's is not known
-    to.
+    steps and workers (see `distkeras.training.epoch_metrics`); a class of the user's is not
+    known to.
 
     Args:
         metrics: The trainer's ``metrics``, as ``compile`` takes them (names, instances,
@@ -186,7 +186,7 @@ def _step_mean_metric_names(metrics):
         except ValueError:  # a name compile resolves itself ("acc"): a mean
             return
     # Means (accuracy, mae, a function's wrapper) average exactly over steps; Keras's own
-    # accumulating metrics are added up over them (`epoch_metrics.additive`).
+    # accumulating metrics are added up over them (`metric_sums.additive`).
     if isinstance(metrics, keras.metrics.Metric) and \
             type(metrics).result is not keras.metrics.Mean.result and \
             not type(metrics).__module__.startswith("keras."):

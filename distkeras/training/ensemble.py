@@ -2,9 +2,9 @@
 
 import logging
 
-from distkeras import step_history
 from distkeras.data import dataframes
-from distkeras.epochs import Replay
+from distkeras.executor import step_history
+from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
@@ -17,7 +17,7 @@ class EnsemblePlan(Plan):
     watches_one_model = False  # each member is its own model: no callbacks
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings = self.run, self.settings
         count = settings.num_ensembles

@@ -1,18 +1,19 @@
 """Launches a run's workers as one Spark job and collects their replies.
 
 The Spark side of a run: a job group of its own (to cancel it as one), the slots the job
-needs, the `mapInArrow` job whose tasks run the workers (`training_jobs`), and their
+needs, the `mapInArrow` job whose tasks run the workers (`spark_jobs`), and their
 replies decoded, with the errors no retry gets past raised on the driver.
 """
 
 import time
 
-from distkeras import affinity
-from distkeras import networking
-from distkeras.epochs import Replay
 from distkeras.errors import TrainingError
-from distkeras.training_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
-                                     joined_replies, warn_if_uneven, worker_error_message)
+from distkeras.executor import affinity
+from distkeras.executor.epochs import Replay
+from distkeras.training.spark_jobs import (UNRETRYABLE, arrow_training_job, feed_batch_rows,
+                                           joined_replies, warn_if_uneven,
+                                           worker_error_message)
+from distkeras.transport import networking
 
 
 def new_job_group(trainer):
@@ -47,7 +48,8 @@ def run_workers(frame, num_tasks, worker, label_shapes, description, job_group=N
         context.setJobGroup(job_group, description, interruptOnCancel=True)
     else:
         context.setJobDescription(description)
-    worker.workers_per_machine = affinity.workers_per_machine(context, num_tasks)
+    worker.spec = worker.spec.replace(
+        workers_per_machine=affinity.workers_per_machine(context, num_tasks))
     job = frame.mapInArrow(arrow_training_job(worker, label_shapes, replay or Replay()),
                            "worker_id long, chunk int, chunks int, payload binary",
                            barrier=barrier)

@@ -8,15 +8,15 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 
 import logging
 
-from distkeras import epoch_metrics
-from distkeras import model_state
-from distkeras import parameter_servers
-from distkeras import step_history
-from distkeras import workers
 from distkeras.data import dataframes
-from distkeras.epochs import Replay
+from distkeras.executor import step_history
+from distkeras.executor.epochs import Replay
+from distkeras.executor.sequential import SequentialWorker
+from distkeras.keras_io import model_state
+from distkeras.training import epoch_metrics
+from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 from distkeras.training.plans import Plan
-from distkeras.training_checks import check_optimizer_tracks_trainable, steps_taken
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -28,7 +28,7 @@ class OneTaskPlan(Plan):
     follows_learning_rate_callbacks = True
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.utils import deserialize_model, serialize_model
+        from distkeras.keras_io.archives import deserialize_model, serialize_model
 
         run, settings, trainer = self.run, self.settings, self.trainer
         model = deserialize_model(serialize_model(settings.master_model))
@@ -37,7 +37,7 @@ class OneTaskPlan(Plan):
             layout = dataframes.lay_out(frame, 1, shuffle)
             worker = trainer.allocate_worker()
             if lent_state is not None:
-                worker.optimizer_state = lent_state
+                worker.spec = worker.spec.replace(optimizer_state=lent_state)
             message = self.run_sequential(layout, worker, label_shapes, run.label,
                                           run.progress_total,
                                           Replay(settings.num_epoch, shuffle))
@@ -100,7 +100,7 @@ class OneTaskPlan(Plan):
         steps to the history and keeps its optimizer's state."""
         run = self.run
         self.configure_worker(worker)
-        worker.return_optimizer_state = True
+        worker.spec = worker.spec.replace(return_optimizer_state=True)
         job_group = self.new_job_group()
         with self.progress(layout.sparkSession, worker, samples, description,
                            job_group) as reported:
@@ -141,7 +141,7 @@ class OneTaskPlan(Plan):
         The validator's model holds the optimizer's state between epochs, so the callbacks
         see it (``ModelCheckpoint`` saves it) and may change its learning rate.
         """
-        from distkeras.utils import serialize_model
+        from distkeras.keras_io.archives import serialize_model
 
         run, num_epoch = self.run, self.settings.num_epoch
         driver_model = run.validator.model
@@ -149,11 +149,12 @@ class OneTaskPlan(Plan):
             run.begin_epoch(epoch)
             run.optimizer_state = model_state.get_optimizer_state(driver_model)
             worker = self.trainer.allocate_worker()
-            if not isinstance(worker, workers.SequentialWorker):
+            if not isinstance(worker, SequentialWorker):
                 raise TypeError(f"{type(self.trainer).__name__}.allocate_worker() must return "
                                 f"a SequentialWorker. Received: {type(worker).__name__}")
-            worker.master_model = serialize_model(model)  # this epoch's starting weights
-            worker.optimizer_state = run.optimizer_state
+            # This epoch's starting weights and optimizer state.
+            worker.spec = worker.spec.replace(model_bytes=serialize_model(model),
+                                              optimizer_state=run.optimizer_state)
             # Numbered on from the last epoch's steps: not from the count of records, which
             # holds a retried task's superseded ones too.
             worker.iteration = 1 + max((record["iteration"] for record in run.history

@@ -8,17 +8,17 @@ saves checkpoints and stops workers that stall.
 
 import logging
 
-from distkeras import parameter_servers
-from distkeras.checkpoints import restore, save_checkpoint
 from distkeras.data import dataframes
-from distkeras.epochs import Replay
 from distkeras.errors import TrainingError
-from distkeras.monitor import TrainingMonitor
+from distkeras.executor.epochs import Replay
 from distkeras.training import worker_setup
+from distkeras.training.checkpoints import restore, save_checkpoint
+from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.plans import Plan
 from distkeras.training.serving import serving
-from distkeras.training_jobs import driver_address, warn_if_speculative
 from distkeras.training.shortfalls import warn_if_nothing_committed, warn_if_trained_short
+from distkeras.training.spark_jobs import driver_address, warn_if_speculative
+from distkeras.transport import parameter_servers
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")

@@ -17,11 +17,11 @@ The plans: `one_task.OneTaskPlan` (SingleTrainer: one task, or a task per epoch)
 
 import contextlib
 
-from distkeras import parameter_servers
-from distkeras.monitor import TrainingMonitor
 from distkeras.training import launch
 from distkeras.training import worker_setup
+from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.serving import serving
+from distkeras.transport import parameter_servers
 
 
 class Plan:
@@ -61,13 +61,13 @@ class Plan:
     # -- shared steps -------------------------------------------------------------------
 
     def new_job_group(self):
-        """A Spark job group of the run's own (the trainer's ``_new_job_group``)."""
-        return self.trainer._new_job_group()
+        """A Spark job group of the run's own (the trainer's `Trainer.new_job_group`)."""
+        return self.trainer.new_job_group()
 
     def slots_for_one_job(self, frame, num_tasks):
         """Whether one Spark job can hold ``num_tasks`` tasks waiting at epoch ends (the
-        trainer's ``_slots_for_one_job``)."""
-        return self.trainer._slots_for_one_job(frame, num_tasks, self.run)
+        trainer's `Trainer.slots_for_one_job`)."""
+        return self.trainer.slots_for_one_job(frame, num_tasks, self.run)
 
     def run_workers(self, *args, **kwargs):
         """`launch.run_workers`."""
@@ -120,7 +120,7 @@ class Plan:
                 ``failures``) or the server's.
         """
         from distkeras.errors import TrainingError
-        from distkeras.training_jobs import driver_address
+        from distkeras.training.spark_jobs import driver_address
 
         run = self.run
         spark = layout.sparkSession

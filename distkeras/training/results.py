@@ -9,8 +9,8 @@ with its results (history, validation history, staleness) but without that serve
 import logging
 import weakref
 
+from distkeras.tools.history import average_history
 from distkeras.training.run import RunResults
-from distkeras.utils import average_history
 
 # The trainers' logger, as before these getters moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")

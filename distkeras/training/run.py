@@ -12,9 +12,9 @@ from typing import Optional
 
 import numpy as np
 
-from distkeras import epoch_metrics
-from distkeras.training.validator import epoch_logs
 from distkeras.errors import TrainingError
+from distkeras.training import epoch_metrics
+from distkeras.training.validator import epoch_logs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,13 +4,14 @@ Each stores its settings and names its execution plan; the plans (`one_task`,
 `averaging`, `ensemble`) train.
 """
 
-from distkeras import workers
+from distkeras.executor.averaging import AveragingWorker, SequentialEpochWorker
+from distkeras.executor.sequential import EnsembleWorker, SequentialWorker
 from distkeras.training.asynchronous import DistributedTrainer
 from distkeras.training.averaging import AveragingPlan
+from distkeras.training.checks import check_int
 from distkeras.training.ensemble import EnsemblePlan
 from distkeras.training.one_task import OneTaskPlan
 from distkeras.training.trainer import Trainer
-from distkeras.training_checks import check_int
 
 
 class SingleTrainer(Trainer):
@@ -42,12 +43,12 @@ class SingleTrainer(Trainer):
                          label_col=label_col, batch_size=batch_size, num_epoch=num_epoch)
 
     def allocate_worker(self):
-        return workers.SequentialWorker(self.master_model)
+        return SequentialWorker(self.master_model)
 
     def allocate_epoch_worker(self):
         """The worker of the one task that runs every epoch when the driver acts at epoch
-        ends (a `workers.SequentialEpochWorker`)."""
-        return workers.SequentialEpochWorker(self.master_model)
+        ends (a `SequentialEpochWorker`)."""
+        return SequentialEpochWorker(self.master_model)
 
     def runs_epochs_in_one_task(self):
         """Whether the epochs may run in one task (`allocate_epoch_worker`'s): not when a
@@ -89,11 +90,11 @@ class AveragingTrainer(DistributedTrainer):
 
     def allocate_worker(self, model):
         """The worker of one epoch's job (each epoch a Spark job)."""
-        return workers.SequentialWorker(model)
+        return SequentialWorker(model)
 
     def allocate_averaging_worker(self):
         """The worker of the one job that runs every epoch."""
-        return workers.AveragingWorker(self.master_model)
+        return AveragingWorker(self.master_model)
 
 
 class EnsembleTrainer(DistributedTrainer):
@@ -144,7 +145,7 @@ class EnsembleTrainer(DistributedTrainer):
         return super().check_settings(settings.replace(num_workers=settings.num_ensembles))
 
     def allocate_worker(self):
-        return workers.EnsembleWorker(self.master_model, seed=self.seed)
+        return EnsembleWorker(self.master_model, seed=self.seed)
 
     def train(self, dataframe, shuffle=False, verbose="auto", **options):
         """Trains the members; returns a list of ``num_ensembles`` compiled models."""

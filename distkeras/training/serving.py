@@ -10,8 +10,8 @@ waits for the workers' last records, stops both and collects what the workers re
 import contextlib
 
 from distkeras.errors import TrainingError
+from distkeras.training.spark_jobs import bind_address, driver_address, raise_reported_failure
 from distkeras.transport.socket_transport import SocketTransport
-from distkeras.training_jobs import bind_address, driver_address, raise_reported_failure
 
 
 class Served:

@@ -11,7 +11,7 @@ trainer keeps what the user gave, so its `get_config()` is the same before and a
 import types
 
 from distkeras.data import dataframes
-from distkeras.training_checks import (check_columns, check_int, compiled_with,
+from distkeras.training.checks import (check_columns, check_int, compiled_with,
                                        compiled_without_loss, default_metrics,
                                        is_classification_loss)
 
@@ -67,7 +67,7 @@ def compiled_settings(model, worker_optimizer, loss, metrics, loss_weights):
     Those not given are taken from ``model`` when it is compiled (what its `fit` would
     train with), and its weighted metrics (``compile(weighted_metrics=...)``) always.
     Metrics not given for a model not compiled are an accuracy for one output trained with
-    a classification loss (`training_checks.default_metrics`), else none (an accuracy of
+    a classification loss (`checks.default_metrics`), else none (an accuracy of
     a regression reads 0).
 
     Returns:

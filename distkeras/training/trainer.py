@@ -63,7 +63,7 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
 
     def get_config(self):
         """The trainer's settings as a JSON-able dict (the model is not included)."""
-        from distkeras.utils import serialize_keras_object
+        from distkeras.keras_io.compile_config import serialize_keras_object
 
         return {
             "worker_optimizer": serialize_keras_object(self.worker_optimizer),
@@ -194,13 +194,23 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
 
     # -- seams of the plans (tests and subclasses replace them) -------------------------
 
-    def _new_job_group(self):
-        """A Spark job group of its own for one run of workers (to cancel them as one)."""
+    def new_job_group(self):
+        """A Spark job group of its own for one run of workers (to cancel them as one).
+
+        Returns:
+            The job group's name (`launch.new_job_group`).
+        """
         return launch.new_job_group(self)
 
-    def _slots_for_one_job(self, frame, num_tasks, run):
+    def slots_for_one_job(self, frame, num_tasks, run):
         """Whether Spark can run ``num_tasks`` tasks of ``run`` at once
-        (`launch.slots_for_one_job`)."""
+        (`launch.slots_for_one_job`).
+
+        Args:
+            frame: The DataFrame the tasks train on, laid out for the workers.
+            num_tasks: The tasks that must run at once (waiting at each epoch's end).
+            run: The `run.Run` they belong to.
+        """
         return launch.slots_for_one_job(run, frame, num_tasks)
 
     def _workers_optimizer(self):

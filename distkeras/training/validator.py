@@ -29,12 +29,12 @@ def epoch_logs(records, metric_states=()):
     """The epoch's loss and metrics as ``fit``'s epoch logs hold them.
 
     Each metric whose workers reported its state (``metric_states``: the epoch's reports,
-    see `distkeras.epoch_metrics`) gets its result over the state of all the epoch's steps;
-    any other measured value, the mean over step records, each step weighing its
-    ``batch_size`` (1 where a record has none): an epoch's smaller last batch counts for
+    see `distkeras.training.epoch_metrics`) gets its result over the state of all the
+    epoch's steps; any other measured value, the mean over step records, each step weighing
+    its ``batch_size`` (1 where a record has none): an epoch's smaller last batch counts for
     its rows. A value that is NaN in one step is NaN. Steps of a failed task that Spark's
     retry trained again (``superseded``) do not count."""
-    from distkeras.epoch_metrics import exact_logs
+    from distkeras.training.epoch_metrics import exact_logs
 
     logs = _step_means(records)
     logs.update(exact_logs(metric_states))

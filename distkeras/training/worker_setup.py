@@ -8,8 +8,8 @@ moved as they were, with ``self.<setting>`` read from ``run.settings`` and
 ``self._validator`` is ``run.validator``).
 """
 
-from distkeras import model_state
-from distkeras.training_jobs import register_user_module
+from distkeras.keras_io import model_state
+from distkeras.training.spark_jobs import register_user_module
 
 # With validation or callbacks, workers report (and the monitor looks) this often, so that
 # the end of an epoch is seen within about this long.
@@ -74,7 +74,8 @@ def compile_returned(trainer, settings, model):
     """Compiles ``model`` as a run of ``trainer`` with ``settings`` returns it: with the
     workers' optimizer, the loss, the metrics and the given model's execution options;
     returns it."""
-    from distkeras.utils import compile_arguments, optimizer_as_compiled, serialize_keras_object
+    from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
+                                                   serialize_keras_object)
 
     # From configs, so the returned model never shares optimizer state with objects the
     # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
@@ -94,7 +95,7 @@ def configure_worker(run, worker):
     """Fills the worker's unset settings from the run's (was ``Trainer._configure_worker``)."""
     import keras
 
-    from distkeras.utils import optimizer_as_compiled, serialize_keras_object
+    from distkeras.keras_io.compile_config import optimizer_as_compiled, serialize_keras_object
 
     settings = run.settings
     defaults = {

@@ -29,7 +29,7 @@ def _history_records(columns):
     Raises:
         ProtocolError: If the columns are not such lists.
     """
-    from distkeras.step_history import history_records
+    from distkeras.executor.step_history import history_records
 
     if not isinstance(columns, dict):
         raise networking.ProtocolError("A history message must carry a dict of columns.")
@@ -208,7 +208,7 @@ class HistorySink:
     def handle_history(self, conn, addr):
         """Receives a worker's per-step records."""
         data = recv_data(conn)
-        from distkeras.epoch_metrics import unpack
+        from distkeras.training.epoch_metrics import unpack
 
         # Both checked before anything is kept: a malformed report closes the connection
         # and leaves the history as it was.

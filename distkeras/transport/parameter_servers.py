@@ -22,8 +22,9 @@ import sys
 
 import numpy as np
 
-from distkeras import algorithms, update_rules
+from distkeras import algorithms
 from distkeras.algorithms import ServerContext
+from distkeras.algorithms import update_rules
 from distkeras.transport import networking
 from distkeras.transport.center import CenterExchange, CenterVariable, RefusedUpdate
 from distkeras.transport.epoch_barrier import EpochBarrier, EpochEnds

@@ -1,0 +1,99 @@
+"""Checkpoints of a parameter-server training: the center variable and the update count.
+
+A checkpoint is one frame of the wire format (JSON header, raw arrays: no pickle) written
+atomically through `distkeras.data.storage`, so it may live on any path the cluster's
+filesystem understands (``hdfs://``, ``s3a://``, a local folder).
+"""
+
+import logging
+import time
+
+from distkeras.data import storage
+from distkeras.transport import networking
+
+# Its former module's logger (`distkeras.checkpoints`): logging configurations that name
+# it still see its records.
+logger = logging.getLogger("distkeras.checkpoints")
+
+CHECKPOINT_NAME = "checkpoint.dkc"
+
+
+def checkpoint_path(folder):
+    """The checkpoint file inside ``folder``."""
+    return folder.rstrip("/") + "/" + CHECKPOINT_NAME
+
+
+def save_checkpoint(folder, server, trainer_name):
+    """Writes the server's center and update count (read under its lock), atomically."""
+    with server.mutex:
+        center, num_updates = server.center_variable, server.num_updates
+    message = {"center": center, "num_updates": num_updates, "trainer": trainer_name,
+               "time": time.time()}
+    storage.write_bytes(checkpoint_path(folder), networking.encode_message(message))
+    return num_updates
+
+
+def load_checkpoint(folder, weight_spec):
+    """Reads the checkpoint in ``folder``, checked against the model's shapes.
+
+    Returns:
+        The message dict (``center``, ``num_updates``, ``trainer``, ``time``), or None when
+        the folder holds no checkpoint.
+
+    Raises:
+        ValueError: If the checkpoint does not match the model, or is damaged.
+    """
+    path = checkpoint_path(folder)
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError:
+        return None
+    try:
+        return networking.decode_message(data, max_frame_bytes=len(data) + 1,
+                                         weight_spec=weight_spec)
+    except networking.ProtocolError as error:
+        _check_whole(path, data)
+        raise ValueError(f"The checkpoint in {folder} does not fit this model: {error}") \
+            from error
+
+
+def _check_whole(path, data):
+    """Refuses a checkpoint that is no whole frame, whatever the model: a file cut short
+    (by a copy; our writes are atomic) is no other model's checkpoint.
+
+    Raises:
+        ValueError: Naming the file, and what to do with it.
+    """
+    try:
+        networking.decode_message(data, max_frame_bytes=len(data) + 1)
+    except networking.ProtocolError as error:
+        raise ValueError(
+            f"The checkpoint {path} is damaged ({error}): it is cut short or no distkeras "
+            "checkpoint. Delete it to start from the model's weights, or put back a good "
+            "copy to resume from.") from error
+
+
+def restore(server, folder, trainer_name):
+    """Puts the last checkpoint in ``folder`` (its center and update count) into a fresh
+    ``server``; without one, warns and leaves the server at the model's weights.
+
+    Args:
+        server: A parameter server not yet started.
+        folder: The ``checkpoint_dir``.
+        trainer_name: The class name of the trainer resuming (a checkpoint written by
+            another is resumed with a warning: its update rule differed).
+    """
+    trainers_logger = logging.getLogger("distkeras.trainers")
+    checkpoint = load_checkpoint(folder, server.weight_spec)
+    if checkpoint is None:
+        trainers_logger.warning("No checkpoint in %s: starting from the model's weights.",
+                                folder)
+        return
+    written_by = checkpoint.get("trainer")
+    if written_by and written_by != trainer_name:
+        # The weights fit (they were checked), but the update rule that made them differs.
+        trainers_logger.warning("The checkpoint in %s was written by %s; resuming it with %s.",
+                                folder, written_by, trainer_name)
+    server.center_variable = checkpoint["center"]
+    server.num_updates = int(checkpoint["num_updates"])
+    trainers_logger.info("Resuming from %s (%s updates)", folder, server.num_updates)

@@ -1,0 +1,173 @@
+"""The exact epoch values of the training metrics, as ``fit``'s epoch logs hold them,
+computed on the driver.
+
+Each worker sends the metric state it added up per epoch with its step records
+(`distkeras.executor.metric_sums.EpochMetricSums`); the driver reads the reports off the
+messages (`unpack`), adds the reports of an epoch over its workers and computes each
+metric's result from the sum (`exact_logs`), in place of the steps' mean.
+"""
+
+import logging
+import math
+
+import numpy as np
+
+from distkeras.executor.metric_sums import INDEX_FIELD, VALUES_FIELD
+
+# Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
+# it still see its records.
+logger = logging.getLogger("distkeras.epoch_metrics")
+
+
+def unpack(message, worker_id):
+    """The reports a message carries (see `EpochMetricSums.drain`), as dicts with
+    ``worker_id``, ``epoch``, ``name``, ``spec`` and ``state`` (a list of arrays).
+
+    Raises:
+        ProtocolError: When the fields do not describe the values.
+    """
+    from distkeras.transport.networking import ProtocolError
+
+    index = message.get(INDEX_FIELD)
+    if index is None:
+        return []
+    values = message.get(VALUES_FIELD)
+    if not isinstance(index, list) or not isinstance(values, np.ndarray) or values.ndim != 1:
+        raise ProtocolError("A metric state report must carry an index and a 1-D array.")
+    reports, offset = [], 0
+    for entry in index:
+        try:
+            epoch, name, spec = int(entry["epoch"]), str(entry["name"]), dict(entry["spec"])
+            shapes = [tuple(int(size) for size in shape) for shape in entry["shapes"]]
+        # OverflowError: int() of an Infinity that JSON as Python reads it may hold.
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            raise ProtocolError(f"Bad metric state entry: {error}") from error
+        if any(size < 0 for shape in shapes for size in shape):
+            raise ProtocolError("A metric state report names a negative dimension.")
+        state = []
+        for shape in shapes:
+            # Python's integers: an int64 product wraps (2**62 * 4 is 0), and reshape
+            # then failed as a bug of the server's rather than a bad report.
+            size = math.prod(shape)
+            if offset + size > len(values):
+                raise ProtocolError("A metric state report holds fewer values than it says.")
+            try:
+                state.append(values[offset:offset + size].reshape(shape))
+            # An empty state whose other dimensions overflow (numpy's int64, or C's long).
+            except (ValueError, OverflowError) as error:
+                raise ProtocolError(f"Bad metric state shape {list(shape)}: {error}") \
+                    from error
+            offset += size
+        reports.append({"worker_id": worker_id, "epoch": epoch, "name": name, "spec": spec,
+                        "state": state})
+    if offset != len(values):
+        raise ProtocolError("A metric state report holds more values than it says.")
+    return reports
+
+
+def of_epoch(reports, epoch):
+    """The reports of ``epoch`` (from 0)."""
+    return [report for report in reports if report["epoch"] == epoch]
+
+
+def exact_logs(reports):
+    """Each metric's result over the state that ``reports`` add up to (those of one epoch:
+    every worker's, every report's), as ``fit``'s epoch logs hold it.
+
+    A report marked ``superseded`` (of a failed task that Spark's retry trained again)
+    does not count. A metric whose result cannot be computed here, or is not one number,
+    is left out (the steps' mean stands for it).
+    """
+    totals, specs = {}, {}
+    for report in reports:
+        if report.get("superseded"):
+            continue
+        name = report["name"]
+        total = totals.get(name)
+        if total is not None and [a.shape for a in total] != \
+                [np.shape(b) for b in report["state"]]:
+            logger.warning("Metric %s reported states of different shapes; its epoch value "
+                           "is the mean of its steps.", name)
+            totals[name] = None
+            continue
+        if name in totals and total is None:
+            continue
+        totals[name] = [np.asarray(b, np.float64) for b in report["state"]] if total is None \
+            else [a + b for a, b in zip(total, report["state"])]
+        specs[name] = report["spec"]
+    logs = {}
+    for name, state in totals.items():
+        if state is None:
+            continue
+        value = _result(specs[name], state)
+        if value is not None:
+            logs[name] = value
+    return logs
+
+
+def _result(spec, state):
+    """A metric's result from its summed state, or None where it cannot be computed.
+
+    ``spec`` and ``state`` come from the workers' reports, over the network: a spec that is
+    not what `metric_slots` sends (a mean of other than two parts, a config that is not one
+    of Keras's own metrics, or one that does not build) leaves the steps' mean standing
+    rather than failing the driver's epoch end.
+    """
+    if spec.get("mean"):
+        if len(state) != 2:
+            logger.warning("A metric's mean was reported with %d parts, not 2; its epoch "
+                           "value stays the mean of its steps.", len(state))
+            return None
+        total, count = (float(np.sum(part)) for part in state)
+        return total / count if count else 0.0  # Keras's divide_no_nan
+    import keras
+
+    metric_class = _keras_metric_class(spec.get("config"))
+    if metric_class is None:
+        logger.warning("A metric state was reported for %r, not one of Keras's metrics; its "
+                       "epoch value stays the mean of its steps.", spec.get("config"))
+        return None
+    try:
+        metric = keras.metrics.deserialize(spec["config"])
+        _build_like(metric, state)
+        for variable, value in zip(metric.variables, state):
+            variable.assign(np.asarray(value).astype(variable.dtype))
+        result = np.asarray(keras.ops.convert_to_numpy(metric.result()))
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as error:
+        logger.info("The epoch's %s stays the mean of its steps: %s",
+                    metric_class.__name__, error)
+        return None
+    return float(result) if result.ndim == 0 else None
+
+
+def _keras_metric_class(config):
+    """The class of Keras's own metrics that a reported ``config`` names, or None: the
+    only ones `metric_slots` reports (`additive`)."""
+    import keras
+
+    if not isinstance(config, dict) or not isinstance(config.get("class_name"), str) or \
+            config.get("module") != "keras.metrics":
+        return None
+    metric_class = getattr(keras.metrics, config["class_name"], None)
+    if isinstance(metric_class, type) and issubclass(metric_class, keras.metrics.Metric):
+        return metric_class
+    return None
+
+
+def _build_like(metric, state):
+    """Builds a metric whose variables Keras creates at its first update (``F1Score``,
+    ``R2Score``, a multi-label ``AUC``) with the shapes of ``state``: an update with no
+    rows creates them and adds nothing.
+
+    Raises:
+        ValueError: When its variables still do not match the state.
+    """
+    if len(metric.variables) != len(state):
+        shaped = [np.shape(value) for value in state if np.ndim(value) >= 1]
+        width = shaped[0][-1] if shaped else 1
+        empty = np.zeros((0, width), dtype="float32")
+        metric.update_state(empty, empty)
+    shapes = [tuple(variable.shape) for variable in metric.variables]
+    if shapes != [np.shape(value) for value in state]:
+        raise ValueError(f"its variables are shaped {shapes}, its state "
+                         f"{[np.shape(value) for value in state]}")
