@@ -33,7 +33,7 @@ def command_predict(argv):
     add_conf_option(parser)
     args = parser.parse_args(argv)
     spark = common.spark_session(args.master, args.spark_conf)
-    from distkeras.predictors import ModelPredictor
+    from distkeras.ml.predictors import ModelPredictor
 
     if not args.overwrite:
         from distkeras.data.datasets import check_not_there

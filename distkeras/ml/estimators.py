@@ -30,8 +30,8 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.data import dataframes
-from distkeras.predictors import ModelPredictor, check_batch_size
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
+from distkeras.ml.predictors import ModelPredictor, check_batch_size
 from distkeras.validation import as_callback_list
 
 logger = logging.getLogger(__name__)
