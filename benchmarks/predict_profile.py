@@ -117,21 +117,21 @@ def direct_stages(frame, model, kind):
     import numpy as np
 
     from distkeras.data import parquet_source
-    from distkeras.predictors import _model_key
+    from distkeras.ml.prediction_tasks import model_key
     from distkeras.utils import serialize_model
 
     source = parquet_source.direct_source(frame, batch_rows=10000)
     assert source is not None, "not a plain Parquet scan"
     model_bytes = serialize_model(model)
-    key = _model_key(model_bytes)
+    key = model_key(model_bytes)
     shape = tuple(int(dim) for dim in model.inputs[0].shape[1:])
 
     def counting(stage):
         def run(record_batches):
             import pyarrow as pa
 
-            from distkeras import predictors
             from distkeras.data.feed import column_rows
+            from distkeras.ml import prediction_tasks
 
             rows = 0
             if stage == "read":
@@ -141,7 +141,7 @@ def direct_stages(frame, model, kind):
                                            np.float32)) for batch in record_batches)
             else:
                 columns = ((batch.column("features"),) for batch in record_batches)
-                rows = sum(len(predicted) for predicted in predictors._predictions(
+                rows = sum(len(predicted) for predicted in prediction_tasks.predict_batches(
                     columns, key, model_bytes, "jax", ["features"], [shape], 1024))
             yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
@@ -189,13 +189,13 @@ def stages(spark, frame, model, x, kind):
 
     def mapinarrow():  # the previous direct path: every column back through Arrow
         from distkeras.data.feed import integer_dtype
-        from distkeras.predictors import _direct_source, _read_in_workers
+        from distkeras.ml.parquet_predictions import direct_source, read_in_workers
         from distkeras.utils import serialize_model
 
         settings = (serialize_model(model), "jax", ["features"],
                     [tuple(int(dim) for dim in model.inputs[0].shape[1:])], 1024, None, None,
                     [integer_dtype(model.inputs[0])])
-        return _read_in_workers(_direct_source(frame), frame, ["prediction"], settings)
+        return read_in_workers(direct_source(frame), frame, ["prediction"], settings)
 
     keys = [F.col("_metadata.file_path"), F.col("_metadata.row_index")]
 

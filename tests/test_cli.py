@@ -247,11 +247,12 @@ def test_predict_writes_parquet(spark, parquet_data, model_file, tmp_path, capsy
 
 def test_metrics_default_to_the_compiled_models(spark):
     from distkeras import cli
+    from distkeras.cli import train_args
     from distkeras.trainers import ADAG
 
     model = build_mlp(16)
     model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["mae"])
-    parser = cli._train_parser(ADAG)
+    parser = train_args.train_parser(ADAG)
     args = parser.parse_args(["--data", "d", "--model", "m", "--output", "o"])
     trainer = cli.build_trainer(ADAG, model, args)
     assert trainer.metrics is None  # stored as given: the model's are resolved per run
@@ -267,13 +268,14 @@ def test_an_empty_label_trains_without_targets():
     import keras
 
     from distkeras import cli
+    from distkeras.cli import train_args
     from distkeras.trainers import ADAG
 
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.ActivityRegularization(l2=0.1)(
         keras.layers.Dense(4)(inputs)))
     model.compile("adam", loss=None)
-    args = cli._train_parser(ADAG).parse_args(
+    args = train_args.train_parser(ADAG).parse_args(
         ["--data", "d", "--model", "m", "--output", "o", "--label", ""])
     trainer = cli.build_trainer(ADAG, model, args)
     trainer.validate_arguments()
@@ -282,9 +284,10 @@ def test_an_empty_label_trains_without_targets():
 
 def test_boolean_trainer_options_are_switches(spark):
     from distkeras import cli
+    from distkeras.cli import train_args
     from distkeras.trainers import ADAG
 
-    parser = cli._train_parser(ADAG)
+    parser = train_args.train_parser(ADAG)
     required = ["--data", "d", "--model", "m", "--output", "o",
                 "--loss", "categorical_crossentropy"]
 
@@ -413,15 +416,16 @@ def test_predict_on_parquet_holding_spark_ml_vectors(spark, tmp_path):
 def test_workers_default_to_two_and_are_refused_for_a_single_trainer(spark):
     """`--workers` was ignored by SingleTrainer without a word."""
     from distkeras import cli
+    from distkeras.cli import train_args
     from distkeras.trainers import ADAG, SingleTrainer
 
     required = ["--data", "d", "--model", "m", "--output", "o",
                 "--loss", "categorical_crossentropy"]
-    adag = cli._train_parser(ADAG)
+    adag = train_args.train_parser(ADAG)
     assert cli.build_trainer(ADAG, build_mlp(16), adag.parse_args(required)).num_workers == 2
     assert cli.build_trainer(ADAG, build_mlp(16), adag.parse_args(
         required + ["--workers", "3"])).num_workers == 3
-    single = cli._train_parser(SingleTrainer)
+    single = train_args.train_parser(SingleTrainer)
     cli.build_trainer(SingleTrainer, build_mlp(16), single.parse_args(required))
     with pytest.raises(cli.CommandError, match="SingleTrainer trains on one worker: "
                                                "--workers does not apply"):
@@ -430,10 +434,10 @@ def test_workers_default_to_two_and_are_refused_for_a_single_trainer(spark):
 
 
 def test_spark_settings_reach_the_session_and_malformed_ones_are_refused(spark, capsys):
-    from distkeras import cli
+    from distkeras.cli import common, train_args
     from distkeras.trainers import ADAG
 
-    parser = cli._train_parser(ADAG)
+    parser = train_args.train_parser(ADAG)
     required = ["--data", "d", "--model", "m", "--output", "o"]
     args = parser.parse_args(required + ["--conf", "spark.executor.cores=2",
                                          "--conf", "spark.sql.shuffle.partitions=7"])
@@ -441,7 +445,7 @@ def test_spark_settings_reach_the_session_and_malformed_ones_are_refused(spark, 
                                ("spark.sql.shuffle.partitions", "7")]
     before = spark.conf.get("spark.sql.shuffle.partitions")
     try:
-        assert cli._spark("local[2,4]", args.spark_conf) is spark
+        assert common.spark_session("local[2,4]", args.spark_conf) is spark
         assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
@@ -484,11 +488,12 @@ def test_a_train_options_file_that_is_not_json_is_named(tmp_path, capsys):
 ])
 def test_train_settings_are_refused_before_spark_starts(flags, message, monkeypatch, capsys):
     from distkeras import cli
+    from distkeras.cli import common
 
     def no_spark(*_args):
         raise AssertionError("Spark started before the settings were checked")
 
-    monkeypatch.setattr(cli, "_spark", no_spark)
+    monkeypatch.setattr(common, "spark_session", no_spark)
     argv = ["train", "--data", "d.parquet", "--model", "m.keras", "--output", "o.keras"]
     assert cli.main(argv + flags) == 1
     error = capsys.readouterr().err.strip()

@@ -208,38 +208,38 @@ def test_executors_follow_new_weights_of_the_same_model(spark):
 
 
 def test_model_key_ignores_the_save_date_only():
-    from distkeras.predictors import _model_key
+    from distkeras.ml.prediction_tasks import model_key
     from distkeras.utils import serialize_model
 
     model = _mlp((6,), seed=6)
     first = serialize_model(model)
     time_passes = serialize_model(model)
-    assert _model_key(first) == _model_key(time_passes)
+    assert model_key(first) == model_key(time_passes)
     model.set_weights([w + 1.0 for w in model.get_weights()])
-    assert _model_key(serialize_model(model)) != _model_key(first)
+    assert model_key(serialize_model(model)) != model_key(first)
 
 
 def test_cached_model_is_rebuilt_only_for_another_key():
     import gc
 
-    from distkeras import predictors
+    from distkeras.ml import prediction_tasks
     from distkeras.utils import serialize_model
 
     data = serialize_model(_mlp((6,), seed=7))
-    saved = dict(predictors._CACHE)
-    predictors._CACHE.clear()
+    saved = dict(prediction_tasks._CACHE)
+    prediction_tasks._CACHE.clear()
     try:
-        model = predictors._cached_model("one", data)
-        predictors._settle()  # freezes what is alive, once per model
-        assert predictors._cached_model("one", data) is model
+        model = prediction_tasks.cached_model("one", data)
+        prediction_tasks.settle()  # freezes what is alive, once per model
+        assert prediction_tasks.cached_model("one", data) is model
         assert gc.get_freeze_count() > 0
-        other = predictors._cached_model("two", data)
-        assert other is not model and predictors._CACHE["key"] == "two"
+        other = prediction_tasks.cached_model("two", data)
+        assert other is not model and prediction_tasks._CACHE["key"] == "two"
         assert gc.get_freeze_count() == 0  # unfrozen, so the old model can be collected
     finally:
         gc.unfreeze()
-        predictors._CACHE.clear()
-        predictors._CACHE.update(saved)
+        prediction_tasks._CACHE.clear()
+        prediction_tasks._CACHE.update(saved)
 
 
 def test_a_batch_smaller_than_batch_size_is_padded_to_a_power_of_two_not_to_batch_size():
@@ -250,7 +250,7 @@ def test_a_batch_smaller_than_batch_size_is_padded_to_a_power_of_two_not_to_batc
     larger one still to ``batch_size`` (one shape)."""
     import keras
 
-    from distkeras.predictors import _predict_in_chunks
+    from distkeras.ml.prediction_tasks import predict_in_chunks
 
     calls = []
 
@@ -266,11 +266,11 @@ def test_a_batch_smaller_than_batch_size_is_padded_to_a_power_of_two_not_to_batc
     for batch_size, shapes in [(10 ** 6, [64]), (64, [64]), (37, [37]), (16, [16, 16, 16]),
                                (1, [1] * ROWS)]:
         calls.clear()
-        (predicted,) = _predict_in_chunks(model, [x], batch_size)
+        (predicted,) = predict_in_chunks(model, [x], batch_size)
         assert calls == shapes, batch_size
         np.testing.assert_allclose(predicted, expected, atol=1e-6)
     calls.clear()
-    _predict_in_chunks(model, [x[:5]], 1024)
+    predict_in_chunks(model, [x[:5]], 1024)
     assert calls == [8]
 
 
@@ -883,12 +883,12 @@ def test_each_python_worker_rebuilds_the_model_once_for_all_its_partitions(spark
 
             import pyarrow as pa
 
-            from distkeras import predictors
+            from distkeras.ml import prediction_tasks
 
             for _ in batches:
                 pass
             yield pa.RecordBatch.from_pydict({"pid": [os.getpid()],
-                                              "builds": [predictors._CACHE.get("builds", 0)]})
+                                              "builds": [prediction_tasks._CACHE.get("builds", 0)]})
 
         rows = spark.range(0, 16, 1, 16).mapInArrow(report, "pid long, builds long").collect()
         return {row["pid"]: row["builds"] for row in rows}
@@ -914,7 +914,7 @@ def test_predicting_batch_after_batch_traces_the_model_once_per_call_size():
     smaller than ``batch_size`` (padded to a power of two) adds one."""
     import keras
 
-    from distkeras.predictors import _predict_in_chunks
+    from distkeras.ml.prediction_tasks import predict_in_chunks
 
     traces = []
 
@@ -931,9 +931,9 @@ def test_predicting_batch_after_batch_traces_the_model_once_per_call_size():
     model.predict_function = None  # the model's own predict traced it: start afresh
     traces.clear()
     for rows in (1000, 999, 64, 130, 1000):  # 16 chunks of 64, the last padded, ...
-        (predicted,) = _predict_in_chunks(model, [x[:rows]], 64)
+        (predicted,) = predict_in_chunks(model, [x[:rows]], 64)
         np.testing.assert_allclose(predicted, expected[:rows], atol=1e-6)
     assert traces == [(64, 6)]
-    _predict_in_chunks(model, [x[:5]], 64)  # a batch of 5 rows: one call of 8
-    _predict_in_chunks(model, [x[:7]], 64)
+    predict_in_chunks(model, [x[:5]], 64)  # a batch of 5 rows: one call of 8
+    predict_in_chunks(model, [x[:7]], 64)
     assert traces == [(64, 6), (8, 6)]

@@ -577,7 +577,8 @@ def test_output_type_vector_gives_dist_keras_dense_vectors(tiny):
 
 
 def test_a_stage_saved_under_the_old_module_path_still_loads(tiny, tmp_path):
-    """Stages moved to distkeras.ml; a pipeline saved before names distkeras.transformers."""
+    """Stages moved to distkeras.ml (then split into its modules): a pipeline saved before
+    names distkeras.transformers, or distkeras.ml.transformers."""
     import glob
     import json
     import os
@@ -586,16 +587,17 @@ def test_a_stage_saved_under_the_old_module_path_still_loads(tiny, tmp_path):
 
     from distkeras.transformers import OneHotTransformer
 
-    path = str(tmp_path / "saved")
-    PipelineModel(stages=[OneHotTransformer(3, "idx", "o")]).save(path)
-    [metadata] = glob.glob(f"{path}/stages/*/metadata/part-00000*")
-    with open(metadata) as handle:
-        record = json.loads(handle.read())
-    assert record["class"] == "distkeras.ml.transformers.OneHotTransformer"
-    record["class"] = "distkeras.transformers.OneHotTransformer"
-    with open(metadata, "w") as handle:
-        handle.write(json.dumps(record))
-    for checksum in glob.glob(f"{path}/stages/*/metadata/.part-00000*.crc"):
-        os.remove(checksum)  # Hadoop checks a file against its checksum: edited, it has none
-    loaded = PipelineModel.load(path)
-    assert _column(loaded.transform(tiny), "o") == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    for old_path in ("distkeras.transformers", "distkeras.ml.transformers"):
+        path = str(tmp_path / old_path)
+        PipelineModel(stages=[OneHotTransformer(3, "idx", "o")]).save(path)
+        [metadata] = glob.glob(f"{path}/stages/*/metadata/part-00000*")
+        with open(metadata) as handle:
+            record = json.loads(handle.read())
+        assert record["class"] == "distkeras.ml.label_encoders.OneHotTransformer"
+        record["class"] = f"{old_path}.OneHotTransformer"
+        with open(metadata, "w") as handle:
+            handle.write(json.dumps(record))
+        for checksum in glob.glob(f"{path}/stages/*/metadata/.part-00000*.crc"):
+            os.remove(checksum)  # Hadoop checks a file against its checksum: edited, none
+        loaded = PipelineModel.load(path)
+        assert _column(loaded.transform(tiny), "o") == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]

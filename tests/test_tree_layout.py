@@ -1,9 +1,10 @@
 """The layout of the package (issue #34): the tree answers where a module runs and what
-it may touch. Each old top-level import path (`distkeras.networking`, `distkeras.utils`,
-`distkeras.monitor`, ...) is a thin and complete face of the package modules that hold its
-names; the top level holds nothing but faces and a short list of modules of its own; and no
-module anywhere under ``distkeras/`` takes another module's private names. No Spark, no
-server started."""
+it may touch. Each old import path (`distkeras.networking`, `distkeras.utils`,
+`distkeras.monitor`, `distkeras.predictors`, the split modules of `distkeras.ml` and
+`distkeras.data`, ...) is a thin and complete face of the package modules that hold its
+names; the top level holds nothing but faces and a short list of modules of its own; no
+module anywhere under ``distkeras/`` takes another module's private names, and none is over
+600 lines. No Spark, no server started."""
 
 import ast
 import glob
@@ -11,11 +12,14 @@ import importlib
 import inspect
 import os
 
+import subprocess
+import sys
+
 import pytest
 from layout_checks import private_names_taken_from_other_modules
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-PACKAGES = ("transport", "keras_io", "tools")
+PACKAGES = ("transport", "keras_io", "tools", "cli")
 # Old import path: the package modules it is a face of.
 FACES = {
     "distkeras.networking": ["distkeras.transport.networking"],
@@ -49,17 +53,27 @@ FACES = {
     "distkeras.update_rules": ["distkeras.algorithms.update_rules"],
     "distkeras.storage": ["distkeras.data.storage"],
     "distkeras.executor_backend": ["distkeras.executor.backend"],
+    "distkeras.predictors": ["distkeras.ml.predictors", "distkeras.ml.prediction_udf"],
+    # Faces inside their packages, of the modules they were split into (issue #34).
+    "distkeras.ml.evaluators": ["distkeras.ml.accuracy_evaluator",
+                                "distkeras.ml.loss_evaluator", "distkeras.ml.loss_specs"],
+    "distkeras.ml.transformers": ["distkeras.ml.label_encoders", "distkeras.ml.scalers",
+                                  "distkeras.ml.reshapers"],
+    "distkeras.data.dataframes": ["distkeras.data.frame_columns",
+                                  "distkeras.data.frame_checks", "distkeras.data.frame_layout"],
 }
 # Top-level modules that are not faces, each for a reason: the package itself, the
 # exception hierarchy and the Spark session every script starts with (imported by the
 # package, below every subpackage), dist-keras's own classes kept under their own names
-# (`compat`), the command line and the predictors (being split, issue #34), and the
+# (`compat`), and the
 # trainers: dist-keras's trainer classes by their dist-keras names (declarations of the
 # built-in algorithms' trainers over `distkeras.training`), the module users import.
-NOT_FACES = {"__init__", "errors", "session", "compat", "cli", "predictors", "trainers"}
+NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
 # Public in the package for its own modules, never names of the old module.
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
-                                       "BINARY_LOSSES"}}
+                                       "BINARY_LOSSES"},
+                   "distkeras.predictors": {"prediction_udf", "avoid_columnar_udf_input"},
+                   "distkeras.ml.evaluators": {"LossSpec", "loss_text", "resolve_loss"}}
 # Names the face keeps for scripts and plug-ins written against it, outside its __all__.
 FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
                                              "_check_number": "check_number",
@@ -78,12 +92,14 @@ def _modules(package):
 
 def public_names(module):
     """The names a face must carry: the module's ``__all__``, else its own public
-    classes and functions and its constants."""
+    classes and functions and its constants (not the modules it imports as ``F`` or
+    ``T``)."""
     if hasattr(module, "__all__"):
         return set(module.__all__)
     return {name for name, value in vars(module).items() if not name.startswith("_") and (
         ((inspect.isfunction(value) or inspect.isclass(value))
-         and value.__module__ == module.__name__) or name.isupper())}
+         and value.__module__ == module.__name__)
+        or (name.isupper() and not inspect.ismodule(value)))}
 
 
 def _package_modules():
@@ -119,8 +135,7 @@ def test_the_private_name_check_tells_another_modules_from_its_own(tmp_path):
 
 # Modules that still import a top-level face, being split by another change of issue #34
 # (their imports move with them).
-IMPORTS_FACES_FOR_NOW = {"cli.py", "predictors.py", os.path.join("data", "dataframes.py"),
-                         os.path.join("ml", "estimators.py"), os.path.join("ml", "evaluators.py")}
+IMPORTS_FACES_FOR_NOW = set()
 
 
 def _faces():
@@ -253,6 +268,24 @@ def test_each_module_is_small(path):
         assert len(handle.readlines()) <= 600, f"{path} has grown past 600 lines: split it"
 
 
+def _all_modules():
+    return sorted(glob.glob(os.path.join(ROOT, "distkeras", "**", "*.py"), recursive=True))
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda path: os.path.relpath(path, ROOT))
+def test_no_module_of_the_package_is_over_600_lines(path):
+    """Every module, top level and subpackages alike (issue #34): one job each."""
+    with open(path, encoding="utf-8") as handle:
+        assert len(handle.readlines()) <= 600, f"{path} has grown past 600 lines: split it"
+
+
+def test_the_size_check_sees_every_package():
+    names = {os.path.relpath(path, ROOT) for path in _all_modules()}
+    for name in ("distkeras/trainers.py", "distkeras/ml/evaluators.py",
+                 "distkeras/cli/__init__.py", "distkeras/punchcard/service.py"):
+        assert name in names
+
+
 def face_problems(face, modules, not_in_the_face=(), aliases=None):
     """What makes ``face`` other than a thin and complete face of ``modules``."""
     aliases = aliases or {}
@@ -332,3 +365,25 @@ def test_the_dist_keras_star_import_of_utils_gives_its_helpers():
     for name in ("serialize_keras_model", "shuffle", "precache", "uniform_weights",
                  "average_history", "load_model"):
         assert name in namespace, name
+
+
+def test_the_cli_package_keeps_its_names_and_runs_as_a_module():
+    """`distkeras.cli` became a package: its old names are the submodules' objects, the
+    console script's entry point resolves, and ``python -m distkeras.cli`` (Punchcard's
+    jobs) still runs it."""
+    import distkeras.cli as cli
+    from distkeras.cli import common, predict_command, train_args, train_command
+
+    assert (cli.CommandError, cli.build_trainer, cli.trainer_options) == (
+        common.CommandError, train_args.build_trainer, train_args.trainer_options)
+    assert cli.command_train is train_command.command_train
+    assert cli.command_predict is predict_command.command_predict
+    assert cli.COMMANDS == {"train": cli.command_train, "predict": cli.command_predict}
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as handle:
+        assert 'distkeras = "distkeras.cli:main"' in handle.read()
+    assert callable(cli.main)
+    environment = dict(os.environ, PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-m", "distkeras.cli", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage: distkeras {train,predict")

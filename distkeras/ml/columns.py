@@ -6,13 +6,13 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from distkeras.data.dataframes import column, features_type_hint, vector_values
+from distkeras.data.frame_columns import column, features_type_hint, vector_values
 from distkeras.ml.params import to_output_type
 
 FLOAT_ARRAY = T.ArrayType(T.FloatType())
 
 
-# -- column helpers (shared with predictors.py and evaluators.py) ---------------------------
+# -- column helpers (shared by the stages, the evaluators and the predictor) --------------
 
 
 def is_numeric(data_type):

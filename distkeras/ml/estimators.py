@@ -30,9 +30,9 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.data import dataframes
-from distkeras.predictors import ModelPredictor, check_batch_size
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
-from distkeras.validation import as_callback_list
+from distkeras.ml.predictors import ModelPredictor, check_batch_size
+from distkeras.training.callbacks import as_callback_list
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def optimizer_config(optimizer, learning_rate, model):
 
     import keras
 
-    from distkeras.utils import optimizer_config
+    from distkeras.keras_io.compile_config import optimizer_config
 
     if optimizer is None:
         raise ValueError("`learningRate` sets the learning rate of the trainer's "
@@ -123,7 +123,7 @@ def _model_path(path):
 def _load_keras_model(spark, path, compile=False):
     """The Keras model saved in the stage folder ``path``, or an error that says how to
     load one that needs custom objects (Keras's own names neither the path nor the fix)."""
-    from distkeras.utils import deserialize_model
+    from distkeras.keras_io.archives import deserialize_model
 
     data = _read_bytes(spark, _model_path(path))
     try:
@@ -204,7 +204,7 @@ class _KerasModelWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path):
-        from distkeras.utils import serialize_model
+        from distkeras.keras_io.archives import serialize_model
 
         if self.instance.keras_model is None:
             raise ValueError("Cannot save a KerasModel that holds no Keras model.")
@@ -390,7 +390,7 @@ class _KerasEstimatorWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path):
-        from distkeras.utils import serialize_model
+        from distkeras.keras_io.archives import serialize_model
 
         trainer = self.instance.trainer
         if trainer is None:
@@ -408,7 +408,7 @@ class _KerasEstimatorWriter(MLWriter):
 
 def _serialized(settings):
     """``settings`` (Keras objects by name) as a trainer's `get_config` writes them."""
-    from distkeras.utils import serialize_keras_object
+    from distkeras.keras_io.compile_config import serialize_keras_object
 
     return {name: value if name == "loss_weights" else serialize_keras_object(value)
             for name, value in settings.items()}
