@@ -30,6 +30,7 @@ LONGEST_FILES_FIRST = [
 # script, a notebook, another Keras backend, a standalone cluster's daemons). They get the
 # `spark` marker here, so that `pytest -m "not spark"` runs only what needs no JVM. A file
 # named alone: all its tests; a (file, name) pair: that test (every parametrised case).
+# Files are named by base name (unique across tests/'s folders: tests/product/test_markers.py).
 SPARK_WITHOUT_FIXTURE = {
     "test_cluster.py",
     ("test_backends.py", "test_training_and_prediction_run_on_the_backend"),

@@ -23,6 +23,7 @@ from distkeras.punchcard.secrets_file import append_entry, generate_secret, make
 from distkeras.punchcard.submissions import check_data_path
 
 NUM_SECRETS = 24
+SCRIPTS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "scripts")
 
 
 @pytest.fixture(scope="module")
@@ -561,7 +562,7 @@ def _free_port():
 def test_oversized_body_is_refused_before_it_is_read(secrets, tmp_path):
     # The server as users start it: scripts/punchcard.py, in its own process.
     port = _free_port()
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "punchcard.py")
+    script = os.path.join(SCRIPTS, "punchcard.py")
     server = subprocess.Popen([sys.executable, script, "--secrets", secrets[0], "--host",
                                "127.0.0.1", "--port", str(port), "--max-request-mb", "1",
                                "--work-dir", str(tmp_path / "work")],
@@ -584,7 +585,7 @@ def test_oversized_body_is_refused_before_it_is_read(secrets, tmp_path):
 
 def test_a_port_in_use_is_one_line(secrets, tmp_path):
     # scripts/punchcard.py on a port another server holds: a one-line error, not a trace.
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "punchcard.py")
+    script = os.path.join(SCRIPTS, "punchcard.py")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -756,7 +757,7 @@ def test_a_job_whose_process_dies_reports_its_exit_and_error_lines(punchcard_cla
 def test_generate_secret_refuses_a_malformed_secrets_file(tmp_path, content):
     path = tmp_path / "secrets.json"
     path.write_text(content)
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "generate_secret.py")
+    script = os.path.join(SCRIPTS, "generate_secret.py")
     result = subprocess.run([sys.executable, script, "--identity", "me", "--append", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
