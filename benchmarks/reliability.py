@@ -223,11 +223,12 @@ def main():
         + report.table(["fault", "how it was injected", "what the user sees", "time",
                         "time lost", "test accuracy"], rows)
         + "\n\n" + REFUSALS
-        + "\n\nHostile input to the parameter server (tests/test_parameter_server.py, "
-          "tests/test_networking.py, tests/test_reliability.py): garbage, truncated frames, "
-          "lengths up to 2^63, wrong or missing tokens, wrong shapes and dtypes, silent "
-          "clients, a thousand connections at once: each closes that connection only, the "
-          "center is unchanged and honest workers go on. " + LIMITS + "\n\n"
+        + "\n\nHostile input to the parameter server "
+          "(tests/transport/test_parameter_server.py, tests/transport/test_networking.py, "
+          "tests/training/test_reliability.py): garbage, truncated frames, lengths up to "
+          "2^63, wrong or missing tokens, wrong shapes and dtypes, silent clients, a "
+          "thousand connections at once: each closes that connection only, the center is "
+          "unchanged and honest workers go on. " + LIMITS + "\n\n"
         + LARGE_MODELS + "\n\n"
         + f"Fuzzing: {fuzz}\n")
     # Sections other benchmarks wrote (## headings: punchcard_attacks.py's) stay.

@@ -1,7 +1,7 @@
 """Trains on local Spark under the Keras backend named in KERAS_BACKEND (the library's
 trainers, and a model with the train_step of that backend's Keras guide); prints a JSON line.
 
-Run by tests/test_backends.py in a process of its own: a Keras backend is chosen once per
+Run by tests/product/test_backends.py in a process of its own: a Keras backend is chosen once per
 process, and the shared test session runs JAX.
 """
 

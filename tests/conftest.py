@@ -14,15 +14,27 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)  # drivers (spark-submit)
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)  # standalone master, workers
 
+# The Punchcard files' fixtures (`secrets`, `data_path`, `server`), shared by tests/punchcard/.
+pytest_plugins = ["punchcard_support"]
+
 TRAIN_LIMIT = 6000
 
-# The longest test files, longest first. The suite runs in two processes, each taking the
-# next whole file as it finishes one (pytest-xdist, --dist loadfile, in collection order):
-# started last, a long file kept one process busy for minutes after the other had finished.
+# The longest test files, longest first (by their time in a full run; files of 25 s or more).
+# The suite runs in two processes, each taking the next whole file as it finishes one
+# (pytest-xdist, --dist loadfile, in collection order: `pytest_configure` keeps xdist from
+# reordering the files by their number of tests): started last, a long file kept one process
+# busy for minutes after the other had finished. A file far longer than the others is split.
 LONGEST_FILES_FIRST = [
-    "test_punchcard.py", "test_reliability.py", "test_validation.py", "test_backends.py",
-    "test_cli.py", "test_workflow_notebook.py", "test_predictors.py", "test_trainer_contract.py",
-    "test_feed.py", "test_cluster.py", "test_checkpoints.py", "test_dist_keras_examples.py",
+    "test_validation.py", "test_trainer_contract.py", "test_punchcard_jobs.py",
+    "test_training.py", "test_cli.py", "test_punchcard_client.py", "test_predictors.py",
+    "test_transformers.py", "test_reliability.py", "test_punchcard_requests.py",
+    "test_backends.py", "test_punchcard_restarts.py", "test_feed.py", "test_estimator.py",
+    "test_workflow_notebook.py", "test_dist_keras_examples.py", "test_dist_keras_compat.py",
+    "test_checkpoints.py", "test_extension_api.py", "test_experiments.py",
+    "test_punchcard_attacks.py", "test_datasets.py", "test_parquet_source.py",
+    "test_single_epochs.py", "test_networking.py", "test_sample_weights.py",
+    "test_custom_objects.py", "test_parameter_server.py", "test_tensors.py", "test_cluster.py",
+    "test_averaging.py", "test_evaluator_losses.py", "test_model_logic.py",
 ]
 
 
@@ -30,6 +42,7 @@ LONGEST_FILES_FIRST = [
 # script, a notebook, another Keras backend, a standalone cluster's daemons). They get the
 # `spark` marker here, so that `pytest -m "not spark"` runs only what needs no JVM. A file
 # named alone: all its tests; a (file, name) pair: that test (every parametrised case).
+# Files are named by base name (unique across tests/'s folders: tests/product/test_markers.py).
 SPARK_WITHOUT_FIXTURE = {
     "test_cluster.py",
     ("test_backends.py", "test_training_and_prediction_run_on_the_backend"),
@@ -48,15 +61,29 @@ SLOW = {
     "test_scaling_scripts.py",
     "test_compilation_cache.py",
     ("test_model_transport.py", "test_moving_models_does_not_import_an_installed_tensorflow"),
+    ("test_parameter_server.py", "test_stop_while_clients_keep_connecting"),  # 10 stops, 1 s each
     ("test_docs_site.py", "test_site_builds_strictly"),
     ("test_punchcard_attacks.py", "test_threads_stay_healthy_after_hostile_submissions"),
-    ("test_punchcard.py", "test_a_stale_destroy_after_the_secrets_next_job_was_sent_deletes_nothing"),
-    ("test_punchcard.py", "test_a_cluster_job_asks_spark_for_the_executors_it_was_given"),
-    ("test_punchcard.py",
+    ("test_punchcard_jobs.py",
+     "test_a_stale_destroy_after_the_secrets_next_job_was_sent_deletes_nothing"),
+    ("test_punchcard_jobs.py", "test_a_cluster_job_asks_spark_for_the_executors_it_was_given"),
+    ("test_punchcard_jobs.py",
+     "test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process"),
+    ("test_punchcard_requests.py",
      "test_a_model_declaring_more_weights_than_its_archive_holds_is_refused_unbuilt"),
-    ("test_punchcard.py", "test_a_restart_stops_the_process_of_a_job_cancelled_just_before"),
-    ("test_punchcard.py", "test_a_job_cancelled_then_destroyed_while_it_starts_leaves_no_process"),
+    ("test_punchcard_requests.py", "test_legitimate_models_pass_the_weight_count"),
+    ("test_punchcard_restarts.py",
+     "test_a_restart_stops_the_process_of_a_job_cancelled_just_before"),
 }
+
+
+def pytest_configure(config):
+    """Keeps the order of `pytest_collection_modifyitems` (LONGEST_FILES_FIRST) for
+    ``--dist loadfile``: pytest-xdist (3.6 on) otherwise hands the files out by their number
+    of tests, most first, which put the long files of few tests (a notebook, the backends, a
+    standalone cluster, dist-keras's example) at the end of the run."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _listed(item, names):

@@ -1,4 +1,4 @@
-"""Custom Keras objects for tests/test_custom_objects.py.
+"""Custom Keras objects for tests/keras_io/test_custom_objects.py.
 
 The executors' Python workers cannot import this module: its objects reach them only
 because distkeras finds them and sends them with the task. Imported by the tests after

@@ -9,8 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_punchcard import (RunningServer, _deflated_config, _raw, _trainer, _with_config,
-                            data_path)  # noqa: F401  (a fixture)
+from punchcard_support import RunningServer, adag_trainer, call_api, deflated_config, with_config
 
 from distkeras.job_deployment import SECRET_HEADER, Job, JobError
 from distkeras.punchcard.model_check import ModelChecker
@@ -39,7 +38,7 @@ def server(secrets, tmp_path):
 
 
 def _payload(secret="s"):
-    return Job(secret, "attack", "/data/fashion.parquet", 1, 1, _trainer()).payload()
+    return Job(secret, "attack", "/data/fashion.parquet", 1, 1, adag_trainer()).payload()
 
 
 def _function(module, name):
@@ -66,7 +65,7 @@ def _activation(module, name):
 
 
 def _archive(payload, edit):
-    return base64.b64encode(_with_config(base64.b64decode(payload["model"]), edit)).decode()
+    return base64.b64encode(with_config(base64.b64decode(payload["model"]), edit)).decode()
 
 
 def _with_metric(payload, metric):
@@ -98,7 +97,7 @@ def _hostile_submissions(payload):
         ("AUC(num_thresholds=3e7)", _with_metric(payload, auc), "num_thresholds=30000000"),
         ("MeanIoU(num_classes=1e5)", _with_metric(payload, iou), "num_classes=100000"),
         ("60 MB config.json deflated",
-         {**payload, "model": base64.b64encode(_deflated_config(payload, 60 << 20)).decode()},
+         {**payload, "model": base64.b64encode(deflated_config(payload, 60 << 20)).decode()},
          "config.json unpacks to"),
     ]
 
@@ -112,7 +111,7 @@ def test_hostile_configurations_are_refused_before_keras_reads_them(server, secr
     secret = secrets[1][0]
     payload = _payload(secret)
     for what, submission, words in _hostile_submissions(payload):
-        status, answer = _raw(server.url, "/api/submit", secret, submission)
+        status, answer = call_api(server.url, "/api/submit", secret, submission)
         assert status == 400, (what, answer)
         assert words in answer["error"], (what, answer)
     assert keras.distribution.distribution() is None
@@ -130,10 +129,10 @@ def test_threads_stay_healthy_after_hostile_submissions(secrets, tmp_path):
                    {**payload, "model": _archive(payload, _activation(
                        "keras.distribution", "set_distribution"))}]
         for round_ in range(10):
-            status, _ = _raw(running.url, "/api/submit", secrets[1][1], hostile[round_ % 2])
+            status, _ = call_api(running.url, "/api/submit", secrets[1][1], hostile[round_ % 2])
             assert status == 400
         for secret in secrets[1][2:4]:
-            status, answer = _raw(running.url, "/api/submit", secret, _payload(secret))
+            status, answer = call_api(running.url, "/api/submit", secret, _payload(secret))
             assert status == 200, answer
     finally:
         running.stop()
@@ -142,7 +141,7 @@ def test_threads_stay_healthy_after_hostile_submissions(secrets, tmp_path):
 def test_a_body_of_millions_of_objects_is_refused_unparsed(server, secrets):
     """30 MB of ``[{},{},...]`` took ~1 GB of the server's memory to parse."""
     body = b"[" + b"{}," * (10 << 20) + b"{}]"
-    status, answer = _raw(server.url, "/api/submit", secrets[1][4], data=body)
+    status, answer = call_api(server.url, "/api/submit", secrets[1][4], data=body)
     assert status == 400 and "JSON lists and objects" in answer["error"], answer
 
 
@@ -156,9 +155,9 @@ def test_the_check_runs_in_a_child_under_limits(secrets, tmp_path, limits, words
     limit, and the server goes on."""
     running = Server(secrets[0], str(tmp_path / "work"), model_checker=ModelChecker(**limits))
     try:
-        status, answer = _raw(running.url, "/api/submit", secrets[1][5], _payload())
+        status, answer = call_api(running.url, "/api/submit", secrets[1][5], _payload())
         assert status == 400 and words in answer["error"], answer
-        assert _raw(running.url, "/api/state", secrets[1][5])[0] == 404
+        assert call_api(running.url, "/api/state", secrets[1][5])[0] == 404
     finally:
         running.stop()
 
@@ -236,7 +235,7 @@ def test_an_unknown_secrets_upload_is_refused_before_its_body(server, secrets):
     assert answer.startswith(b"HTTP/1.1 403"), answer
     assert answer.endswith(b'{"error": "Unknown secret."}')
     # A small one is read and dropped, and its client reads the application's 403.
-    status, answer = _raw(server.url, "/api/submit", "wrong", data=b"x" * 100_000)
+    status, answer = call_api(server.url, "/api/submit", "wrong", data=b"x" * 100_000)
     assert (status, answer) == (403, {"error": "Unknown secret."})
     # Routes other than submit take no body; a body of unknown length is refused.
     answer = _answer_to_headers(server, f"GET /api/state HTTP/1.1\r\nHost: x\r\n"
@@ -260,7 +259,7 @@ def test_without_data_roots_local_paths_are_refused(secrets, tmp_path):
             for body in ({**payload, "data_path": path},
                          {**payload, "data_path": "hdfs:///data/x",
                           "train_options": {"validation": path}}):
-                status, answer = _raw(running.url, "/api/submit", secret, body)
+                status, answer = call_api(running.url, "/api/submit", secret, body)
                 assert status == 400 and "reads no local path" in answer["error"], answer
                 assert "--allowed-data-root" in answer["error"]
     finally:
@@ -300,7 +299,7 @@ def test_a_failed_jobs_error_quotes_no_bytes_of_its_data(secrets, tmp_path):
     running = RunningServer(secrets[0], str(tmp_path / "work"),
                             allowed_data_roots=[str(root)], allow_any_data_path=False)
     try:
-        job = Job(secrets[1][1], "bad", str(root / "bad.parquet"), 1, 1, _trainer())
+        job = Job(secrets[1][1], "bad", str(root / "bad.parquet"), 1, 1, adag_trainer())
         job.send(running.url)
         with pytest.raises(JobError) as failed:
             job.wait_completion(timeout=300, poll_interval=0.5)
@@ -332,22 +331,22 @@ def test_a_link_planted_beside_the_secrets_file_does_not_receive_them(tmp_path):
 
 def test_a_job_past_the_operators_limits_is_refused_or_stopped(secrets, tmp_path, data_path):
     """A job of num_epoch=1e9 held the only running slot for good."""
-    from test_punchcard import _group_alive, _wait_for
+    from punchcard_support import group_alive, wait_for
 
     running = RunningServer(secrets[0], str(tmp_path / "work"),
                             punchcard_options={"max_job_seconds": 2, "max_epochs": 100})
     try:
         secret = secrets[1][2]
-        status, answer = _raw(running.url, "/api/submit", secret,
+        status, answer = call_api(running.url, "/api/submit", secret,
                               Job(secret, "long", data_path, 1, 1,
-                                  _trainer(num_epoch=10**9)).payload())
+                                  adag_trainer(num_epoch=10**9)).payload())
         assert status == 400 and "'num_epoch' must be at most 100" in answer["error"]
-        job = Job(secret, "slow", data_path, 1, 1, _trainer(num_epoch=100))
+        job = Job(secret, "slow", data_path, 1, 1, adag_trainer(num_epoch=100))
         job.send(running.url)
-        assert _wait_for(lambda: job.get_state()["state"] == "failed", timeout=120)
+        assert wait_for(lambda: job.get_state()["state"] == "failed", timeout=120)
         assert "ran longer than this server allows (2 s" in job.get_state()["error"]
         pid = running.punchcard.job_of(secret_hash(secret))["pid"]
-        assert pid and _wait_for(lambda: not _group_alive(pid), timeout=60)
+        assert pid and wait_for(lambda: not group_alive(pid), timeout=60)
     finally:
         running.stop()
 
@@ -387,22 +386,22 @@ def _rewrite_secrets(path, entries):
 def test_secrets_are_reloaded_when_the_file_changes(tmp_path):
     """Secrets were read once: revoking one needed a restart."""
     from distkeras.punchcard.secrets_file import SecretsFile
-    from test_punchcard import _wait_for
+    from punchcard_support import wait_for
 
     path = str(tmp_path / "secrets.json")
     old, new = generate_secret(), generate_secret()
     _rewrite_secrets(path, [make_entry("old", old)])
     running = Server(path, str(tmp_path / "work"))
     try:
-        assert _raw(running.url, "/api/state", old)[0] == 404
-        assert _raw(running.url, "/api/state", new)[0] == 403
+        assert call_api(running.url, "/api/state", old)[0] == 404
+        assert call_api(running.url, "/api/state", new)[0] == 403
         _rewrite_secrets(path, [make_entry("new", new)])  # one granted, one revoked
-        assert _wait_for(lambda: _raw(running.url, "/api/state", new)[0] == 404, timeout=10)
-        assert _raw(running.url, "/api/state", old)[0] == 403
+        assert wait_for(lambda: call_api(running.url, "/api/state", new)[0] == 404, timeout=10)
+        assert call_api(running.url, "/api/state", old)[0] == 403
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("[not json")  # a bad save keeps the secrets in force
         time.sleep(1.5)
-        assert _raw(running.url, "/api/state", new)[0] == 404
+        assert call_api(running.url, "/api/state", new)[0] == 404
     finally:
         running.stop()
     # reload() (SIGHUP's) reads the file whatever the interval.
@@ -419,9 +418,9 @@ def test_distkeras_punchcard_logs_info_audits_and_reloads_on_sighup(secrets, tmp
     import subprocess
     import sys
 
-    from test_punchcard import _free_port, _reachable, _wait_for
+    from punchcard_support import free_port, reachable, wait_for
 
-    port, audit = _free_port(), tmp_path / "audit.jsonl"
+    port, audit = free_port(), tmp_path / "audit.jsonl"
     log = open(tmp_path / "server.log", "w+b")
     server = subprocess.Popen(
         [sys.executable, "-m", "distkeras.cli", "punchcard", "--secrets", secrets[0],
@@ -429,16 +428,16 @@ def test_distkeras_punchcard_logs_info_audits_and_reloads_on_sighup(secrets, tmp
          "--audit-log", str(audit)], stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        assert _wait_for(lambda: _reachable(url), timeout=120)
-        assert _raw(url, "/api/submit", "wrong", {"job_name": "x"})[0] == 403
+        assert wait_for(lambda: reachable(url), timeout=120)
+        assert call_api(url, "/api/submit", "wrong", {"job_name": "x"})[0] == 403
         payload = {**_payload(secrets[1][3]), "data_path": "/etc/secret.parquet"}
-        assert _raw(url, "/api/submit", secrets[1][3], payload)[0] == 400
-        assert _raw(url, "/api/cancel", secrets[1][3])[0] == 404
+        assert call_api(url, "/api/submit", secrets[1][3], payload)[0] == 400
+        assert call_api(url, "/api/cancel", secrets[1][3])[0] == 404
         server.send_signal(signal.SIGHUP)
-        assert _wait_for(lambda: b"reloaded" in (tmp_path / "server.log").read_bytes(),
+        assert wait_for(lambda: b"reloaded" in (tmp_path / "server.log").read_bytes(),
                          timeout=30)
         records = [json.loads(line) for line in audit.read_text().splitlines()]
-        assert records[0]["action"] == "state"  # _reachable's probe, with no secret
+        assert records[0]["action"] == "state"  # reachable's probe, with no secret
         records = records[1:]
         assert [(r["identity"], r["action"], r["outcome"], r["status"]) for r in records] == [
             (None, "submit", "refused", 403), ("user3", "submit", "refused", 400),

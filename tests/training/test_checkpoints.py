@@ -108,7 +108,8 @@ def test_resume_after_the_driver_was_killed(fashion_train, fashion_test, tmp_pat
     data = str(tmp_path / "data.parquet")
     fashion_train.limit(3000).write.parquet(data)
     folder = str(tmp_path / "ckpt")
-    script = DRIVER.format(tests=os.path.dirname(__file__), data=data, folder=folder)
+    tests = os.path.dirname(os.path.dirname(__file__))
+    script = DRIVER.format(tests=tests, data=data, folder=folder)
     driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

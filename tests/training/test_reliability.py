@@ -494,7 +494,7 @@ def test_ctrl_c_stops_everything_and_the_next_training_works(tmp_path):
     import subprocess
     import sys
 
-    script = CTRL_C_DRIVER.format(tests=os.path.dirname(__file__))
+    script = CTRL_C_DRIVER.format(tests=os.path.dirname(os.path.dirname(__file__)))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=400)
     assert "INTERRUPTED threads=0 running=False" in result.stdout, result.stderr[-3000:]

@@ -16,7 +16,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "workflow.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "workflow.ipynb"
 TRAINERS = ("SingleTrainer", "ADAG", "DOWNPOUR", "AEASGD", "DynSGD")
 # A model that learned nothing scores about 0.10. One pass over 4,000 images takes every
 # trainer past 0.70 (measured 0.73 to 0.78 on 1,000 test images); on 2,000 images DOWNPOUR

@@ -12,7 +12,7 @@ from distkeras import trainers, training_jobs
 # trainer well past 0.45 (EAMSGD's momentum on top of Adam is the slowest, about 0.55). One
 # worker alone clears that floor too: that every worker's commits reached the center is
 # checked apart (test_trainer_contract), and what two workers reach against what one
-# reaches in tests/test_training.py.
+# reaches in tests/training/test_training.py.
 MIN_ACCURACY = 0.45
 
 DISTRIBUTED = {"num_workers": 2}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import build_mlp
-from test_parameter_server import Client, assert_weights_equal, expect_closed_by_server, layers
+from ps_support import Client, assert_weights_equal, expect_closed_by_server, layers
 from test_validation import _frame
 
 

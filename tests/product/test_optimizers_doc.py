@@ -11,8 +11,9 @@ import pytest
 from conftest import accuracy, build_mlp
 from readme_support import section_blocks
 
-DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "optimizers.md")
-TUTORIAL = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "writing-an-algorithm.md")
+DOCS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs")
+DOC = os.path.join(DOCS, "optimizers.md")
+TUTORIAL = os.path.join(DOCS, "writing-an-algorithm.md")
 MARKER = "<!-- tutorial -->"
 ALGORITHM_MARKER = "<!-- algorithm-tutorial -->"
 

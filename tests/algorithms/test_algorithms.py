@@ -2,7 +2,7 @@
 
 Golden values for their server arithmetic (`update_rules`), each replayed exactly through
 a real worker and a real parameter server on 127.0.0.1 (no Spark; the hand replay in
-numpy, as tests/test_workers.py does for the built-ins), and what one declaration of
+numpy, as tests/executor/test_workers.py does for the built-ins), and what one declaration of
 hyperparameters gives: the trainer's constructor, `get_config`, checks, the command line's
 flags and the registry.
 """
@@ -19,7 +19,7 @@ from distkeras import (  # noqa: E402
 from distkeras.training import registry  # noqa: E402 (its `metadata` is patched)
 from distkeras.algorithms import Algorithm, Hyperparameter  # noqa: E402
 from distkeras.networking import weights_array  # noqa: E402
-from test_workers import (  # noqa: E402
+from replay_support import (  # noqa: E402
     LEARNING_RATE, assert_close, checkpoint_weights, get, keras_copy, minus, observed,
     others_commit, run_worker, windows)
 from worker_support import small_model  # noqa: E402

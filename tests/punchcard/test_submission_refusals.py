@@ -2,7 +2,7 @@
 
 Every case starts from a submission that `validate_submission` (the server's check of
 every job it is sent) accepts, and changes one field, so a refusal is that field's. The
-same checks answer over HTTP in tests/test_punchcard.py. No Spark.
+same checks answer over HTTP in tests/punchcard/test_punchcard_requests.py. No Spark.
 """
 
 import base64

@@ -1117,7 +1117,7 @@ def test_keras_accumulating_metrics_need_no_step_mean_warning(fashion_train, cap
 
     from distkeras.trainers import SingleTrainer
 
-    # Their epoch values are fit's (tests/test_epoch_metrics.py).
+    # Their epoch values are fit's (tests/training/test_epoch_metrics.py).
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
                             metrics=["accuracy", keras.metrics.AUC(name="auc"),
                                      "precision"])

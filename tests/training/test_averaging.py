@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import accuracy, build_mlp
-from test_parameter_server import Client, assert_weights_equal, expect_closed_by_server, layers
+from ps_support import Client, assert_weights_equal, expect_closed_by_server, layers
 
 
 # -- the server ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import os
 import pytest
 from layout_checks import private_names_taken_from_other_modules
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 # Public in distkeras.data.datasets for the CLI, not a name of the dist-keras module.
 NOT_IN_THE_FACE = {"check_not_there"}
 

@@ -21,7 +21,8 @@ from distkeras.parameter_servers import (
     ExperimentalParameterServer,
     SocketParameterServer,
 )
-from ps_support import BIAS, KERNEL, make_model
+from ps_support import (BIAS, KERNEL, Client, assert_weights_equal, center_copy, copy_weights,
+                        expect_closed_by_server, layers, make_model)
 
 PREFIX = struct.Struct("<2sBBIQ")
 
@@ -33,16 +34,6 @@ def golden_weights():
     weights = weights_array([np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([0.5, -0.5])])
     pulled = weights_array([np.array([[0.0, 1.0], [1.0, 1.0]]), np.array([0.25, 0.5])])
     return weights, pulled
-
-
-def copy_weights(weights):
-    return [np.array(layer, copy=True) for layer in weights]
-
-
-def assert_weights_equal(got, want):
-    assert len(got) == len(want)
-    for got_layer, want_layer in zip(got, want):
-        np.testing.assert_array_equal(np.asarray(got_layer), np.asarray(want_layer))
 
 
 def test_downpour_delta_golden():
@@ -105,66 +96,6 @@ def test_update_rules_keep_float32():
 @pytest.fixture(scope="module")
 def model():
     return make_model()
-
-
-class Client:
-    """A fake worker speaking the wire protocol."""
-
-    def __init__(self, server, worker_id=0, token=None, authenticate=True):
-        self.sock = networking.connect("127.0.0.1", server.port, timeout=5)
-        self.sock.settimeout(10)
-        if authenticate:
-            networking.authenticate(self.sock, server.token if token is None else token,
-                                    worker_id)
-
-    def commit(self, delta, key="delta", **extra):
-        networking.send_action(self.sock, networking.ACTION_COMMIT)
-        send_data(self.sock, {key: weights_array(delta), **extra})
-
-    def pull(self):
-        networking.send_action(self.sock, networking.ACTION_PULL)
-        return recv_data(self.sock)
-
-    def pull_unless_own(self):
-        networking.send_action(self.sock, networking.ACTION_PULL_UNLESS_OWN)
-        return recv_data(self.sock)
-
-    def send_history(self, columns):
-        networking.send_action(self.sock, networking.ACTION_HISTORY)
-        send_data(self.sock, {"history": columns})
-
-    def quit(self):
-        networking.send_action(self.sock, networking.ACTION_QUIT)
-        networking.close_socket(self.sock)
-
-    def close(self):
-        self.sock.close()
-
-
-def layers(kernel_value, bias_value):
-    return [np.full((3, 2), kernel_value, np.float32), np.full(2, bias_value, np.float32)]
-
-
-def center_copy(server):
-    with server.mutex:
-        return copy_weights(server.center_variable)
-
-
-def expect_closed_by_server(sock, within=5.0):
-    """The server closes the connection: recv sees EOF or a reset, never a timeout."""
-    sock.settimeout(within)
-    start = time.monotonic()
-    try:
-        while True:
-            if sock.recv(65536) == b"":
-                break
-    except (ConnectionResetError, BrokenPipeError):
-        pass
-    except socket.timeout:
-        pytest.fail("the server kept the connection open")
-    finally:
-        sock.close()
-    return time.monotonic() - start
 
 
 def assert_honest_client_works(server, worker_id=99):

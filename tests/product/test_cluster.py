@@ -102,7 +102,8 @@ def test_adag_on_a_standalone_cluster(cluster, fashion_train, tmp_path):
     url, folder = cluster
     data = str(tmp_path / "data.parquet")
     fashion_train.limit(3000).write.parquet(data)
-    script = DRIVER.format(master=url, tests=os.path.dirname(__file__), data=data,
+    tests = os.path.dirname(os.path.dirname(__file__))
+    script = DRIVER.format(master=url, tests=tests, data=data,
                            jvm_options=os.environ.get("SPARK_SUBMIT_OPTS", ""))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=400, env=dict(os.environ, PYSPARK_PYTHON=sys.executable))

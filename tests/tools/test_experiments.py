@@ -12,7 +12,7 @@ from conftest import build_mlp
 
 LIMIT = 1500
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def assert_png(path):

@@ -11,7 +11,7 @@ from distkeras import networking
 from distkeras.networking import recv_data, send_data, weights_array
 from distkeras.parameter_servers import ADAGParameterServer, DeltaParameterServer
 from ps_support import make_model
-from test_parameter_server import Client, center_copy
+from ps_support import Client, center_copy
 
 
 @pytest.fixture

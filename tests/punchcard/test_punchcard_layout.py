@@ -11,7 +11,7 @@ import sys
 import pytest
 from layout_checks import private_names_taken_from_other_modules
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 PACKAGE = os.path.join(ROOT, "distkeras", "punchcard")
 # What a notebook that submits jobs may load of the package.
 CLIENT_SIDE = {"distkeras.punchcard", "distkeras.punchcard.client",

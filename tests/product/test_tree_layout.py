@@ -18,7 +18,7 @@ import sys
 import pytest
 from layout_checks import private_names_taken_from_other_modules
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 PACKAGES = ("transport", "keras_io", "tools", "cli")
 # Old import path: the package modules it is a face of.
 FACES = {

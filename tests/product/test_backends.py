@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SUPPORT = Path(__file__).with_name("backend_support.py")
+SUPPORT = Path(__file__).parents[1] / "backend_support.py"
 
 
 @pytest.mark.parametrize("backend, module", [("torch", "torch"),
@@ -61,7 +61,7 @@ def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
         "except ImportError as error:\n"
         "    print(workers.unretryable_error(error) is not None, workers.one_line(error))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+        [str(tmp_path), str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     env.pop("KERAS_BACKEND", None)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
