@@ -68,7 +68,7 @@ class AEASGD(AlgorithmTrainer):
 
     Takes `AsynchronousDistributedTrainer`'s arguments, ``rho`` (5.0) and
     ``learning_rate`` (0.1, multiplying the elastic force; ``rho * learning_rate`` must
-    be at most 1); ``communication_window`` is 32 by default. The rule:
+    be at most 1); ``communication_window`` is 16 by default. The rule:
     `algorithms.aeasgd.AEASGD`.
     """
 
