@@ -1,14 +1,5 @@
-"""Distributed inference: add a Keras model's predictions to a Spark DataFrame.
-
-The model travels to the executors as the bytes of a ``.keras`` archive (no pickle) and is
-rebuilt with ``safe_mode=True`` once per Python worker process: Spark reuses its Python
-workers, and each keeps the last model it rebuilt (with its compiled predict function),
-keyed by a hash of the archive. Predictions come from an Arrow UDF (``arrow_udf``,
-iterator form): only the feature columns travel to Python and only the prediction comes
-back, while Spark carries every other column of the row itself. A plain Parquet scan is
-read by the Python workers themselves instead (`distkeras.data.parquet_source`), which send
-back every column with the predictions: Spark's row-to-Arrow conversion was most of the
-cost (docs/parquet-feed.md).
+"""Distributed inference, under dist-keras's import path: add a Keras model's predictions
+to a Spark DataFrame (how it works: `distkeras.ml.predictors`).
 
 A thin face: `ModelPredictor` lives in `distkeras.ml.predictors`; what its tasks run on
 the executors in `distkeras.ml.prediction_tasks`, the Arrow UDF in

@@ -196,8 +196,12 @@ _EXECUTOR_PYTHON_CHECKED = set()
 
 
 def _imports_distkeras(_):
-    # Spark unpickles this function on the executor, which imports distkeras (and numpy)
-    # there: a Python without them fails here, before any model is sent.
+    # Spark unpickles this function on the executor, which imports its module (distkeras)
+    # there; the imports below are those every task needs first: a Python without them
+    # fails here, before any model is sent.
+    import numpy  # noqa: F401
+    import pyarrow  # noqa: F401
+
     return True
 
 

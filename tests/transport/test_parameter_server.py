@@ -1,6 +1,7 @@
 """Update rules and the socket parameter servers, over real loopback TCP; no Spark."""
 
 import errno
+import logging
 import socket
 import struct
 import threading
@@ -920,7 +921,9 @@ def test_stop_with_clients_mid_frame_closes_no_socket_under_its_reader(monkeypat
         expect_closed_by_server(client.sock, within=2.0)
     assert bad == []
     assert server_threads() == [] and server.errors == []
-    assert caplog.records == []
+    # Warnings only: an earlier test in this process (the CLI's, in-process) may have set
+    # distkeras's loggers to INFO, and the server's start logs at INFO.
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
     assert took < 5  # the grace second, then every handler wakes at once
 
 
