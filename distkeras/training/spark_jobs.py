@@ -199,9 +199,10 @@ def _imports_distkeras(_):
     # Spark unpickles this function on the executor, which imports its module (distkeras)
     # there; the imports below are those every task needs first: a Python without them
     # fails here, before any model is sent.
-    import numpy  # noqa: F401
-    import pyarrow  # noqa: F401
+    import importlib
 
+    for name in ("numpy", "pyarrow"):
+        importlib.import_module(name)
     return True
 
 
