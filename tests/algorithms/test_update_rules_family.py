@@ -6,7 +6,6 @@ All numbers are exact binary fractions (or quotients that are exact in float32),
 comparisons are exact.
 """
 
-import socket
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from distkeras.workers import (
     ExperimentalWorker,
     ModelReplica,
 )
-from ps_support import BIAS, KERNEL, make_model
+from ps_support import BIAS, KERNEL, expect_closed_by_server, make_model
 
 F32 = np.float32
 
@@ -347,20 +346,6 @@ class Client:
 def center_of(server):
     with server.mutex:
         return snapshot(server.center_variable)
-
-
-def expect_closed_by_server(sock, within=5.0):
-    """The server closes the connection: recv sees EOF or a reset, never a timeout."""
-    sock.settimeout(within)
-    try:
-        while sock.recv(65536) != b"":
-            pass
-    except (ConnectionResetError, BrokenPipeError):
-        pass
-    except socket.timeout:
-        pytest.fail("the server kept the connection open")
-    finally:
-        sock.close()
 
 
 def wait_for(predicate, timeout=5.0):
