@@ -150,8 +150,8 @@ class FedAdam(AlgorithmTrainer):
     """FedAdam, asynchronous: the server moves the center by Adam along each worker's
     change over its window (10 steps by default).
 
-    Takes `AsynchronousDistributedTrainer`'s arguments, ``server_learning_rate`` (0.003),
-    ``beta_1`` (0.9), ``beta_2`` (0.99) and ``epsilon`` (0.001). The rule:
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``server_learning_rate`` (0.01),
+    ``beta_1`` (0), ``beta_2`` (0.99) and ``epsilon`` (0.01). The rule:
     `algorithms.fedadam.FedAdam`.
     """
 
