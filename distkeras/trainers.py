@@ -148,11 +148,12 @@ class DiLoCo(AlgorithmTrainer):
 
 class FedAdam(AlgorithmTrainer):
     """FedAdam, asynchronous: the server moves the center by Adam along each worker's
-    change over its window (10 steps by default).
+    change over its window (10 steps by default), divided by its staleness + 1.
 
     Takes `AsynchronousDistributedTrainer`'s arguments, ``server_learning_rate`` (0.01),
-    ``beta_1`` (0), ``beta_2`` (0.99) and ``epsilon`` (0.01). The rule:
-    `algorithms.fedadam.FedAdam`.
+    ``beta_1`` (0), ``beta_2`` (0.99) and ``epsilon`` (0.01); from 2 workers, an optimizer
+    given by name runs at twice Keras's default rate unless ``learning_rate`` is given.
+    The rule: `algorithms.fedadam.FedAdam`.
     """
 
     algorithm = algorithms.FedAdam

@@ -198,11 +198,11 @@ def nesterov_outer_step(center, delta, velocity, learning_rate, momentum, scale=
 
 
 def adam_outer_step(center, delta, moments, learning_rate, beta_1, beta_2, epsilon,
-                    trainable=None):
+                    scale=1.0, trainable=None):
     """FedAdam server (Reddi et al. 2021): one Adam step along a worker's change.
 
-    ``m' = b1 m + (1 - b1) delta``, ``v' = b2 v + (1 - b2) delta**2`` and
-    ``C' = C + lr * m' / (sqrt(v') + epsilon)``, without bias correction, as the paper.
+    With ``d = scale * delta``: ``m' = b1 m + (1 - b1) d``, ``v' = b2 v + (1 - b2) d**2``
+    and ``C' = C + lr * m' / (sqrt(v') + epsilon)``, without bias correction, as the paper.
 
     Args:
         center: The center variable.
@@ -212,8 +212,9 @@ def adam_outer_step(center, delta, moments, learning_rate, beta_1, beta_2, epsil
         beta_1: The first moment's decay.
         beta_2: The second moment's decay.
         epsilon: Added to ``sqrt(v)`` (the paper's tau).
+        scale: Multiplies the change of trainable weights (a staleness discount).
         trainable: Optional flags, one per weight: where False (a non-trainable weight),
-            the change is added as it is.
+            the change is added as it is, unscaled.
 
     Returns:
         ``(new center, (new m, new v))``.
@@ -223,8 +224,9 @@ def adam_outer_step(center, delta, moments, learning_rate, beta_1, beta_2, epsil
     new_center, first, second = (np.empty(size, object) for _ in range(3))
     for index, (layer, change) in enumerate(zip(center, delta)):
         m, v = (0.0, 0.0) if moments is None else (moments[0][index], moments[1][index])
-        first[index] = beta_1 * m + (1.0 - beta_1) * change
-        second[index] = beta_2 * v + (1.0 - beta_2) * change * change
+        scaled = change * scale if flags[index] else change
+        first[index] = beta_1 * m + (1.0 - beta_1) * scaled
+        second[index] = beta_2 * v + (1.0 - beta_2) * scaled * scaled
         new_center[index] = (layer + learning_rate * first[index]
                              / (np.sqrt(second[index]) + epsilon)
                              if flags[index] else layer + change)

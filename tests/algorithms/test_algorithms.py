@@ -56,7 +56,7 @@ def test_adam_outer_step_golden():
     center, delta = w([1.0, -1.0], [4.0]), w([0.5, -0.5], [2.0])
     # m = 0.5 * delta; v = 0.25 * delta**2 = 0.0625; C += 0.25 * m / (0.25 + 0.25).
     first, moments = update_rules.adam_outer_step(center, delta, None, 0.25, 0.5, 0.75, 0.25,
-                                                  [True, False])
+                                                  trainable=[True, False])
     assert [layer.tolist() for layer in first] == [[1.125, -1.125], [6.0]]
     assert moments[0][0].tolist() == [0.25, -0.25]
     assert moments[1][0].tolist() == [0.0625, 0.0625]
@@ -67,6 +67,12 @@ def test_adam_outer_step_golden():
     np.testing.assert_allclose(second[0], [1.125, -1.125] + 0.25 * m / (np.sqrt(v) + 0.25),
                                rtol=1e-6)
     assert second[0].dtype == F32
+    # A staleness discount of 0.5 scales a trainable weight's change before the moments
+    # (d = 1, m = 1, v = 0.25 * 1, C += 0.5 * 1 / (0.5 + 0.5)); a non-trainable one whole.
+    third, (m, v) = update_rules.adam_outer_step(w([0.0], [1.0]), w([2.0], [2.0]), None, 0.5,
+                                                 0.0, 0.75, 0.5, 0.5, [True, False])
+    assert [layer.tolist() for layer in third] == [[0.5], [3.0]]
+    assert (m[0].tolist(), v[0].tolist()) == ([1.0], [0.25])
 
 
 # -- through a real worker and server -------------------------------------------------
@@ -116,6 +122,7 @@ def diloco_by_hand(lr, mu):
 
 def fedadam_by_hand(lr, b1, b2, eps):
     def rule(center, change, staleness, state):
+        change = [d * F32(1.0 / (staleness + 1)) for d in change]
         m = state.get("m", [np.zeros_like(c) for c in center])
         v = state.get("v", [np.zeros_like(c) for c in center])
         m = [F32(b1) * a + F32(1 - b1) * d for a, d in zip(m, change)]

@@ -147,14 +147,15 @@ def test_adag_workers_run_at_twice_their_optimizers_rate_from_a_window_of_2(
     ("DynSGD", 2, None, 0.002), ("DynSGD", 4, 1, 0.002), ("DynSGD", 1, None, None),
     ("Experimental", 2, None, 0.002), ("Experimental", 2, 1, None),
     ("Experimental", 1, None, None), ("AEASGD", 2, None, 0.002), ("EAMSGD", 2, 8, 0.002),
-    ("AEASGD", 1, None, None),
+    ("AEASGD", 1, None, None), ("FedAdam", 2, None, 0.002), ("FedAdam", 1, None, None),
 ])
 def test_rules_that_keep_part_of_each_commit_run_workers_at_twice_the_rate(
         name, workers, window, rate):
     """DynSGD divides a commit by its staleness (about the other workers' count),
     Experimental by the window, as ADAG; AEASGD's center is a lagging average of replicas
     that each took 1/k of the steps: at Adam's own rate the zoo's LSTM ended 3.9, 1.4 and
-    2.7 points below `fit` (3 seeds); at twice it, +0.6, -0.5 and -0.8."""
+    2.7 points below `fit` (3 seeds); at twice it, +0.6, -0.5 and -0.8. FedAdam divides by
+    the staleness too."""
     from distkeras import trainers
 
     trainer = getattr(trainers, name)(build_mlp(), worker_optimizer="adam", loss="mse",
@@ -188,12 +189,13 @@ def test_a_chosen_rate_and_other_rules_keep_the_optimizers_rate():
     assert rate["config"]["initial_learning_rate"] == pytest.approx(0.01)  # unscaled
 
 
-def test_fedadams_server_takes_small_changes_about_whole_and_caps_large_ones():
+def test_fedadams_server_takes_small_changes_about_whole_over_staleness_and_caps_large_ones():
     """FedAdam's defaults (no first moment, the rate equal to epsilon): a weight whose
-    change is small against epsilon moves by about the change, as DOWNPOUR's; a large
-    change moves it by about the rate once the second moment has seen it. At the paper's
-    first moment (0.9, rate 0.003, epsilon 0.001 here before) the center kept a tenth of a
-    first commit and lagged the workers: 6 to 17 points below `fit` on the zoo."""
+    change is small against epsilon moves by about the change over its staleness + 1, as
+    DynSGD's; a large change moves it by about the rate once the second moment has seen
+    it. At the paper's first moment (0.9, rate 0.003, epsilon 0.001 here before) the
+    center kept a tenth of a first commit and lagged the workers: 6 to 17 points below
+    `fit` on the zoo."""
     import numpy as np
 
     from distkeras.algorithms import FedAdam
@@ -201,16 +203,22 @@ def test_fedadams_server_takes_small_changes_about_whole_and_caps_large_ones():
 
     rule = FedAdam()
     assert (rule.beta_1, rule.server_learning_rate, rule.epsilon) == (0.0, 0.01, 0.01)
-    state = {}
-    center = [np.zeros(2, "float32")]
     change = [np.array([1e-4, 1.0], "float32")]  # one small weight's change, one large
-    steps = []
-    for count in range(200):
-        moved = rule.apply(center, change, ServerContext(0, None, [True], state, count))
-        steps.append(moved[0] - center[0])
-        center = moved
-    first, last = steps[0], steps[-1]
+
+    def steps(staleness, count):
+        state, center, moved = {}, [np.zeros(2, "float32")], []
+        for number in range(count):
+            after = rule.apply(center, change,
+                               ServerContext(staleness, None, [True], state, number))
+            moved.append(after[0] - center[0])
+            center = after
+        return moved
+
+    fresh = steps(0, 200)
+    first, last = fresh[0], fresh[-1]
     np.testing.assert_allclose(first[0], 1e-4 * 0.01 / (0.1 * 1e-4 + 0.01), rtol=1e-3)
     assert 0.99e-4 < first[0] < 1e-4 and 0.98e-4 < last[0] < 1e-4  # about whole
     assert last[1] == pytest.approx(0.01 / (np.sqrt(1 - 0.99 ** 200) + 0.01), rel=1e-3)
     assert last[1] < 0.012  # a large change: capped near the rate
+    overtaken = steps(1, 1)[0]  # one other commit since this worker's pull: half
+    assert 0.49e-4 < overtaken[0] < 0.5e-4
