@@ -139,8 +139,10 @@ class DiLoCo(AlgorithmTrainer):
     """DiLoCo, asynchronous: H local steps (the window, 20 by default), then an outer
     Nesterov step on the center along the change, divided by its staleness + 1.
 
-    Takes `AsynchronousDistributedTrainer`'s arguments, ``outer_learning_rate`` (0.7) and
-    ``outer_momentum`` (0.5). The rule: `algorithms.diloco.DiLoCo`.
+    Takes `AsynchronousDistributedTrainer`'s arguments, ``outer_learning_rate`` (0.5) and
+    ``outer_momentum`` (0.5); from 2 workers, an optimizer given by name runs at twice
+    Keras's default rate unless ``learning_rate`` is given. The rule:
+    `algorithms.diloco.DiLoCo`.
     """
 
     algorithm = algorithms.DiLoCo

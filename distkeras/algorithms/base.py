@@ -67,6 +67,24 @@ class ServerContext(NamedTuple):
     num_updates: int
 
 
+def staleness_discount_factor(num_workers):
+    """The workers' learning-rate factor of a rule that divides each commit by its
+    staleness + 1 (DynSGD, DiLoCo, FedAdam): 2 from 2 workers on, else 1.
+
+    Args:
+        num_workers: The run's number of workers.
+
+    Returns:
+        2.0 or 1.0.
+
+    Notes:
+        With k workers in step a commit is overtaken by about k - 1 others, so the
+        center keeps about 1/k of their summed progress. Twice, not k times: only 2
+        workers could be measured here.
+    """
+    return 2.0 if isinstance(num_workers, int) and num_workers >= 2 else 1.0
+
+
 class Algorithm:
     """An asynchronous data-parallel optimizer: what workers send, how the center moves.
 

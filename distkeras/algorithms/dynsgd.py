@@ -1,7 +1,7 @@
 """DynSGD (Jiang et al. 2017): each commit divided by its staleness."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm
+from distkeras.algorithms.base import Algorithm, staleness_discount_factor
 
 
 class DynSGD(Algorithm):
@@ -25,7 +25,7 @@ class DynSGD(Algorithm):
         # keeps 1/k of the summed progress. 2 workers left the zoo's LSTM 3.9 points below
         # `fit` (3 seeds); at twice the rate, +0.6. Twice, not k times: only 2 workers
         # could be measured here (as ADAG's factor).
-        return 2.0 if isinstance(num_workers, int) and num_workers >= 2 else 1.0
+        return staleness_discount_factor(num_workers)
 
     def commit(self, weights, pulled, context):
         return update_rules.downpour_delta(weights, pulled)

@@ -133,7 +133,7 @@ def fedadam_by_hand(lr, b1, b2, eps):
 
 
 CASES = {
-    "DiLoCo": (algorithms.DiLoCo(), diloco_by_hand(0.7, 0.5)),
+    "DiLoCo": (algorithms.DiLoCo(), diloco_by_hand(0.5, 0.5)),
     "FedAdam": (algorithms.FedAdam(), fedadam_by_hand(0.01, 0.0, 0.99, 0.01)),
 }
 
@@ -185,7 +185,7 @@ def test_hyperparameters_declared_once_make_the_trainer_its_config_flags_and_che
                               outer_momentum=0.25)
     assert trainer.communication_window == 20
     config = trainer.get_config()
-    assert config["outer_learning_rate"] == 0.7 and config["outer_momentum"] == 0.25
+    assert config["outer_learning_rate"] == 0.5 and config["outer_momentum"] == 0.25
     rebuilt = trainers.DiLoCo.from_config(config, keras_model=small_model())
     assert rebuilt.get_config() == config
     assert rebuilt.make_algorithm().outer_momentum == 0.25
