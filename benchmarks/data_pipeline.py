@@ -1,6 +1,6 @@
 """Data pipeline: distributed prediction, the minibatch feed, and a worker's memory.
 
-Three measures, written as two sections of docs/benchmarks.md:
+Three measures, written as two sections of benchmarks/results.md:
 
 1. ModelPredictor on one Spark core (``local[1]``) against ``model.predict`` in the driver,
    on the 10,000 Fashion-MNIST test images and the 784-500-500-10 MLP (target: ratio of

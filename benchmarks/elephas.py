@@ -5,7 +5,7 @@ categorical crossentropy) on the 60,000 training images with 2 workers on ``loca
 Spark, for 1 and 3 epochs: first with elephas 7.3.0 (synchronous mode, asynchronous mode
 with frequency 'epoch' and 'batch'), then with distkeras's ADAG and DOWNPOUR. Reports the
 wall time of each training call, samples per second and test accuracy on the 10,000 test
-images, and writes the table into docs/benchmarks.md ("elephas side by side").
+images, and writes the table into benchmarks/results.md ("elephas side by side").
 
 elephas pins numpy<2, TensorFlow 2.19 and PySpark 4.0, so it runs in its own virtual
 environment ``.venv-elephas/``, built here on first use (a stamp file marks it done), and in
@@ -334,7 +334,7 @@ def main():
                         help="distkeras's features: packed float32 bytes (its fast path, "
                              "default) or array<float>")
     parser.add_argument("--no-write", action="store_true",
-                        help="print the section, leave docs/benchmarks.md alone")
+                        help="print the section, leave benchmarks/results.md alone")
     args = parser.parse_args()
     started = time.time()
     try:

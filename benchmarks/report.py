@@ -1,4 +1,6 @@
-"""Writes a benchmark's table into docs/benchmarks.md, under its own heading."""
+"""Writes a benchmark's full table into benchmarks/results.md, under its own heading.
+
+docs/benchmarks.md keeps today's figure for each question, copied from there by hand."""
 
 import os
 import platform
@@ -6,7 +8,7 @@ import re
 import sys
 import time
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
+DOC = os.path.join(os.path.dirname(__file__), "results.md")
 
 
 def machine(backend=None):
@@ -35,19 +37,19 @@ def table(header, rows):
 
 
 def write_section(title, body, backend=None, doc=DOC):
-    """Replaces (or appends) the section ``## title`` of docs/benchmarks.md.
+    """Replaces (or appends) the section ``## title`` of benchmarks/results.md.
 
     Args:
         title: The section's heading.
         body: Its text, after the command line and the machine's line.
         backend: The Keras backend(s) measured, where not this process's.
-        doc: The document, if not docs/benchmarks.md.
+        doc: The document, if not benchmarks/results.md.
     """
     command = "python " + " ".join(sys.argv)
     section = (f"## {title}\n\n`{command}`\n\n{time.strftime('%Y-%m-%d')}, {machine(backend)}\n\n"
                f"{body.strip()}\n")
     text = open(doc, encoding="utf-8").read() if os.path.exists(doc) else \
-        "# Benchmarks\n\nRun by hand; each section says the command that wrote it.\n"
+        "# Benchmark results\n\nEach section: the last run of its command, in full.\n"
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text)
