@@ -12,8 +12,7 @@ import weakref
 from distkeras.tools.history import average_history
 from distkeras.training.run import RunResults
 
-# The trainers' logger, as before these getters moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 # trainer -> the server of its last run, in this process only (see the module's docstring).
 _LAST_SERVERS = weakref.WeakKeyDictionary()

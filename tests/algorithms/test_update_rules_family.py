@@ -16,7 +16,8 @@ import keras
 import numpy as np
 import pytest
 
-from distkeras import networking, update_rules
+from distkeras import networking
+from distkeras.algorithms import update_rules
 from distkeras.networking import recv_data, send_data, weights_array
 from distkeras.parameter_servers import (
     ADAGParameterServer,

@@ -5,7 +5,8 @@ import math
 import numpy as np
 from conftest import build_mlp
 
-from distkeras import networking, step_history
+from distkeras import networking
+from distkeras.executor import step_history
 
 
 def test_long_history_travels_in_one_frame():
@@ -119,7 +120,7 @@ def test_executor_history_of_an_unknown_worker_says_which_workers_have_records(c
     trainer._results = RunResults(history=[  # as a run of two workers leaves them
         {"worker_id": worker, "iteration": 1, "timestamp": 0.0, "loss": 1.0}
         for worker in (0, 1)])
-    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         assert len(trainer.get_executor_history(1)) == 1
         assert caplog.text == ""
         assert trainer.get_executor_history(7) == []

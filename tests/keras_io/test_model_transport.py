@@ -20,7 +20,7 @@ from distkeras.workers import EnsembleWorker
 
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
 model.compile(keras.optimizers.Adam(0.01), "categorical_crossentropy")
-from distkeras import custom_objects
+from distkeras.keras_io import custom_objects
 custom_objects.find(model, ("adam", "categorical_crossentropy", ["accuracy"]))  # train()'s first check
 rebuilt = deserialize_model(serialize_model(model))
 serialize_keras_object([keras.optimizers.SGD(0.1), keras.losses.Huber()])

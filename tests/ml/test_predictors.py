@@ -281,7 +281,7 @@ def test_predicts_a_streaming_dataframe_as_spark_models_transform_one(spark, tmp
     are now checked by the tasks, as a batch DataFrame's later rows are."""
     from pyspark.ml.linalg import Vectors
 
-    from distkeras.estimators import KerasModel
+    from distkeras.ml.estimators import KerasModel
     from distkeras.transformers import LabelIndexTransformer
 
     model = _mlp((4,), seed=9)

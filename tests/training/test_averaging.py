@@ -175,7 +175,7 @@ def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
 
 
 def _train(frame, monkeypatch=None, one_job=True, **settings):
-    from distkeras import affinity
+    from distkeras.executor import affinity
     from distkeras.trainers import AveragingTrainer
 
     if not one_job:  # Spark "cannot say" how many tasks run at once: a job per epoch
@@ -300,14 +300,14 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
         spark, fashion_train, case):
     """A coalesce() (the user's, or lay_out's coalesce(1) for one worker) in the barrier
     stage's RDD chain made Spark refuse the job and stop the SparkContext."""
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     frame = fashion_train.limit(600).repartition(4).cache()
     if case == "coalesced":
         frame = frame.coalesce(2)
     workers = 2 if case == "coalesced" else 1
-    assert not dataframes.barrier_compatible(
-        dataframes.lay_out(frame, workers), workers)
+    assert not frame_layout.barrier_compatible(
+        frame_layout.lay_out(frame, workers), workers)
     trainer, model = _train(frame, num_workers=workers, num_epoch=2)
     assert trainer.parameter_server is None  # one job per epoch
     assert [sum(record["batch_size"] for record in trainer.get_history()
@@ -316,10 +316,10 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
 
 
 def test_partitions_as_they_are_run_as_a_barrier_stage(spark, fashion_train):
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     frame = fashion_train.limit(600).repartition(2).cache()
-    assert dataframes.barrier_compatible(frame, 2)
+    assert frame_layout.barrier_compatible(frame, 2)
 
 
 def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):

@@ -346,19 +346,19 @@ def test_a_frame_read_from_the_users_cache_is_not_copied_to_disk(spark, fashion_
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     images, labels = fashion_test
     base = _frame(spark, images[:50], labels[:50])
     # Vectors as VectorAssembler makes them: the training frame converts them.
     base = base.withColumn("features", array_to_vector("features")).cache()
-    frame = dataframes.training_frame(base, "features", "label")
-    with dataframes.kept_for_epochs(frame, 3):
+    frame = frame_layout.training_frame(base, "features", "label")
+    with frame_layout.kept_for_epochs(frame, 3):
         assert frame.storageLevel != StorageLevel.DISK_ONLY
     # Rows drawn anew at each read are still kept: rand(), and a Python UDF.
     for drawn in (frame.where(F.rand() < 0.9),
                   frame.where(F.udf(lambda _: True, "boolean")(F.lit(1)))):
-        with dataframes.kept_for_epochs(drawn, 3):
+        with frame_layout.kept_for_epochs(drawn, 3):
             assert drawn.storageLevel == StorageLevel.DISK_ONLY
         assert drawn.storageLevel != StorageLevel.DISK_ONLY
     base.unpersist()

@@ -11,7 +11,7 @@ import pytest
 
 from distkeras import networking
 from distkeras.networking import recv_data, send_data
-from distkeras.server_transport import SocketTransport
+from distkeras.transport.socket_transport import SocketTransport
 
 ECHO = b"e"  # not one of the protocol's actions: this test server's own
 
@@ -197,9 +197,9 @@ def test_the_servers_hold_their_parts_instead_of_inheriting_them():
     server holds an epoch barrier, not model averaging of one worker."""
     import keras
 
-    from distkeras.center import CenterExchange, CenterVariable
-    from distkeras.epoch_barrier import EpochBarrier
-    from distkeras.history_sink import HistorySink
+    from distkeras.transport.center import CenterExchange, CenterVariable
+    from distkeras.transport.epoch_barrier import EpochBarrier
+    from distkeras.transport.history_sink import HistorySink
     from distkeras.parameter_servers import (
         AveragingServer,
         DeltaParameterServer,
