@@ -2,7 +2,7 @@
 
 Runs the worker's compiled training step (784-500-500-10 MLP, batch 32, Adam, a window of
 12 steps per call) in 1 or 2 processes at once, each either free to use every core or
-pinned to its own core (as `distkeras.affinity` pins workers), and reports samples per
+pinned to its own core (as `distkeras.executor.affinity` pins workers), and reports samples per
 second and the CPU each process used per second of wall time. This is the evidence behind
 pinning workers, and the ceiling any trainer meets on this machine.
 

@@ -252,7 +252,7 @@ def timed_server_operations():
     timers (benchmark only); returns the Counter of CPU seconds they fill, by name."""
     import collections
 
-    # The modules themselves, not their faces (`distkeras.center`, ...): the servers look
+    # The modules themselves, not the face `distkeras.parameter_servers`: the servers look
     # these names up where they are defined.
     from distkeras.transport import center, parameter_servers
 

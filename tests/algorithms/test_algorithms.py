@@ -15,7 +15,8 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from distkeras import (  # noqa: E402
-    algorithms, parameter_servers, trainers, update_rules, workers)
+    algorithms, parameter_servers, trainers, workers)
+from distkeras.algorithms import update_rules  # noqa: E402
 from distkeras.training import registry  # noqa: E402 (its `metadata` is patched)
 from distkeras.algorithms import Algorithm, Hyperparameter  # noqa: E402
 from distkeras.networking import weights_array  # noqa: E402
