@@ -171,7 +171,7 @@ def test_default_parameter_server_is_delta(fashion_train, fashion_test):
 
 
 def test_object_array_weights_on_numpy_2():
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
 
     w = weights_array([np.ones((2, 3), "float32"), np.full(3, 2.0, "float32")])
     w1 = np.asarray(w)

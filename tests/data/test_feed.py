@@ -560,10 +560,10 @@ def test_an_ensemble_member_on_invalid_rows_stops_the_other_members_at_once(spar
     import keras
     import pytest
 
-    from distkeras import workers
+    from distkeras.executor.sequential import EnsembleWorker
     from distkeras.trainers import EnsembleTrainer, TrainingError
 
-    class SlowGoodMember(workers.EnsembleWorker):
+    class SlowGoodMember(EnsembleWorker):
         def train_steps(self, batches):
             # The good member (partition 0) takes 0.1 s a call, 100 s for its 1,000 calls
             # if nothing stops it: however fast or busy the machine, the other member meets

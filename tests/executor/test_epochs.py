@@ -74,7 +74,7 @@ def _row_recording_trainer():
     train on; ``trainer.messages`` holds each member's message."""
     from distkeras.trainers import EnsembleTrainer
     from distkeras.training.ensemble import EnsemblePlan
-    from distkeras.workers import EnsembleWorker
+    from distkeras.executor.sequential import EnsembleWorker
 
     class RowRecordingWorker(EnsembleWorker):
         def optimize(self):

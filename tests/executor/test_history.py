@@ -5,7 +5,7 @@ import math
 import numpy as np
 from conftest import build_mlp
 
-from distkeras import networking
+from distkeras.transport import networking
 from distkeras.executor import step_history
 
 
@@ -101,7 +101,7 @@ def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
 def test_averaged_history_of_records_without_epochs_goes_by_iteration():
     """Records of a worker of one's own, without ``epoch``: each worker's k-th step, as
     dist-keras averaged them."""
-    from distkeras.utils import average_history
+    from distkeras.tools.history import average_history
 
     records = [{"worker_id": worker, "iteration": step, "timestamp": float(step),
                 "loss": float(worker + step)}

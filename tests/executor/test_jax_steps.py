@@ -6,7 +6,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from distkeras.executor.jax_steps import JaxTrainStep  # noqa: E402
-from distkeras.workers import ModelReplica  # noqa: E402
+from distkeras.executor.replica import ModelReplica  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX backend only")
 

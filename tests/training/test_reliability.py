@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import build_mlp
 
-from distkeras import networking
-from distkeras.networking import weights_array
+from distkeras.transport import networking
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import DeltaParameterServer
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker, SequentialWorker

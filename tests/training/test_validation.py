@@ -1165,7 +1165,7 @@ def test_only_metrics_of_the_users_own_classes_are_warned_of(caplog):
 
 
 def test_step_mean_metrics_given_by_config_are_named_as_their_logs(caplog):
-    from distkeras.utils import serialize_keras_object
+    from distkeras.keras_io.compile_config import serialize_keras_object
     from distkeras.training.callbacks import warn_of_step_mean_metrics
 
     peak = _peak_metric()

@@ -13,9 +13,10 @@ import keras
 import numpy as np
 import pytest
 
-from distkeras import networking
+from distkeras.transport import networking
 from distkeras.algorithms import update_rules
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import (
     ADAGParameterServer,
     DeltaParameterServer,
@@ -652,7 +653,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     from types import SimpleNamespace
 
     from distkeras.executor.task_spec import TaskSpec
-    from distkeras.parameter_servers import HistoryServer
+    from distkeras.transport.parameter_servers import HistoryServer
     from distkeras.trainers import AveragingTrainer
     from distkeras.training.plans import Plan
     from distkeras.training.run import Run
@@ -1002,7 +1003,7 @@ def test_pull_unless_own_always_sends_weights_for_rules_that_rescale(servers):
 
 
 def test_history_server_takes_progress_reports_and_refuses_weights(model):
-    from distkeras.parameter_servers import HistoryServer
+    from distkeras.transport.parameter_servers import HistoryServer
 
     server = HistoryServer(model)
     server.start()
