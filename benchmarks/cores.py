@@ -29,7 +29,7 @@ _STEPS = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from fashion_mnist import build_mlp
     from distkeras.datasets import load_fashion_mnist_numpy
-    from distkeras.workers import ModelReplica
+    from distkeras.executor.replica import ModelReplica
     samples = int(sys.argv[1])
     images, labels = load_fashion_mnist_numpy("train")
     x = images[:samples].reshape(samples, -1).astype("float32") / 255.0

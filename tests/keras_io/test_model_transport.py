@@ -15,8 +15,9 @@ import json, sys
 import distkeras
 import keras
 import numpy as np
-from distkeras.utils import deserialize_model, serialize_keras_object, serialize_model
-from distkeras.workers import EnsembleWorker
+from distkeras.executor.sequential import EnsembleWorker
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import serialize_keras_object
 
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
 model.compile(keras.optimizers.Adam(0.01), "categorical_crossentropy")
