@@ -73,7 +73,7 @@ def _to_optimizer_name(value):
 def optimizer_config(optimizer, learning_rate, model):
     """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
     new object: the trainer's own optimizer stays as it was. Its weight decay exclusions
-    (of ``model``'s weights) stay too (see `distkeras.utils.optimizer_config`)."""
+    (of ``model``'s weights) stay too (see `keras_io.compile_config.optimizer_config`)."""
     import copy
 
     import keras

@@ -66,7 +66,7 @@ class ResultAccessors:
 
         Returns:
             A dict of numpy arrays by name (``iteration``, ``epoch``, ``loss``, each
-            metric, ``timestamp``, ...); see `distkeras.utils.average_history`.
+            metric, ``timestamp``, ...); see `distkeras.tools.history.average_history`.
         """
         return average_history(self._results.history)
 
