@@ -90,7 +90,7 @@ def main():
             "features in 2 even cached partitions, executors warmed; one run each, every "
             "backend in its own process. Samples per second over the whole `train()` (fit: "
             "the whole `fit`); the ratio is to the same backend's `fit`. On JAX the workers "
-            "run a window of steps per compiled call (`distkeras/jax_steps.py`); on torch "
+            "run a window of steps per compiled call (`distkeras/executor/jax_steps.py`); on torch "
             "and tensorflow they call Keras's `train_on_batch` step by step.\n\n"
             + report.table(["backend", "run", "samples/s", "ratio to fit", "test accuracy"],
                            rows))

@@ -2,7 +2,7 @@
 
 Runs the worker's compiled training step (784-500-500-10 MLP, batch 32, Adam, a window of
 12 steps per call) in 1 or 2 processes at once, each either free to use every core or
-pinned to its own core (as `distkeras.affinity` pins workers), and reports samples per
+pinned to its own core (as `distkeras.executor.affinity` pins workers), and reports samples per
 second and the CPU each process used per second of wall time. This is the evidence behind
 pinning workers, and the ceiling any trainer meets on this machine.
 
@@ -29,7 +29,7 @@ _STEPS = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from fashion_mnist import build_mlp
     from distkeras.datasets import load_fashion_mnist_numpy
-    from distkeras.workers import ModelReplica
+    from distkeras.executor.replica import ModelReplica
     samples = int(sys.argv[1])
     images, labels = load_fashion_mnist_numpy("train")
     x = images[:samples].reshape(samples, -1).astype("float32") / 255.0

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 
-from distkeras import networking  # noqa: E402
-from distkeras.networking import ProtocolError, weights_array  # noqa: E402
+from distkeras.transport import networking  # noqa: E402
+from distkeras.transport.networking import ProtocolError, weights_array  # noqa: E402
 
 SPEC = [((4, 3), np.float32), ((3,), np.float32)]
 

@@ -26,7 +26,7 @@ def main():
 
     spark, train, (images, labels) = report.fashion_mnist_setup(limit=args.limit)
     from distkeras import trainers
-    from distkeras.experiments import build_mlp, test_accuracy
+    from distkeras.tools.experiments import build_mlp, test_accuracy
     rows, single = [], None
     paper_setting = {"class_name": "SGD", "config": {"learning_rate": 0.01}}
     for name in TRAINERS + ("EAMSGD with SGD",):

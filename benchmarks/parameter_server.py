@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
 
-from distkeras import networking  # noqa: E402
-from distkeras.networking import weights_array  # noqa: E402
+from distkeras.transport import networking  # noqa: E402
+from distkeras.transport.networking import weights_array  # noqa: E402
 from distkeras.parameter_servers import ADAGParameterServer  # noqa: E402
 
 

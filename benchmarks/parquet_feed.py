@@ -109,7 +109,7 @@ def _feed_job(frame_or_source, batch_size=32):
 def measure_feed(spark, path, rows, repeat, clock):
     """Minibatches from each path: Spark's ``mapInArrow`` of the scan, and the files read
     in the workers (the same 2 partitions)."""
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
     from distkeras.training.spark_jobs import feed_batch_rows
 
     frame = spark.read.parquet(path)
@@ -120,7 +120,7 @@ def measure_feed(spark, path, rows, repeat, clock):
             spark.conf.set(SETTING, value)
             try:
                 with feed_batch_rows(spark):  # the trainers' Arrow batches, both paths
-                    layout = dataframes.lay_out(frame, partitions)
+                    layout = frame_layout.lay_out(frame, partitions)
                     assert (layout is frame) == (value == "false"), layout
                     assert _feed_job(layout) == rows, "rows lost"
             finally:

@@ -82,8 +82,8 @@ def worker_main(host, port, token, worker_id, shapes, commits, period, seed, rea
                 results):
     """One simulated worker (a spawned process): connect, authenticate, pull, then
     ``commits`` commit+pull pairs, one every ``period`` seconds (0: back to back)."""
-    from distkeras import networking
-    from distkeras.networking import weights_array
+    from distkeras.transport import networking
+    from distkeras.transport.networking import weights_array
 
     nbytes = sum(4 * int(np.prod(shape)) for shape in shapes)
     sock = networking.Connection(networking.connect(host, port),
@@ -252,7 +252,7 @@ def timed_server_operations():
     timers (benchmark only); returns the Counter of CPU seconds they fill, by name."""
     import collections
 
-    # The modules themselves, not their faces (`distkeras.center`, ...): the servers look
+    # The modules themselves, not the face `distkeras.parameter_servers`: the servers look
     # these names up where they are defined.
     from distkeras.transport import center, parameter_servers
 

@@ -48,8 +48,10 @@ def main():
 
     import report
     from distkeras.datasets import load_fashion_mnist_numpy, to_arrow_table, write_parquet
-    from distkeras.experiments import build_mlp, test_accuracy
-    from distkeras.job_deployment import SECRET_HEADER, Job, Punchcard, create_app
+    from distkeras.tools.experiments import build_mlp, test_accuracy
+    from distkeras.job_deployment import Job, Punchcard
+    from distkeras.punchcard.app import create_app
+    from distkeras.punchcard.protocol import SECRET_HEADER
     from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry
     from distkeras.trainers import ADAG
 

@@ -84,7 +84,7 @@ def main():
     import report
 
     spark, data, (images, labels) = report.fashion_mnist_setup("local[2,4]", args.limit)
-    from distkeras.experiments import build_mlp, test_accuracy
+    from distkeras.tools.experiments import build_mlp, test_accuracy
     from distkeras.trainers import ADAG, TrainingError
     from distkeras.workers import ADAGWorker
 
@@ -164,7 +164,7 @@ def main():
         from distkeras.session import local_spark_session
         spark = local_spark_session("local[2]")
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from distkeras.experiments import build_mlp
+        from distkeras.tools.experiments import build_mlp
         from distkeras.trainers import ADAG
         ADAG(keras_model=build_mlp(), worker_optimizer="adam", loss="categorical_crossentropy",
              num_workers=2, communication_window=6).train(

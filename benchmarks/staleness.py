@@ -76,14 +76,14 @@ class Replicas:
 
     def initial(self):
         """The initial weights (numpy object array) and a fresh optimizer state."""
-        from distkeras.networking import weights_array
+        from distkeras.transport.networking import weights_array
 
         return weights_array(np.asarray(v) for v in self.model.trainable_variables), \
             [np.array(v) for v in self.optimizer.variables]  # count, rate, moments
 
     def train(self, weights, state, xs, ys):
         """Runs ``len(xs)`` Adam steps from ``weights``; returns (weights, state)."""
-        from distkeras.networking import weights_array
+        from distkeras.transport.networking import weights_array
 
         trainable, state = self._window(list(weights), state, xs, ys)
         return weights_array(np.asarray(v) for v in trainable), state

@@ -138,7 +138,7 @@ def run(name, kind, train, data, epochs, batch_size):
     import keras
 
     from distkeras import trainers
-    from distkeras.experiments import test_accuracy
+    from distkeras.tools.experiments import test_accuracy
 
     (x_train, y_train), (x_val, y_val), (x_test, labels) = data
     keras.backend.clear_session()

@@ -1,4 +1,4 @@
-"""Punchcard, under its dist-keras name: the client, and the job server's public API.
+"""Punchcard, under its dist-keras name: the client `Job`, and the job server `Punchcard`.
 
 The client::
 
@@ -10,43 +10,24 @@ The client::
 
 The server (``distkeras punchcard --secrets secrets.json --port 8000``) lives in
 `distkeras.punchcard`, whose package docstring maps its modules. This module is a thin
-face: the client's names are imported here, the server's only when one is asked for, so
-a notebook that imports `Job` loads neither Flask nor the server.
+face: `Job` is imported here, `Punchcard` only when asked for, so a notebook that imports
+`Job` loads neither Flask nor the server. The client's errors (`JobError`,
+`ServerUnreachable`) are imported from `distkeras.punchcard.client`.
 """
 
 import importlib
 
-from distkeras.punchcard.client import Job, JobError, ServerUnreachable
-from distkeras.punchcard.protocol import SECRET_HEADER
+from distkeras.punchcard.client import Job
 
-# The server's names, by the `distkeras.punchcard` module that defines each.
-_SERVER_NAMES = {
-    "BadRequest": "submissions", "SubmissionInProgress": "submissions",
-    "validate_submission": "submissions", "JOB_NAME_PATTERN": "submissions",
-    "MAX_WORKERS": "submissions", "MAX_PARALLELISM_FACTOR": "submissions",
-    "MAX_JSON_DEPTH": "submissions", "MAX_ARCHIVE_EXPANSION": "submissions",
-    "ARCHIVE_EXPANSION_FLOOR": "submissions",
-    "check_keras_parts": "keras_checks",
-    "ModelChecker": "model_check",
-    "Punchcard": "service",
-    "create_app": "app", "make_server": "app",
-    "serve": "commands", "secret_command": "commands", "CLI_COMMANDS": "commands",
-}
-
-__all__ = ["SECRET_HEADER", "Job", "JobError", "ServerUnreachable",
-           "BadRequest", "SubmissionInProgress", "validate_submission", "JOB_NAME_PATTERN",
-           "MAX_WORKERS", "MAX_PARALLELISM_FACTOR", "MAX_JSON_DEPTH", "MAX_ARCHIVE_EXPANSION",
-           "ARCHIVE_EXPANSION_FLOOR", "check_keras_parts", "ModelChecker", "Punchcard",
-           "create_app", "make_server", "serve", "secret_command", "CLI_COMMANDS"]
+__all__ = ["Job", "Punchcard"]
 
 
 def __getattr__(name):
-    """The server's names, imported when first asked for (PEP 562)."""
-    if name not in _SERVER_NAMES:
+    """`Punchcard`, imported when first asked for (PEP 562)."""
+    if name != "Punchcard":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"distkeras.punchcard.{_SERVER_NAMES[name]}")
-    return getattr(module, name)
+    return importlib.import_module("distkeras.punchcard.service").Punchcard
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SERVER_NAMES))
+    return sorted(set(globals()) | {"Punchcard"})

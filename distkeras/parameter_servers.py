@@ -1,18 +1,14 @@
 """The parameter servers under their dist-keras import path.
 
-A thin face: the names live in `distkeras.transport.parameter_servers` (see there).
+A thin face of dist-keras's names: the servers live in
+`distkeras.transport.parameter_servers` (see there, with the servers dist-keras did not
+have).
 """
 
-from distkeras.transport.parameter_servers import (RefusedUpdate, ParameterServer,
-                                                   SocketParameterServer, HistoryServer,
-                                                   AlgorithmServer, DeltaParameterServer,
-                                                   ADAGParameterServer,
+from distkeras.transport.parameter_servers import (ADAGParameterServer, DeltaParameterServer,
                                                    DynSGDParameterServer,
                                                    ExperimentalParameterServer,
-                                                   AveragingServer, EpochServer,
-                                                   part_attribute, part_method)
+                                                   ParameterServer, SocketParameterServer)
 
-__all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
-           "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
-           "DynSGDParameterServer", "ExperimentalParameterServer", "AveragingServer",
-           "EpochServer", "part_attribute", "part_method"]
+__all__ = ["ParameterServer", "SocketParameterServer", "DeltaParameterServer",
+           "ADAGParameterServer", "DynSGDParameterServer", "ExperimentalParameterServer"]

@@ -36,7 +36,7 @@ def local_spark_session(master="local[2]", app_name="distkeras", **conf):
     # XLA's CPU threads stay as JAX sets them: a lone worker (SingleTrainer) runs a
     # convolution on every core, as `fit` does (one thread per worker made a CNN 1.3-1.5x
     # slower), and several workers on one machine are each pinned to their own cores
-    # (`distkeras.affinity`). DISTKERAS_EXECUTOR_XLA_FLAGS sets the executors' XLA_FLAGS.
+    # (`distkeras.executor.affinity`). DISTKERAS_EXECUTOR_XLA_FLAGS sets the executors' XLA_FLAGS.
     if os.environ.get("DISTKERAS_EXECUTOR_XLA_FLAGS"):
         builder = builder.config("spark.executorEnv.XLA_FLAGS",
                                  os.environ["DISTKERAS_EXECUTOR_XLA_FLAGS"])

@@ -1,13 +1,14 @@
 """The DataFrame transformers under their dist-keras import path.
 
-A thin face: the stages live in `distkeras.ml.transformers` (see there).
+A thin face: the label stages live in `distkeras.ml.label_encoders`, the rescalers in
+`distkeras.ml.scalers`, the layout stages in `distkeras.ml.reshapers` (see there).
 """
 
-from distkeras.ml.transformers import (BinaryLabelTransformer, DenseTransformer,
-                                       LabelIndexTransformer, MinMaxTransformer,
-                                       OneHotTransformer, PackedTensorTransformer,
-                                       ReshapeTransformer, StandardEstimator,
-                                       StandardTransformer)
+from distkeras.ml.label_encoders import (BinaryLabelTransformer, LabelIndexTransformer,
+                                         OneHotTransformer)
+from distkeras.ml.reshapers import (DenseTransformer, PackedTensorTransformer,
+                                    ReshapeTransformer)
+from distkeras.ml.scalers import MinMaxTransformer, StandardEstimator, StandardTransformer
 
 __all__ = ["BinaryLabelTransformer", "DenseTransformer", "LabelIndexTransformer",
            "MinMaxTransformer", "OneHotTransformer", "PackedTensorTransformer",

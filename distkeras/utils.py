@@ -1,20 +1,16 @@
-"""dist-keras's helpers under their dist-keras import path: a model as `.keras` bytes, a
-compile configuration as it travels, the step history, and DataFrame helpers.
+"""dist-keras's helpers under their dist-keras import path, and a model and its history
+saved on any Hadoop path.
 
-A thin face: the names live in `distkeras.keras_io.archives` (a model's bytes and files),
-`distkeras.keras_io.compile_config` (optimizers, losses and metrics as configs, and their
-checks), `distkeras.tools.history` (the step history), `distkeras.tools.dataframes`
-(`shuffle`, `precache`) and `distkeras.tools.legacy_utils` (dist-keras's small helpers).
+A thin face: a model's bytes and files live in `distkeras.keras_io.archives`, the step
+history in `distkeras.tools.history`, `shuffle` and `precache` in
+`distkeras.tools.dataframes`, and dist-keras's small helpers in
+`distkeras.tools.legacy_utils` (see there).
 """
 
-from distkeras.keras_io.archives import (declared_weight_bytes, deserialize_model, load_model,
-                                         save_model, serialize_model,
-                                         tensorflow_only_once_imported)
-from distkeras.keras_io.compile_config import (check_compile_arguments,
-                                               compile_arguments, optimizer_as_compiled,
-                                               optimizer_config, serialize_keras_object)
+from distkeras.keras_io.archives import (deserialize_model, load_model, save_model,
+                                         serialize_model)
 from distkeras.tools.dataframes import precache, shuffle
-from distkeras.tools.history import average_history, load_history, save_history
+from distkeras.tools.history import load_history, save_history
 from distkeras.tools.legacy_utils import (get_os_username, history_executor,
                                           history_executors_average, json_to_dataframe_row,
                                           new_dataframe_row, pickle_object,
@@ -26,12 +22,9 @@ from distkeras.tools.legacy_utils import (get_os_username, history_executor,
 serialize_keras_model = serialize_model
 deserialize_keras_model = deserialize_model
 
-__all__ = ["tensorflow_only_once_imported", "serialize_model", "deserialize_model",
-           "declared_weight_bytes", "save_model", "load_model", "serialize_keras_object",
-           "compile_arguments", "optimizer_as_compiled", "optimizer_config",
-           "check_compile_arguments", "average_history", "save_history", "load_history",
-           "shuffle", "precache", "serialize_keras_model", "deserialize_keras_model",
-           "get_os_username", "history_executor", "history_executors_average",
-           "json_to_dataframe_row", "new_dataframe_row", "pickle_object",
-           "set_keras_base_directory", "to_one_hot_encoded_dense", "uniform_weights",
-           "unpickle_object"]
+__all__ = ["get_os_username", "set_keras_base_directory", "to_one_hot_encoded_dense",
+           "new_dataframe_row", "json_to_dataframe_row", "pickle_object", "unpickle_object",
+           "serialize_keras_model", "deserialize_keras_model", "history_executors_average",
+           "history_executor", "uniform_weights", "shuffle", "precache",
+           "serialize_model", "deserialize_model", "save_model", "load_model", "save_history",
+           "load_history"]

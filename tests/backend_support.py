@@ -64,7 +64,7 @@ def check_guide_step(spark):
     from distkeras.trainers import SingleTrainer
 
     # Defined once Keras is imported (after Spark); it travels with the task as any
-    # class of the driver's script (see `distkeras.custom_objects`).
+    # class of the driver's script (see `distkeras.keras_io.custom_objects`).
     guide_model = _guide_class(keras)
 
     def model(**options):

@@ -10,8 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from distkeras import networking
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.transport import networking
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import weights_array
 
 KERNEL = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.0]], dtype=np.float32)
 BIAS = np.array([0.125, -0.5], dtype=np.float32)

@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import build_mlp
 
-from distkeras.job_deployment import SECRET_HEADER, Job, Punchcard, make_server
+from distkeras.job_deployment import Job, Punchcard
+from distkeras.punchcard.app import make_server
+from distkeras.punchcard.protocol import SECRET_HEADER
 from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 
 NUM_SECRETS = 24

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from distkeras import parameter_servers, workers
-from distkeras.networking import weights_array
+from distkeras.transport.networking import weights_array
 from distkeras.utils import serialize_model
 from worker_support import arrays, make_worker, record_batches, small_model
 

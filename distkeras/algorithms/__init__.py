@@ -1,7 +1,6 @@
 """Asynchronous optimizers, one small file each, on the Algorithm API (`base`).
 
-`update_rules` holds the update rules they share, as small pure functions on weights
-(`distkeras.update_rules` is its old import path).
+`update_rules` holds the update rules they share, as small pure functions on weights.
 """
 
 from distkeras.algorithms.adag import ADAG

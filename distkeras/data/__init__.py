@@ -1,8 +1,7 @@
 """The data side: what turns DataFrames and files into a worker's minibatches.
 
-- `dataframes`: checks a training DataFrame against the model and lays it out for the
-  workers (driver); a face of `frame_columns` (column expressions), `frame_checks` (the
-  checks against the model) and `frame_layout` (the layout for the workers).
+- `frame_columns` (column expressions), `frame_checks` (a training DataFrame checked
+  against the model) and `frame_layout` (its layout for the workers; driver).
 - `feed`: minibatches built from the Arrow record batches of a partition (executor).
 - `tensors` and `vectors`: packed float32 columns and Spark ML vector columns, as Arrow
   brings them (executor; packing on the driver too).

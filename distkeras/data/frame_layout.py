@@ -14,8 +14,7 @@ from distkeras.data import parquet_source
 from distkeras.data.feed import arrow_name
 from distkeras.data.frame_columns import as_column_list, column, training_column
 
-# Its name from before distkeras.data: logging set-ups (and the tests) select it.
-logger = logging.getLogger("distkeras.dataframes")
+logger = logging.getLogger(__name__)
 
 
 def sparse_vector_columns(dataframe, names, first_row=None):
@@ -141,7 +140,7 @@ def kept_for_epochs(frame, num_epoch):
     once per epoch in a Spark job per epoch, and unpersists it after.
 
     The one-job paths read each partition once and replay it from local disk
-    (`distkeras.epochs`); a job per epoch computes the frame again, and a nondeterministic
+    (`distkeras.executor.epochs`); a job per epoch computes the frame again, and a nondeterministic
     upstream (a shuffle's row order, ``rand()``, a UDF) would give each epoch other rows,
     depending only on how many task slots the cluster has. A frame the user cached is
     read as it is, and so is one whose rows all come from a cache through steps that give

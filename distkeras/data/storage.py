@@ -13,9 +13,7 @@ import os
 import uuid
 from urllib.parse import urlparse
 
-# Its former module's logger (`distkeras.storage`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.storage")
+logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 

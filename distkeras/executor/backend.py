@@ -9,9 +9,7 @@ import os
 
 from distkeras.errors import BackendUnavailableError
 
-# The workers' logger, as before these helpers moved out of `distkeras.workers`: logging
-# configurations that name it still see their records.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 def enable_compilation_cache():

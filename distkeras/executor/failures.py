@@ -7,9 +7,7 @@ import re
 from distkeras.errors import DistkerasError, UnretryableError
 from distkeras.transport import networking
 
-# The workers' logger, as before the executor's modules moved out of `distkeras.workers`:
-# logging configurations that name it still see their records.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 class WorkerFailure(DistkerasError, RuntimeError):

@@ -20,9 +20,7 @@ import logging
 
 import numpy as np
 
-# Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.epoch_metrics")
+logger = logging.getLogger(__name__)
 
 # Message fields of a report (next to a worker's step records).
 INDEX_FIELD = "metric_state_index"

@@ -14,8 +14,7 @@ from distkeras.executor.worker import Worker
 from distkeras.transport import networking
 from distkeras.transport.exchange_checks import checked_update, learning_rate_field
 
-# The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 def variables_bytes(variables):

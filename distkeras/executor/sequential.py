@@ -11,8 +11,7 @@ from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_stat
                                             set_optimizer_state)
 from distkeras.transport import networking
 
-# The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 class SequentialWorker(Worker):

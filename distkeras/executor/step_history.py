@@ -13,9 +13,7 @@ import numpy as np
 from distkeras.executor.metric_sums import EpochMetricSums
 from distkeras.transport import networking
 
-# The workers' logger, as before these helpers moved out of `distkeras.workers`: logging
-# configurations that name it still see their records.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 class HistoryLog:

@@ -41,7 +41,7 @@ class TaskSpec:
         weighted_metrics: The compiled model's weighted metrics, serialized.
         execution_options: The compiled model's ``jit_compile``, ``run_eagerly`` and
             ``steps_per_execution``.
-        custom_objects: The user's Keras objects by name (see `distkeras.custom_objects`).
+        custom_objects: The user's Keras objects by name (see `keras_io.custom_objects`).
         backend: The driver's Keras backend, selected on the executor before Keras loads.
         seed_states: The master model's seed generator states (see
             `model_state.seed_states`), which the `.keras` bytes do not hold.

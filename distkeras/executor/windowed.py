@@ -10,8 +10,7 @@ from distkeras.executor.network import NetworkWorker
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.transport import networking
 
-# The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
-logger = logging.getLogger("distkeras.workers")
+logger = logging.getLogger(__name__)
 
 
 class WindowedWorker(NetworkWorker):

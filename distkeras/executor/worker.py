@@ -4,7 +4,7 @@ minibatches, runs `optimize()` and returns its message to the driver.
 A worker is built on the driver and holds its `TaskSpec` (the model as `.keras` bytes and
 the training settings); Spark ships both to the executors. Its step history is kept and
 sent by `distkeras.executor.step_history`, its model's seed and optimizer state by
-`distkeras.model_state`, and Keras prepared on the executor by `executor.backend`.
+`keras_io.model_state`, and Keras prepared on the executor by `executor.backend`.
 """
 
 import time

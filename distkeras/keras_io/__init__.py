@@ -10,6 +10,5 @@
 - `model_state`: what the weights leave out: the random generators' and the optimizer's
   state.
 
-`distkeras.utils` (dist-keras's name), `distkeras.custom_objects` and
-`distkeras.model_state` are its old import paths, thin faces.
+`distkeras.utils` (dist-keras's name) is a face of some of its names.
 """

@@ -29,7 +29,7 @@ from pyspark.ml.param.shared import HasPredictionCol, HasWeightCol
 from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader,
                              MLWritable, MLWriter)
 
-from distkeras.data import dataframes
+from distkeras.data import frame_checks
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
 from distkeras.ml.predictors import ModelPredictor, check_batch_size
 from distkeras.training.callbacks import as_callback_list
@@ -73,7 +73,7 @@ def _to_optimizer_name(value):
 def optimizer_config(optimizer, learning_rate, model):
     """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
     new object: the trainer's own optimizer stays as it was. Its weight decay exclusions
-    (of ``model``'s weights) stay too (see `distkeras.utils.optimizer_config`)."""
+    (of ``model``'s weights) stay too (see `keras_io.compile_config.optimizer_config`)."""
     import copy
 
     import keras
@@ -366,8 +366,8 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
                 f"{type(self.trainer).__name__}.train() returned {type(model).__name__}, not "
                 "one keras.Model; KerasEstimator supports trainers that return one model.")
         # The trainer keeps the columns as given: a dict by input name, in the model's order.
-        features_col = dataframes.columns_by_name(self.trainer.features_col, model, "inputs",
-                                                  "features_col")
+        features_col = frame_checks.columns_by_name(self.trainer.features_col, model, "inputs",
+                                                    "features_col")
         fitted = KerasModel(model, features_col=features_col,
                             output_col=self.getOrDefault(self.predictionCol),
                             batch_size=self.getOrDefault(self.batchSize))

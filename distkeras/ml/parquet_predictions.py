@@ -7,8 +7,7 @@ import logging
 
 from distkeras.ml.prediction_tasks import model_key
 
-# The name from before distkeras.ml: logging set-ups (and the tests) select it.
-logger = logging.getLogger("distkeras.predictors")
+logger = logging.getLogger(__name__)
 
 
 def direct_source(dataframe):

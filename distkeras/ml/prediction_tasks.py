@@ -14,8 +14,7 @@ import numpy as np
 
 from distkeras import errors
 
-# The name from before distkeras.ml: logging set-ups (and the tests) select it.
-logger = logging.getLogger("distkeras.predictors")
+logger = logging.getLogger(__name__)
 
 # Per Python worker process: the last model rebuilt there ("key", "model", and "settled":
 # whether `settle` has frozen it), and how many models this process has rebuilt
@@ -48,7 +47,7 @@ def cached_model(key, model_bytes, objects=None):
     Args:
         key: `model_key` of the archive.
         model_bytes: The `.keras` archive.
-        objects: The custom objects the model names (`distkeras.custom_objects.find`).
+        objects: The custom objects the model names (`keras_io.custom_objects.find`).
     """
     if _CACHE.get("key") == key:
         return _CACHE["model"]

@@ -6,8 +6,7 @@ import logging
 
 from distkeras.ml.prediction_tasks import model_key
 
-# The name from before distkeras.ml: logging set-ups (and the tests) select it.
-logger = logging.getLogger("distkeras.predictors")
+logger = logging.getLogger(__name__)
 
 COLUMNAR_UDF_INPUT = "spark.sql.execution.arrow.pythonUDF.columnarInput.enabled"
 

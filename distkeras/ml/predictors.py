@@ -37,8 +37,7 @@ from distkeras.ml.params import OUTPUT_TYPES
 from distkeras.ml.prediction_udf import avoid_columnar_udf_input, prediction_udf
 from distkeras.training.spark_jobs import check_executor_python
 
-# The name from before distkeras.ml: logging set-ups (and the tests) select it.
-logger = logging.getLogger("distkeras.predictors")
+logger = logging.getLogger(__name__)
 
 
 def check_batch_size(batch_size):

@@ -1,13 +1,13 @@
 """Tools a user runs by hand on the driver, around a training rather than inside it.
 
 - `experiments`: sweeps of trainers, workers and windows (``python -m
-  distkeras.experiments``), measured and plotted.
+  distkeras.tools.experiments``), measured and plotted.
 - `plotting`: plots of a run's history and of a sweep (matplotlib, no display).
 - `history`: a run's step history averaged over the workers, saved and loaded.
 - `dataframes`: dist-keras's `shuffle` and `precache`.
 - `schemes`: dist-keras's `Emperor`, training in rounds with a falling learning rate.
 - `legacy_utils`: dist-keras's small helpers, for scripts written for it.
 
-`distkeras.experiments`, `distkeras.plotting`, `distkeras.schemes` and `distkeras.utils`
-are their import paths, thin faces.
+`distkeras.schemes` and `distkeras.utils` are dist-keras's import paths of some of them,
+thin faces.
 """

@@ -2,13 +2,13 @@
 
 From Python (with a SparkSession started before Keras is imported)::
 
-    from distkeras.experiments import sweep
+    from distkeras.tools.experiments import sweep
     results = sweep(spark, trainers=("SingleTrainer", "ADAG", "DOWNPOUR"), workers=(1, 2),
                     windows=(4, 12), output_dir="experiments")
 
 From the shell::
 
-    python -m distkeras.experiments sweep --trainer ADAG DOWNPOUR --workers 1 2 \\
+    python -m distkeras.tools.experiments sweep --trainer ADAG DOWNPOUR --workers 1 2 \\
         --window 1 4 12 32 --epochs 1 --dataset fashion_mnist [--limit N] \\
         [--master local[2]] [--output-dir DIR]
 
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-logger = logging.getLogger("distkeras.experiments")  # also under `python -m`
+logger = logging.getLogger(__name__)
 
 COLUMNS = ("trainer", "workers", "window", "epochs", "wall_time_s", "samples_per_s",
            "test_accuracy", "mean_staleness")
@@ -191,7 +191,7 @@ def run_one(dataframe, test_data, trainer_class, workers=1, window=None, *, epoc
 
     Returns:
         ``(result, trainer)``: the result dict (the `COLUMNS`) and the trained trainer (for
-        its history, e.g. `distkeras.plotting.plot_history`).
+        its history, e.g. `distkeras.tools.plotting.plot_history`).
     """
     import keras
 
@@ -432,7 +432,7 @@ def _positive_int(text):
 
 def _parser():
     parser = _OneLineParser(
-        prog="python -m distkeras.experiments",
+        prog="python -m distkeras.tools.experiments",
         description="Sweeps of distkeras trainers on local Spark: wall time, throughput, "
                     "test accuracy and staleness, as a CSV table and plots.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND",
@@ -475,7 +475,7 @@ def _run_sweep(args):
         trainer_classes = resolve_trainers(args.trainer)
         _check_output_dir(args.output_dir, "--output-dir")
     except ValueError as error:
-        sys.stderr.write(f"python -m distkeras.experiments sweep: error: {error}\n")
+        sys.stderr.write(f"python -m distkeras.tools.experiments sweep: error: {error}\n")
         return 2
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -526,9 +526,12 @@ def main(argv=None):
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         lines = [line for line in str(error).splitlines() if line.strip()]
         message = lines[0] if lines else type(error).__name__
-        sys.stderr.write(f"python -m distkeras.experiments sweep: error: {message}\n")
+        sys.stderr.write(f"python -m distkeras.tools.experiments sweep: error: {message}\n")
         return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The module's own copy, not this ``__main__`` one: its logger is then
+    # `distkeras.tools.experiments`, under the package logger the command sets up.
+    from distkeras.tools.experiments import main as _main
+    sys.exit(_main())

@@ -171,7 +171,7 @@ def history_executors_average(history):
 
     Returns:
         A dict of numpy arrays, one entry per averaged step (see
-        `distkeras.utils.average_history`); dist-keras returned a list of
+        `distkeras.tools.history.average_history`); dist-keras returned a list of
         ``[loss, accuracy]`` arrays: ``loss`` and ``accuracy`` are keys here.
     """
     from distkeras.tools.history import average_history

@@ -1,6 +1,6 @@
 """Plots of a training run and of a sweep of runs (matplotlib, no display needed).
 
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
     plot_history(trainer, "history.png")      # loss and metrics against wall time
 
 Figures are built with `matplotlib.figure.Figure` directly, never through pyplot, so they
@@ -236,7 +236,7 @@ def plot_comparison(results, path=None, by="workers", metrics=("wall_time_s", "t
 
     Args:
         results: Dicts with ``trainer``, ``workers``, ``window`` and the ``metrics``, as
-            `distkeras.experiments.sweep` returns them.
+            `distkeras.tools.experiments.sweep` returns them.
         path: Where to save the figure as PNG (optional).
         by: ``"workers"`` or ``"window"``: the x axis.
         metrics: Result entries to plot, one panel each.

@@ -14,8 +14,7 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
   declared; `serving`: the one owner of a server's lifecycle; `launch`: the Spark job;
   `shortfalls`: the warnings of a run that trained less than asked.
 - `validation_data`: the validation rows, held on the driver; `callbacks`: the checks of
-  the Keras callbacks; `validator`: their per-epoch evaluation and calls
-  (`distkeras.validation` is their face).
+  the Keras callbacks; `validator`: their per-epoch evaluation and calls.
 - `checks`: the checks of a trainer's settings; `options`: ``train()``'s options as they
   travel in JSON (the CLI, Punchcard); `registry`: the trainer classes by name.
 - `spark_jobs`: the Spark jobs as the driver sees them (the task function, replies in
@@ -23,11 +22,6 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
   `checkpoints`: the center variable saved and restored; `epoch_metrics`: the epoch's
   exact metric values from the workers' reports; `batch_statistics`: BatchNormalization
   statistics measured again for averaged weights.
-
-Their old top-level import paths (`distkeras.monitor`, `distkeras.training_checks`,
-`distkeras.training_jobs`, `distkeras.train_options`, `distkeras.checkpoints`,
-`distkeras.batch_statistics`, `distkeras.epoch_metrics`, `distkeras.registry`) are thin
-faces.
 
 `distkeras.trainers` is the public face: import the trainers from there.
 """

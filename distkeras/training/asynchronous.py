@@ -16,8 +16,7 @@ from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.trainer import Trainer
 from distkeras.transport import parameter_servers
 
-# The trainers' logger, as before these classes moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 class DistributedTrainer(Trainer, compat.DistributedAccessors):

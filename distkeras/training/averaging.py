@@ -7,7 +7,7 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
-from distkeras.data import dataframes
+from distkeras.data import frame_layout
 from distkeras.data import parquet_source
 from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
@@ -15,8 +15,7 @@ from distkeras.training import epoch_metrics
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
 
-# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 def next_iterations(records):
@@ -41,17 +40,17 @@ class AveragingPlan(Plan):
     def train(self, frame, label_shapes, shuffle):
         if self.settings.num_epoch > 1 and self.slots_for_one_job(frame,
                                                                   self.num_partitions()):
-            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+            layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle)
             if self.runs_as_barrier_stage(frame, layout, shuffle):
                 return self.train_in_one_job(layout, label_shapes, shuffle)
             logger.info("AveragingTrainer: the DataFrame's partitions cannot run as one "
                         "barrier stage (coalesce() or union() before the training): one "
                         "Spark job per epoch.")
-        with dataframes.kept_for_epochs(frame, self.settings.num_epoch):
+        with frame_layout.kept_for_epochs(frame, self.settings.num_epoch):
             return self.train_epoch_by_epoch(frame, label_shapes, shuffle)
 
     def runs_as_barrier_stage(self, frame, layout, shuffle):
-        """Whether Spark accepts ``layout`` (`dataframes.lay_out` of ``frame``) as the
+        """Whether Spark accepts ``layout`` (`frame_layout.lay_out` of ``frame``) as the
         input of a barrier stage. It refuses a stage whose RDDs do not all have the
         stage's number of partitions (a ``coalesce``, a ``union``), and the refusal
         stops the whole SparkContext (Spark 4)."""
@@ -60,7 +59,7 @@ class AveragingPlan(Plan):
             return True  # laid out by a shuffle of its own, or read over spark.range
         if layout is not frame:
             return False  # coalesce(1)
-        return dataframes.barrier_compatible(layout, self.num_partitions())
+        return frame_layout.barrier_compatible(layout, self.num_partitions())
 
     def train_in_one_job(self, layout, label_shapes, shuffle):
         run, settings = self.run, self.settings
@@ -90,8 +89,8 @@ class AveragingPlan(Plan):
         model = deserialize_model(serialize_model(settings.master_model))
         for epoch in range(settings.num_epoch):
             run.begin_epoch(epoch + 1)
-            layout = dataframes.lay_out(frame, self.num_partitions(), shuffle,
-                                        seed=None if not shuffle else epoch)
+            layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle,
+                                          seed=None if not shuffle else epoch)
             worker = self.trainer.allocate_worker(model)
             self.configure_worker(worker)
             self.run_epoch_job(model, worker, layout, frame, label_shapes, epoch)

@@ -11,9 +11,7 @@ the same in the exact mean.
 
 import logging
 
-# Its former module's logger (`distkeras.batch_statistics`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.batch_statistics")
+logger = logging.getLogger(__name__)
 
 # Rows of the training data read on the driver for the new statistics: 2,048 rows give
 # means within a few hundredths of a standard deviation, and cost one pass over them.

@@ -8,9 +8,7 @@ silently, and warns of options that do nothing here.
 import logging
 import re
 
-# Under the name of the module this came from: logging set-ups written before the move
-# select it.
-logger = logging.getLogger("distkeras.validation")
+logger = logging.getLogger(__name__)
 
 
 # Callbacks that change the optimizer's learning rate between epochs: the trainers hand the

@@ -11,9 +11,7 @@ import time
 from distkeras.data import storage
 from distkeras.transport import networking
 
-# Its former module's logger (`distkeras.checkpoints`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.checkpoints")
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.dkc"
 
@@ -83,17 +81,15 @@ def restore(server, folder, trainer_name):
         trainer_name: The class name of the trainer resuming (a checkpoint written by
             another is resumed with a warning: its update rule differed).
     """
-    trainers_logger = logging.getLogger("distkeras.trainers")
     checkpoint = load_checkpoint(folder, server.weight_spec)
     if checkpoint is None:
-        trainers_logger.warning("No checkpoint in %s: starting from the model's weights.",
-                                folder)
+        logger.warning("No checkpoint in %s: starting from the model's weights.", folder)
         return
     written_by = checkpoint.get("trainer")
     if written_by and written_by != trainer_name:
         # The weights fit (they were checked), but the update rule that made them differs.
-        trainers_logger.warning("The checkpoint in %s was written by %s; resuming it with %s.",
-                                folder, written_by, trainer_name)
+        logger.warning("The checkpoint in %s was written by %s; resuming it with %s.",
+                       folder, written_by, trainer_name)
     server.center_variable = checkpoint["center"]
     server.num_updates = int(checkpoint["num_updates"])
-    trainers_logger.info("Resuming from %s (%s updates)", folder, server.num_updates)
+    logger.info("Resuming from %s (%s updates)", folder, server.num_updates)

@@ -9,7 +9,7 @@ run's results on the trainer (`results.keep`), also when the run failed.
 import math
 import time
 
-from distkeras.data import dataframes
+from distkeras.data import frame_checks, frame_layout
 from distkeras.keras_io import custom_objects
 from distkeras.training import batch_statistics
 from distkeras.training import preparation
@@ -65,19 +65,19 @@ def _train(plan, dataframe, options):
     run, settings = plan.run, plan.settings
     name = type(run.trainer).__name__
     check_checkpointing(plan)
-    dataframes.check_spark_dataframe(dataframe)
+    frame_checks.check_spark_dataframe(dataframe)
     callbacks = check_callbacks(
         options["callbacks"], name,
         learning_rate_callbacks=plan.follows_learning_rate_callbacks)
     validation = options["validation_data"]
     dataframe, validation_frame = (dataframe, None) if validation is None \
         else validation_data.split(dataframe, validation)
-    label_shapes = dataframes.validate(
+    label_shapes = frame_checks.validate(
         dataframe, settings.master_model, settings.features_col, settings.label_col)
     preparation.check_run(run, dataframe, label_shapes, options["sample_weight_col"],
                           options["class_weight"])
-    frame = dataframes.training_frame(dataframe, settings.features_col, settings.label_col,
-                                      options["sample_weight_col"])
+    frame = frame_layout.training_frame(dataframe, settings.features_col, settings.label_col,
+                                        options["sample_weight_col"])
     with custom_objects.scope(run.custom_objects):
         if callbacks and not plan.watches_one_model:
             raise ValueError(f"{name} trains independent models: callbacks, which "

@@ -2,13 +2,12 @@
 
 import logging
 
-from distkeras.data import dataframes
+from distkeras.data import frame_layout
 from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
 
-# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 class EnsemblePlan(Plan):
@@ -21,7 +20,7 @@ class EnsemblePlan(Plan):
 
         run, settings = self.run, self.settings
         count = settings.num_ensembles
-        layout = dataframes.lay_out(frame, count, shuffle, seed=settings.seed)
+        layout = frame_layout.lay_out(frame, count, shuffle, seed=settings.seed)
         worker = self.trainer.allocate_worker()
         self.configure_worker(worker)
         description = f"{run.label} ({count} models)"

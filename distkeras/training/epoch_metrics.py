@@ -14,9 +14,7 @@ import numpy as np
 
 from distkeras.executor.metric_sums import INDEX_FIELD, VALUES_FIELD
 
-# Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.epoch_metrics")
+logger = logging.getLogger(__name__)
 
 
 def unpack(message, worker_id):

@@ -33,7 +33,7 @@ def slots_for_one_job(run, frame, num_tasks):
 def run_workers(frame, num_tasks, worker, label_shapes, description, job_group=None,
                 replay=None, barrier=False):
     """Runs one Spark task per partition of ``frame`` (``num_tasks`` of them, as laid
-    out by `dataframes.lay_out`), each over its partition as ``replay`` (an
+    out by `frame_layout.lay_out`), each over its partition as ``replay`` (an
     `epochs.Replay`; default: once); returns the workers' messages. With ``barrier``,
     Spark starts the tasks together (and restarts them together).
 

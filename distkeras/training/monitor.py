@@ -18,9 +18,7 @@ import numpy as np
 from distkeras.training.epoch_metrics import of_epoch
 from distkeras.training.validator import epoch_logs
 
-# Its former module's logger (`distkeras.monitor`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.monitor")
+logger = logging.getLogger(__name__)
 
 VERBOSE_CHOICES = (0, 1, 2, "auto")
 

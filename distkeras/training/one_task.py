@@ -8,7 +8,7 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 
 import logging
 
-from distkeras.data import dataframes
+from distkeras.data import frame_layout
 from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.executor.sequential import SequentialWorker
@@ -18,8 +18,7 @@ from distkeras.training.checks import check_optimizer_tracks_trainable, steps_ta
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
 
-# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 class OneTaskPlan(Plan):
@@ -34,7 +33,7 @@ class OneTaskPlan(Plan):
         model = deserialize_model(serialize_model(settings.master_model))
         lent_state = self.lent_optimizer_state()
         if run.validator is None:
-            layout = dataframes.lay_out(frame, 1, shuffle)
+            layout = frame_layout.lay_out(frame, 1, shuffle)
             worker = trainer.allocate_worker()
             if lent_state is not None:
                 worker.spec = worker.spec.replace(optimizer_state=lent_state)
@@ -48,7 +47,7 @@ class OneTaskPlan(Plan):
         if settings.num_epoch > 1 and trainer.runs_epochs_in_one_task() \
                 and self.slots_for_one_job(frame, 1):
             return self.train_in_one_task(frame, label_shapes, shuffle)
-        with dataframes.kept_for_epochs(frame, settings.num_epoch):
+        with frame_layout.kept_for_epochs(frame, settings.num_epoch):
             return self.train_epoch_by_epoch(model, frame, label_shapes, shuffle)
 
     def train_in_one_task(self, frame, label_shapes, shuffle):
@@ -75,7 +74,7 @@ class OneTaskPlan(Plan):
             on_epoch_end=end_epoch)
         self.run_epoch_server(
             server, self.trainer.allocate_epoch_worker(),
-            dataframes.lay_out(frame, 1, shuffle), 1, label_shapes,
+            frame_layout.lay_out(frame, 1, shuffle), 1, label_shapes,
             f"distkeras {run.label} ({num_epoch} epochs)", Replay(num_epoch, shuffle),
             failures)
         run.optimizer_state = list(server.optimizer_state)
@@ -161,7 +160,7 @@ class OneTaskPlan(Plan):
                                         if not record.get("superseded")), default=0)
             steps_before, states_before = len(run.history), len(run.metric_states)
             message = self.run_sequential(
-                dataframes.lay_out(frame, 1, shuffle), worker, label_shapes,
+                frame_layout.lay_out(frame, 1, shuffle), worker, label_shapes,
                 f"{run.label} epoch {epoch}/{num_epoch}",
                 run.progress_total // num_epoch if run.progress_total else None)
             model.set_weights(list(message["weights"]))

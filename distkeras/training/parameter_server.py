@@ -8,7 +8,7 @@ saves checkpoints and stops workers that stall.
 
 import logging
 
-from distkeras.data import dataframes
+from distkeras.data import frame_layout
 from distkeras.errors import TrainingError
 from distkeras.executor.epochs import Replay
 from distkeras.training import worker_setup
@@ -20,8 +20,7 @@ from distkeras.training.shortfalls import warn_if_nothing_committed, warn_if_tra
 from distkeras.training.spark_jobs import driver_address, warn_if_speculative
 from distkeras.transport import parameter_servers
 
-# The trainers' logger, as before this plan moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 class ParameterServerPlan(Plan):
@@ -37,7 +36,7 @@ class ParameterServerPlan(Plan):
         run, settings, trainer = self.run, self.settings, self.trainer
         spark = frame.sparkSession
         warn_if_speculative(spark.sparkContext, type(trainer).__name__)
-        layout = dataframes.lay_out(frame, self.num_partitions(), shuffle)
+        layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle)
         server = trainer.allocate_parameter_server()
         run.worker_host = driver_address(spark)
         run.server = server

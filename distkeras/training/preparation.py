@@ -6,7 +6,7 @@ the callbacks. Everything here raises on the driver, naming what to change, rath
 on every executor.
 """
 
-from distkeras.data import dataframes
+from distkeras.data import frame_columns
 from distkeras.data import sample_weights
 from distkeras.keras_io import custom_objects
 from distkeras.keras_io.compile_config import check_compile_arguments
@@ -33,8 +33,8 @@ def check_run(run, dataframe, label_shapes, sample_weight_col, class_weight):
     run.sample_weight_col = sample_weight_col
     run.class_table = sample_weights.validate(
         dataframe, sample_weight_col, class_weight,
-        dataframes.as_column_list(settings.features_col)
-        + dataframes.as_column_list(settings.label_col), label_shapes, output_shapes)
+        frame_columns.as_column_list(settings.features_col)
+        + frame_columns.as_column_list(settings.label_col), label_shapes, output_shapes)
 
 
 def find_custom_objects(settings):

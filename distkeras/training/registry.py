@@ -17,9 +17,7 @@ import inspect
 import logging
 from importlib import metadata
 
-# Its former module's logger (`distkeras.registry`): logging configurations that name
-# it still see its records.
-logger = logging.getLogger("distkeras.registry")
+logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "distkeras.trainers"
 BUILTIN_TRAINERS = ("SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG",

@@ -12,8 +12,7 @@ import weakref
 from distkeras.tools.history import average_history
 from distkeras.training.run import RunResults
 
-# The trainers' logger, as before these getters moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 # trainer -> the server of its last run, in this process only (see the module's docstring).
 _LAST_SERVERS = weakref.WeakKeyDictionary()
@@ -67,7 +66,7 @@ class ResultAccessors:
 
         Returns:
             A dict of numpy arrays by name (``iteration``, ``epoch``, ``loss``, each
-            metric, ``timestamp``, ...); see `distkeras.utils.average_history`.
+            metric, ``timestamp``, ...); see `distkeras.tools.history.average_history`.
         """
         return average_history(self._results.history)
 

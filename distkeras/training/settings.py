@@ -10,7 +10,7 @@ trainer keeps what the user gave, so its `get_config()` is the same before and a
 
 import types
 
-from distkeras.data import dataframes
+from distkeras.data import frame_checks
 from distkeras.training.checks import (check_columns, check_int, compiled_with,
                                        compiled_without_loss, default_metrics,
                                        is_classification_loss)
@@ -120,9 +120,9 @@ def resolve(trainer, overrides=None):
     check_common(values)
     # A dict keyed by the model's input (output) names, as `fit` takes x (y), becomes the
     # list of its columns in the model's order.
-    values["features_col"] = dataframes.columns_by_name(
+    values["features_col"] = frame_checks.columns_by_name(
         values["features_col"], model, "inputs", "features_col")
-    values["label_col"] = dataframes.columns_by_name(
+    values["label_col"] = frame_checks.columns_by_name(
         values["label_col"], model, "outputs", "label_col")
     check_columns("features_col", values["features_col"])
     if values["label_col"] is None:

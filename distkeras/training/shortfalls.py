@@ -8,8 +8,7 @@ the returned model holds less training than the run's settings suggest.
 
 import logging
 
-# The trainers' logger, as before these warnings moved out of `distkeras.trainers`.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 def warn_if_trained_short(name, worker, history, expected, num_epoch):

@@ -17,9 +17,7 @@ from distkeras.errors import TrainingError
 from distkeras.executor import failures
 from distkeras.transport import networking
 
-# The trainers' logger, as before these helpers moved out of `distkeras.trainers`: logging
-# configurations that name it still see the warnings.
-logger = logging.getLogger("distkeras.trainers")
+logger = logging.getLogger(__name__)
 
 
 ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"

@@ -11,13 +11,11 @@ import numbers
 
 import numpy as np
 
-from distkeras.data import dataframes
+from distkeras.data import frame_checks, frame_columns, frame_layout
 from distkeras.data.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
                                  model_inputs, output_names)
 
-# Under the name of the module this came from: logging set-ups written before the move
-# select it.
-logger = logging.getLogger("distkeras.validation")
+logger = logging.getLogger(__name__)
 
 SPLIT_COLUMN = "__distkeras_validation_draw"
 
@@ -47,7 +45,7 @@ def split(dataframe, validation_data, seed=1234):
 
     if isinstance(validation_data, DataFrame) or \
             (type(validation_data).__module__ or "").startswith("pyspark.sql.connect"):
-        dataframes.check_spark_dataframe(validation_data, "validation data")
+        frame_checks.check_spark_dataframe(validation_data, "validation data")
         return dataframe, validation_data
     if isinstance(validation_data, list) and len(validation_data) in (2, 3):
         validation_data = tuple(validation_data)  # fit takes [x, y] as (x, y)
@@ -194,24 +192,24 @@ def collect(validation, model, features_col, label_col, sample_weight_col=None):
     that column (as Keras's ``validation_split`` keeps the training weights), else None.
 
     Raises:
-        ValueError: When the rows do not fit the model (see `dataframes.validate`) or
+        ValueError: When the rows do not fit the model (see `frame_checks.validate`) or
             there are none.
     """
     try:
-        label_shapes = dataframes.validate(validation, model, features_col, label_col)
+        label_shapes = frame_checks.validate(validation, model, features_col, label_col)
     except (TypeError, ValueError) as error:
         raise type(error)(f"In the validation data: {error}") from error
-    features = dataframes.as_column_list(features_col)
-    labels = dataframes.as_column_list(label_col)
+    features = frame_columns.as_column_list(features_col)
+    labels = frame_columns.as_column_list(label_col)
     if sample_weight_col is not None and sample_weight_col not in validation.columns:
         logger.info("The validation data has no %r column: its rows are not weighted.",
                     sample_weight_col)
         sample_weight_col = None
     # Dense vectors: the rows are held on the driver whole anyway, and `toArrow` fails
     # on a null vector struct (with an Arrow error that names no column).
-    table = dataframes.training_frame(validation, features_col, label_col,
-                                      sample_weight_col, sparse=False
-                                      ).limit(MAX_ROWS + 1).toArrow()
+    table = frame_layout.training_frame(validation, features_col, label_col,
+                                        sample_weight_col, sparse=False
+                                        ).limit(MAX_ROWS + 1).toArrow()
     if table.num_rows == 0:
         raise ValueError("The validation data has no rows.")
     if table.num_rows > MAX_ROWS:

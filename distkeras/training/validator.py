@@ -15,9 +15,7 @@ from distkeras.data import sample_weights
 from distkeras.data.feed import model_outputs, output_keys
 from distkeras.training.callbacks import LEARNING_RATE_CALLBACKS, keras_callback_list
 
-# Under the name of the module this came from: logging set-ups written before the move
-# select it.
-logger = logging.getLogger("distkeras.validation")
+logger = logging.getLogger(__name__)
 
 
 # Keys of a step record that describe the step rather than measure it.

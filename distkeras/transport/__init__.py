@@ -15,6 +15,5 @@ frames, connections and a worker's checks run on both ends.
 - `parameter_servers`: the servers, each holding those parts (driver).
 
 `distkeras.networking` and `distkeras.parameter_servers` are the dist-keras import paths
-(thin faces); `distkeras.server_transport`, `.center`, `.history_sink`, `.epoch_barrier`
-and `.exchange_checks` are kept as faces too.
+(thin faces).
 """

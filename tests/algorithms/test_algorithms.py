@@ -14,11 +14,13 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from distkeras import (  # noqa: E402
-    algorithms, parameter_servers, trainers, update_rules, workers)
+from distkeras import algorithms, trainers  # noqa: E402
+from distkeras.algorithms import update_rules  # noqa: E402
 from distkeras.training import registry  # noqa: E402 (its `metadata` is patched)
 from distkeras.algorithms import Algorithm, Hyperparameter  # noqa: E402
-from distkeras.networking import weights_array  # noqa: E402
+from distkeras.executor.windowed import WindowedWorker  # noqa: E402
+from distkeras.transport.networking import weights_array  # noqa: E402
+from distkeras.transport.parameter_servers import AlgorithmServer  # noqa: E402
 from replay_support import (  # noqa: E402
     LEARNING_RATE, assert_close, checkpoint_weights, get, keras_copy, minus, observed,
     others_commit, run_worker, windows)
@@ -81,8 +83,8 @@ def test_adam_outer_step_golden():
 def train(algorithm, others=None):
     model = small_model()
     model.set_weights(list(checkpoint_weights()))
-    server = observed(parameter_servers.AlgorithmServer, others)(model, algorithm=algorithm)
-    return server, run_worker(server, workers.WindowedWorker,
+    server = observed(AlgorithmServer, others)(model, algorithm=algorithm)
+    return server, run_worker(server, WindowedWorker,
                               keras.optimizers.Adam(LEARNING_RATE), algorithm=algorithm)
 
 

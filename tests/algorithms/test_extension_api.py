@@ -57,7 +57,7 @@ def test_seed_tutorial_runs_as_printed(fashion_train, caplog):
                           loss="categorical_crossentropy", num_workers=4, batch_size=32,
                           communication_window=8)
     dataframe = fashion_train.limit(1200)
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         model = trainer.train(dataframe)
     assert not [r for r in caplog.records if "applied no commit" in r.getMessage()
                 or "returned before" in r.getMessage()]
@@ -81,7 +81,7 @@ def test_a_run_that_commits_nothing_says_so(fashion_train, caplog):
     trainer = MyOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
                           loss="categorical_crossentropy", num_workers=2, batch_size=32,
                           communication_window=8)
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         trainer.train(fashion_train.limit(200))
     assert trainer.parameter_server.num_updates == 0
     warnings = [r.getMessage() for r in caplog.records if "applied no commit" in r.getMessage()]
@@ -109,7 +109,7 @@ def test_a_worker_that_returns_early_says_how_little_it_trained(fashion_train, c
                        loss="categorical_crossentropy", num_workers=2, batch_size=32,
                        num_epoch=2)
     # train() returned normally (epoch-end callbacks fired) without a word.
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         trainer.train(fashion_train.limit(200), verbose=2)
     assert sum(r["batch_size"] for r in trainer.get_history()) == 64
     warnings = [r.getMessage() for r in caplog.records if "returned before" in r.getMessage()]
@@ -139,7 +139,7 @@ class NaNOptimizer(AsynchronousDistributedTrainer):
 def test_a_run_whose_commits_were_all_refused_says_so(fashion_train, caplog):
     trainer = NaNOptimizer(keras_model=build_mlp(), worker_optimizer="adam",
                            loss="categorical_crossentropy", num_workers=2)
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         trainer.train(fashion_train.limit(128))
     warnings = [r.getMessage() for r in caplog.records if "applied none" in r.getMessage()]
     refused = trainer.parameter_server.refused
@@ -171,7 +171,7 @@ def test_default_parameter_server_is_delta(fashion_train, fashion_test):
 
 
 def test_object_array_weights_on_numpy_2():
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
 
     w = weights_array([np.ones((2, 3), "float32"), np.full(3, 2.0, "float32")])
     w1 = np.asarray(w)
@@ -234,7 +234,7 @@ def test_a_misshaped_delta_names_the_worker_and_the_shapes(fashion_train):
 
 
 def test_checked_update_wants_one_array_per_weight():
-    from distkeras.exchange_checks import checked_update
+    from distkeras.transport.exchange_checks import checked_update
 
     spec = [((2, 3), np.dtype("float32")), ((3,), np.dtype("float32"))]
     layers = [np.ones((2, 3)), np.ones(3, "float32")]

@@ -16,21 +16,18 @@ import keras
 import numpy as np
 import pytest
 
-from distkeras import networking, update_rules
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.transport import networking
+from distkeras.algorithms import update_rules
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import (
     ADAGParameterServer,
     DeltaParameterServer,
     DynSGDParameterServer,
     ExperimentalParameterServer,
 )
-from distkeras.workers import (
-    AEASGDWorker,
-    DynSGDWorker,
-    EAMSGDWorker,
-    ExperimentalWorker,
-    ModelReplica,
-)
+from distkeras.executor.replica import ModelReplica
+from distkeras.workers import AEASGDWorker, DynSGDWorker, EAMSGDWorker, ExperimentalWorker
 from ps_support import BIAS, KERNEL, expect_closed_by_server, make_model
 
 F32 = np.float32

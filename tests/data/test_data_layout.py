@@ -50,16 +50,10 @@ def test_the_datasets_face_names_every_public_function_and_constant():
     assert public - NOT_IN_THE_FACE == set(face.__all__)
 
 
-@pytest.mark.parametrize("name", ["feed", "dataframes", "tensors", "vectors",
+@pytest.mark.parametrize("name", ["feed", "frame_layout", "tensors", "vectors",
                                   "sample_weights", "parquet_source"])
 def test_internal_data_modules_live_only_in_the_package(name):
     assert importlib.util.find_spec(f"distkeras.data.{name}") is not None
     # No stale copy or face at the old path: these were never imported by users.
     assert importlib.util.find_spec(f"distkeras.{name}") is None
 
-
-def test_the_dataframe_checks_log_under_their_old_logger_name():
-    from distkeras.data import dataframes
-
-    # Logging set-ups written before the move select this name.
-    assert dataframes.logger.name == "distkeras.dataframes"

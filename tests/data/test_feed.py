@@ -88,8 +88,8 @@ def test_worker_memory_does_not_grow_with_steps():
 
 
 def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(spark):
-    from distkeras.training_jobs import (ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH,
-                                         feed_batch_rows)
+    from distkeras.training.spark_jobs import (ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH,
+                                               feed_batch_rows)
 
     def _batch_rows(record_batches):  # defined here: shipped to the executor by value
         import pyarrow as pa
@@ -117,7 +117,7 @@ def test_training_jobs_feed_small_arrow_batches_unless_the_session_sets_its_own(
 def test_overlapping_trainings_keep_the_small_arrow_batches_until_the_last_ends(spark):
     """Two trainings in threads on one session: the second to start used to read the first's
     setting as the session's own, and the first to end unset it under the second."""
-    from distkeras.training_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, \
+    from distkeras.training.spark_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH, \
         feed_batch_rows
 
     first, second = feed_batch_rows(spark), feed_batch_rows(spark)
@@ -341,7 +341,7 @@ def test_sparse_vectors_travel_sparse_and_train_as_the_same_dense_rows(spark):
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
 
-    from distkeras.data.dataframes import training_frame
+    from distkeras.data.frame_layout import training_frame
     from distkeras.predictors import ModelPredictor
     from distkeras.trainers import SingleTrainer
 
@@ -560,10 +560,10 @@ def test_an_ensemble_member_on_invalid_rows_stops_the_other_members_at_once(spar
     import keras
     import pytest
 
-    from distkeras import workers
+    from distkeras.executor.sequential import EnsembleWorker
     from distkeras.trainers import EnsembleTrainer, TrainingError
 
-    class SlowGoodMember(workers.EnsembleWorker):
+    class SlowGoodMember(EnsembleWorker):
         def train_steps(self, batches):
             # The good member (partition 0) takes 0.1 s a call, 100 s for its 1,000 calls
             # if nothing stops it: however fast or busy the machine, the other member meets
@@ -602,7 +602,7 @@ def test_a_bad_row_in_a_later_arrow_batch_is_placed_in_its_partition(spark):
     import pytest
 
     from distkeras.trainers import SingleTrainer, TrainingError
-    from distkeras.training_jobs import ARROW_BATCH_KEY
+    from distkeras.training.spark_jobs import ARROW_BATCH_KEY
 
     rows = [([0.5] * 3, float("nan") if index == 750 else 1.0) for index in range(1000)]
     frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
@@ -640,7 +640,7 @@ def test_a_worker_the_driver_stopped_does_not_warn_that_it_could_not_say_goodbye
         worker.socket, worker.completed = ours, completed
         worker.flush_history = lambda: ours.sendall(b"history")  # some steps were left
         caplog.clear()
-        with caplog.at_level(logging.INFO, "distkeras.workers"):
+        with caplog.at_level(logging.INFO, "distkeras"):
             worker.teardown()
         assert [record.levelno for record in caplog.records
                 if "could not say goodbye" in record.getMessage()] == [level]

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from distkeras.data import dataframes, parquet_source
+from distkeras.data import frame_columns, frame_layout, parquet_source
 from distkeras.errors import DataSourceError
 
 
@@ -45,7 +45,7 @@ def _ids_by_partition(layout):
 
 def test_recognises_a_plain_parquet_scan_and_nothing_else(parquet, spark):
     plain = [parquet, parquet.select("features", "label"),
-             parquet.select(dataframes.column("features").alias("a.b"), "label")]
+             parquet.select(frame_columns.column("features").alias("a.b"), "label")]
     assert all(parquet_source.plain_scan(frame) for frame in plain)
     assert all(parquet_source.direct_source(frame) is not None for frame in plain)
     others = [parquet.where("label > 1"), parquet.selectExpr("features", "label + 1 as label"),
@@ -84,8 +84,8 @@ def test_where_the_scan_has_the_partitions_asked_for_each_is_sparks_own(parquet)
 
 def _minibatches_by_partition(spark, frame, partitions, direct):
     """The minibatches (their ids, then their features) each worker task builds over
-    `dataframes.lay_out` of the training columns, with the direct read on or off."""
-    from distkeras.training_jobs import feed_batch_rows
+    `frame_layout.lay_out` of the training columns, with the direct read on or off."""
+    from distkeras.training.spark_jobs import feed_batch_rows
 
     def minibatches(record_batches):
         from pyspark import TaskContext
@@ -99,8 +99,8 @@ def _minibatches_by_partition(spark, frame, partitions, direct):
 
     spark.conf.set(parquet_source.SETTING, str(direct).lower())
     try:
-        layout = dataframes.lay_out(dataframes.training_frame(frame, "features", "label"),
-                                    partitions)
+        layout = frame_layout.lay_out(frame_layout.training_frame(frame, "features", "label"),
+                                      partitions)
         assert isinstance(layout, parquet_source.ParquetSource) == direct
         with feed_batch_rows(spark):
             rows = layout.mapInArrow(minibatches, "partition long, batches string").collect()
@@ -137,7 +137,7 @@ def test_single_trainer_trains_on_the_files_as_on_sparks_rows(spark, tmp_path, c
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         spark.conf.set(parquet_source.SETTING, str(direct).lower())
         try:
-            with caplog.at_level("INFO", logger="distkeras.dataframes"):
+            with caplog.at_level("INFO", logger="distkeras"):
                 caplog.clear()
                 trained = SingleTrainer(model, worker_optimizer="sgd", loss="mse", metrics=[],
                                         batch_size=16, num_epoch=2).train(frame, verbose=0)
@@ -156,7 +156,7 @@ def test_adag_workers_read_the_files_and_train_on_every_row(parquet, spark, capl
     from distkeras.trainers import ADAG
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(10)])
-    with caplog.at_level("INFO", logger="distkeras.dataframes"):
+    with caplog.at_level("INFO", logger="distkeras"):
         trainer = ADAG(model, worker_optimizer="sgd", loss="sparse_categorical_crossentropy",
                        metrics=[], num_workers=2, batch_size=100)
         trainer.train(parquet.select("features", "label"), verbose=0)
@@ -171,7 +171,7 @@ def test_averaging_workers_read_the_files_in_one_barrier_job(parquet, spark, cap
     from distkeras.trainers import AveragingTrainer
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(10)])
-    with caplog.at_level("INFO", logger="distkeras.dataframes"):
+    with caplog.at_level("INFO", logger="distkeras"):
         trainer = AveragingTrainer(model, worker_optimizer="sgd",
                                    loss="sparse_categorical_crossentropy", metrics=[],
                                    num_workers=workers, batch_size=100, num_epoch=2)
@@ -183,22 +183,22 @@ def test_averaging_workers_read_the_files_in_one_barrier_job(parquet, spark, cap
 
 
 def test_a_plain_scan_is_not_copied_to_disk_for_epochs(parquet):
-    frame = dataframes.training_frame(parquet, "features", "label")
-    with dataframes.kept_for_epochs(frame, 3):
+    frame = frame_layout.training_frame(parquet, "features", "label")
+    with frame_layout.kept_for_epochs(frame, 3):
         assert not frame.is_cached  # its files give the same rows at each read
     filtered = frame.where("label > 1")
-    with dataframes.kept_for_epochs(filtered, 3):
+    with frame_layout.kept_for_epochs(filtered, 3):
         assert filtered.is_cached
     assert not filtered.is_cached
 
 
 def test_a_file_deleted_after_the_dataframe_was_made_is_named(parquet):
-    frame = dataframes.training_frame(parquet, "features", "label")
+    frame = frame_layout.training_frame(parquet, "features", "label")
     files = sorted(parquet.inputFiles())
     os.remove(files[-1].removeprefix("file://"))
     # Laying out the training rows reads the files' footers, on the driver.
     with pytest.raises(DataSourceError, match="is gone") as raised:
-        dataframes.lay_out(frame, 2)
+        frame_layout.lay_out(frame, 2)
     assert os.path.basename(files[-1]) in str(raised.value)
 
 
@@ -215,10 +215,10 @@ def test_the_setting_turns_the_direct_read_off(parquet, spark):
     spark.conf.set(parquet_source.SETTING, "false")
     try:
         assert parquet_source.direct_source(frame) is None
-        assert dataframes.lay_out(frame, frame.rdd.getNumPartitions()) is frame
+        assert frame_layout.lay_out(frame, frame.rdd.getNumPartitions()) is frame
     finally:
         spark.conf.unset(parquet_source.SETTING)
-    assert isinstance(dataframes.lay_out(frame, frame.rdd.getNumPartitions()),
+    assert isinstance(frame_layout.lay_out(frame, frame.rdd.getNumPartitions()),
                       parquet_source.ParquetSource)
 
 
@@ -247,7 +247,7 @@ def test_model_predictor_gives_what_it_gives_from_sparks_rows(parquet, spark, ou
                                  for index in range(outputs)] if outputs > 1
                         else keras.layers.Dense(3)(inputs))
     predictor = ModelPredictor(model, "features", batch_size=64)
-    with caplog.at_level("INFO", logger="distkeras.predictors"):
+    with caplog.at_level("INFO", logger="distkeras"):
         direct, direct_schema = _predicted(spark, predictor, parquet, True)
     assert "read in the workers (pyarrow)" in caplog.text
     old, old_schema = _predicted(spark, predictor, parquet, False)
@@ -268,7 +268,7 @@ def test_model_predictor_keeps_sparks_path_for_other_frames(parquet, spark, capl
     from distkeras.predictors import ModelPredictor
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    with caplog.at_level("INFO", logger="distkeras.predictors"):
+    with caplog.at_level("INFO", logger="distkeras"):
         rows = ModelPredictor(model, "features").predict(parquet.where("id < 10")).collect()
     assert len(rows) == 10 and "read in the workers" not in caplog.text
 

@@ -34,7 +34,8 @@ def test_save_load_overwrite(spark, tmp_path, scheme):
 
 
 def test_failed_write_keeps_the_old_model(spark, tmp_path):
-    from distkeras import storage, utils
+    from distkeras import utils
+    from distkeras.data import storage
 
     path = f"file://{tmp_path}/model.keras"
     original = _model(3)
@@ -59,7 +60,7 @@ def test_history_round_trip_and_missing_file(spark, tmp_path):
 
 
 def test_a_relative_path_writes_its_temporary_file_beside_it(spark):
-    from distkeras import storage
+    from distkeras.data import storage
 
     # A bare file name, relative to the working directory (the JVM's, for Spark): its
     # temporary file goes beside it, not to the filesystem's root, where a user may not
@@ -71,7 +72,7 @@ def test_a_relative_path_writes_its_temporary_file_beside_it(spark):
 
 
 def test_a_folder_is_no_file(spark, tmp_path):
-    from distkeras import storage
+    from distkeras.data import storage
 
     folder = tmp_path / "folder"
     (folder / "inside").mkdir(parents=True)
@@ -86,7 +87,7 @@ def test_a_folder_is_no_file(spark, tmp_path):
 
 
 def test_a_path_under_a_file_is_refused_before_writing(spark, tmp_path):
-    from distkeras import storage
+    from distkeras.data import storage
 
     (tmp_path / "notes.txt").write_text("kept")
     for path in (tmp_path / "notes.txt" / "model.keras",

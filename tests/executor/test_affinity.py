@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from distkeras import affinity
+from distkeras.executor import affinity
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
                                 reason="CPU affinity is Linux only")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
 # Holds its claim until stdin closes, so several of them hold claims at the same time.
 _CLAIMANT = textwrap.dedent("""
     import json, os, sys, threading
-    from distkeras import affinity
+    from distkeras.executor import affinity
     affinity.LOCK_FOLDER = sys.argv[1]
     threading.Thread(target=threading.Event().wait, daemon=True).start()  # pinned too
     with affinity.claimed_cores(int(sys.argv[2])) as cores:

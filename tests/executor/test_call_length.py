@@ -5,9 +5,10 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from distkeras import jax_steps  # noqa: E402
-from distkeras.jax_steps import CallLength  # noqa: E402
-from distkeras.workers import ModelReplica, Worker  # noqa: E402
+from distkeras.executor import jax_steps  # noqa: E402
+from distkeras.executor.jax_steps import CallLength  # noqa: E402
+from distkeras.executor.replica import ModelReplica  # noqa: E402
+from distkeras.workers import Worker  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX backend only")
 

@@ -12,7 +12,7 @@ STEP = textwrap.dedent("""
     from distkeras.executor.backend import enable_compilation_cache
     enable_compilation_cache()
     import keras
-    from distkeras.workers import ModelReplica
+    from distkeras.executor.replica import ModelReplica
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7, activation="relu"),
                               keras.layers.Dense(3, activation="softmax")])

@@ -1,4 +1,4 @@
-"""Several epochs: each worker replays its own partition (`distkeras.epochs.Replay`)."""
+"""Several epochs: each worker replays its own partition (`distkeras.executor.epochs.Replay`)."""
 
 import os
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from distkeras.epochs import Replay
+from distkeras.executor.epochs import Replay
 
 
 def _batches(ids, rows_per_batch=4):
@@ -42,7 +42,7 @@ def test_shuffled_epochs_hold_the_same_rows_in_fresh_orders_seeded_by_partition(
 
 
 def test_epochs_are_marked_in_the_stream_and_end_their_last_minibatch():
-    from distkeras.epochs import EPOCH_END
+    from distkeras.executor.epochs import EPOCH_END
     from distkeras.data.feed import MinibatchFeed
 
     stream = list(Replay(2).batches(_batches(list(range(10)))))
@@ -74,7 +74,7 @@ def _row_recording_trainer():
     train on; ``trainer.messages`` holds each member's message."""
     from distkeras.trainers import EnsembleTrainer
     from distkeras.training.ensemble import EnsemblePlan
-    from distkeras.workers import EnsembleWorker
+    from distkeras.executor.sequential import EnsembleWorker
 
     class RowRecordingWorker(EnsembleWorker):
         def optimize(self):
@@ -140,7 +140,7 @@ def test_replay_files_of_a_killed_worker_are_removed_by_the_next_replay(tmp_path
     # A worker killed mid-replay (Spark cancelling a job): its generator never closes.
     killed = subprocess.run([sys.executable, "-c", (
         "import os, pyarrow as pa\n"
-        "from distkeras.epochs import Replay\n"
+        "from distkeras.executor.epochs import Replay\n"
         "batch = pa.RecordBatch.from_pydict({'label': list(range(4))})\n"
         "replayed = Replay(2).batches(iter([batch]))\n"
         "next(replayed)\n"
@@ -150,7 +150,7 @@ def test_replay_files_of_a_killed_worker_are_removed_by_the_next_replay(tmp_path
     live = Replay(2).batches(_batches(list(range(12))))
     next(live)  # a running worker's directory is kept; the dead one's is removed
     (kept,) = os.listdir(tmp_path)
-    from distkeras.epochs import remove_abandoned
+    from distkeras.executor.epochs import remove_abandoned
 
     remove_abandoned(str(tmp_path))
     assert os.listdir(tmp_path) == [kept]
@@ -163,7 +163,7 @@ def test_set_random_seed_makes_shuffled_training_repeat_as_for_fit(spark):
     layout's shuffle and the later epochs' orders were drawn afresh at every run."""
     import keras
 
-    from distkeras.data.dataframes import lay_out
+    from distkeras.data.frame_layout import lay_out
     from distkeras.trainers import SingleTrainer
 
     frame = spark.createDataFrame([([index / 96, 1.0], float(index % 3)) for index in

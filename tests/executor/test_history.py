@@ -5,7 +5,8 @@ import math
 import numpy as np
 from conftest import build_mlp
 
-from distkeras import networking, step_history
+from distkeras.transport import networking
+from distkeras.executor import step_history
 
 
 def test_long_history_travels_in_one_frame():
@@ -100,7 +101,7 @@ def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
 def test_averaged_history_of_records_without_epochs_goes_by_iteration():
     """Records of a worker of one's own, without ``epoch``: each worker's k-th step, as
     dist-keras averaged them."""
-    from distkeras.utils import average_history
+    from distkeras.tools.history import average_history
 
     records = [{"worker_id": worker, "iteration": step, "timestamp": float(step),
                 "loss": float(worker + step)}
@@ -119,7 +120,7 @@ def test_executor_history_of_an_unknown_worker_says_which_workers_have_records(c
     trainer._results = RunResults(history=[  # as a run of two workers leaves them
         {"worker_id": worker, "iteration": 1, "timestamp": 0.0, "loss": 1.0}
         for worker in (0, 1)])
-    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         assert len(trainer.get_executor_history(1)) == 1
         assert caplog.text == ""
         assert trainer.get_executor_history(7) == []

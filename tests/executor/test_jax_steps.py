@@ -5,8 +5,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from distkeras.jax_steps import JaxTrainStep  # noqa: E402
-from distkeras.workers import ModelReplica  # noqa: E402
+from distkeras.executor.jax_steps import JaxTrainStep  # noqa: E402
+from distkeras.executor.replica import ModelReplica  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX backend only")
 
@@ -102,7 +102,7 @@ def test_a_window_of_unequal_batches_runs_step_by_step():
 
 
 def test_history_log_keeps_one_record_per_step_of_a_window():
-    from distkeras.step_history import HistoryLog
+    from distkeras.executor.step_history import HistoryLog
 
     log = HistoryLog()
     log.append({"worker_id": 0, "iteration": 1, "loss": 2.0})

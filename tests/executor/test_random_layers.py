@@ -101,7 +101,7 @@ def test_set_random_seed_repeats_a_run_with_fits_masks(ones):
 def test_seed_states_travel_unchanged_to_worker_zero_only():
     import keras
 
-    from distkeras import model_state
+    from distkeras.keras_io import model_state
 
     model = _model(seed=42)
     states = model_state.seed_states(model)

@@ -10,7 +10,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from distkeras import exchange_checks, networking, parameter_servers, workers  # noqa: E402
+from distkeras import parameter_servers, workers  # noqa: E402
+from distkeras.transport import exchange_checks, networking  # noqa: E402
 from distkeras.utils import serialize_model  # noqa: E402
 from worker_support import make_worker, record_batches, small_model  # noqa: E402
 

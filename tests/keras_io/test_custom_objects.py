@@ -13,7 +13,7 @@ def test_find_names_custom_layer_activation_loss_and_metric(spark):
     from custom_objects_support import (ScaledDense, custom_mlp, leaky, smoothed_crossentropy,
                                         top_class_rate)
 
-    from distkeras.custom_objects import find
+    from distkeras.keras_io.custom_objects import find
 
     objects, unresolved = find(custom_mlp(),
                                ("adam", smoothed_crossentropy, ["accuracy", top_class_rate]))
@@ -29,7 +29,7 @@ def test_find_nothing_for_keras_own_objects(spark):
     import keras
     from conftest import build_mlp
 
-    from distkeras.custom_objects import find
+    from distkeras.keras_io.custom_objects import find
 
     objects, unresolved = find(build_mlp(), (keras.optimizers.SGD(0.1),
                                              keras.losses.CategoricalCrossentropy(),
@@ -144,7 +144,7 @@ def _fake_main(monkeypatch, spec):
 def test_names_are_looked_up_in_a_user_script_or_notebook(monkeypatch, spark):
     from conftest import build_mlp
 
-    from distkeras.custom_objects import find
+    from distkeras.keras_io.custom_objects import find
 
     helper = _fake_main(monkeypatch, spec=None)
     loss = {"module": "builtins", "class_name": "function", "config": "helper",
@@ -163,7 +163,7 @@ def test_a_module_run_as_main_lends_none_of_its_functions(monkeypatch, spark):
 
     from conftest import build_mlp
 
-    from distkeras.custom_objects import find
+    from distkeras.keras_io.custom_objects import find
 
     _fake_main(monkeypatch, spec=importlib.machinery.ModuleSpec("distkeras.cli", None))
     loss = {"module": "builtins", "class_name": "function", "config": "helper",

@@ -15,12 +15,13 @@ import json, sys
 import distkeras
 import keras
 import numpy as np
-from distkeras.utils import deserialize_model, serialize_keras_object, serialize_model
-from distkeras.workers import EnsembleWorker
+from distkeras.executor.sequential import EnsembleWorker
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import serialize_keras_object
 
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
 model.compile(keras.optimizers.Adam(0.01), "categorical_crossentropy")
-from distkeras import custom_objects
+from distkeras.keras_io import custom_objects
 custom_objects.find(model, ("adam", "categorical_crossentropy", ["accuracy"]))  # train()'s first check
 rebuilt = deserialize_model(serialize_model(model))
 serialize_keras_object([keras.optimizers.SGD(0.1), keras.losses.Huber()])
@@ -67,7 +68,7 @@ def test_losses_and_metrics_keep_the_arguments_their_configs_leave_out():
     Keras's defaults instead, silently."""
     import keras
 
-    from distkeras.utils import serialize_keras_object
+    from distkeras.keras_io.compile_config import serialize_keras_object
 
     rebuilt = keras.saving.deserialize_keras_object(
         serialize_keras_object(keras.losses.Huber(delta=4.0)))
@@ -104,8 +105,8 @@ def test_an_optimizers_weight_decay_exclusions_reach_the_rebuilt_optimizer():
     from it on the executors, AdamW decayed the biases and weights the user excluded."""
     import keras
 
-    from distkeras.utils import (compile_arguments, deserialize_model, optimizer_as_compiled,
-                                 serialize_model)
+    from distkeras.keras_io.compile_config import compile_arguments, optimizer_as_compiled
+    from distkeras.utils import deserialize_model, serialize_model
 
     model = _nested_model()
     optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)

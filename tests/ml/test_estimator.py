@@ -17,7 +17,7 @@ def fashion_test_frame(spark):
 def _pipeline(trainer):
     from pyspark.ml import Pipeline
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.transformers import LabelIndexTransformer, OneHotTransformer
 
     return Pipeline(stages=[
@@ -41,7 +41,7 @@ def test_pipeline_trains_predicts_and_survives_save_and_load(fashion_train, fash
     import keras
     from pyspark.ml import PipelineModel
 
-    from distkeras.estimators import KerasModel
+    from distkeras.ml.estimators import KerasModel
     from distkeras.evaluators import AccuracyEvaluator, LossEvaluator
 
     trainer = _single_trainer()
@@ -83,7 +83,7 @@ def test_pipeline_trains_predicts_and_survives_save_and_load(fashion_train, fash
 def test_unfitted_pipeline_with_the_estimator_saves_and_loads(spark, tmp_path):
     from pyspark.ml import Pipeline
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     trainer = _single_trainer()
@@ -102,7 +102,7 @@ def test_settings_a_compiled_model_lends_are_saved_with_the_estimator(spark, tmp
     import keras
     from pyspark.ml import Pipeline
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     model = build_mlp(32)
@@ -119,7 +119,7 @@ def test_a_model_needing_custom_objects_says_how_to_load_it(spark, tmp_path):
     import keras
     from pyspark.ml import Pipeline, PipelineModel
 
-    from distkeras.estimators import KerasModel
+    from distkeras.ml.estimators import KerasModel
 
     class Halve(keras.layers.Layer):  # not registered, not at a module's top level
         def call(self, inputs):
@@ -137,7 +137,7 @@ def test_a_model_needing_custom_objects_says_how_to_load_it(spark, tmp_path):
 
 
 def test_estimator_errors(spark):
-    from distkeras.estimators import KerasEstimator, KerasModel
+    from distkeras.ml.estimators import KerasEstimator, KerasModel
 
     frame = spark.createDataFrame([([0.0] * 784,)], ["features"])
     with pytest.raises(TypeError, match="needs a distkeras trainer"):
@@ -149,7 +149,7 @@ def test_estimator_errors(spark):
 def test_estimator_and_model_params_have_chained_setters_as_spark_stages_do(spark):
     import keras
 
-    from distkeras.estimators import KerasEstimator, KerasModel
+    from distkeras.ml.estimators import KerasEstimator, KerasModel
 
     estimator = KerasEstimator(_single_trainer()).setPredictionCol("scores").setBatchSize(8) \
         .setWeightCol("w").setValidation(0.25).setShuffle(True).setClassWeight({"1": 2})
@@ -169,7 +169,7 @@ def test_every_param_has_a_getter_as_spark_stages_do(spark):
     AttributeError); unset and without a default, Spark's KeyError, as its own."""
     import keras
 
-    from distkeras.estimators import KerasEstimator, KerasModel
+    from distkeras.ml.estimators import KerasEstimator, KerasModel
 
     estimator = KerasEstimator(_single_trainer(), batch_size=8, validation=0.25,
                                shuffle=True, class_weight={1: 2}, num_epoch=3,
@@ -191,7 +191,7 @@ def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train
     from pyspark.ml import Pipeline
     from pyspark.sql import functions as F
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
 
     trainer = _single_trainer()
     initial = trainer.master_model.get_weights()
@@ -210,7 +210,7 @@ def test_weight_col_reaches_the_trainer_and_survives_save_and_load(fashion_train
 def test_class_weight_reaches_the_trainer_and_survives_save_and_load(fashion_train, tmp_path):
     from pyspark.ml import Pipeline
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
 
     trainer = _single_trainer()
     initial = trainer.master_model.get_weights()
@@ -232,7 +232,7 @@ def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
     import keras
     from pyspark.ml import Pipeline
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import AveragingTrainer
 
     trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
@@ -253,7 +253,7 @@ def test_validation_and_callbacks_reach_the_trainer(fashion_train, tmp_path):
 def test_a_callback_alone_reaches_the_trainer(fashion_train):
     import keras
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     # fit takes one callback without a list: so does the estimator.
@@ -274,7 +274,7 @@ def test_estimator_copies_fitted_in_parallel_threads_keep_their_own_settings(spa
     import threading
     import time
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
     from distkeras.training.one_task import OneTaskPlan
 
@@ -313,7 +313,7 @@ def test_estimator_copies_fitted_in_parallel_threads_keep_their_own_settings(spa
 def test_estimator_passes_shuffle_to_the_trainer(spark, tmp_path):
     import keras
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     frame = spark.createDataFrame([([float(i)], i % 2) for i in range(16)],
@@ -334,7 +334,7 @@ def test_estimator_passes_shuffle_to_the_trainer(spark, tmp_path):
 
 
 def test_estimator_refuses_an_ensemble_before_training(spark, fashion_train):
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import EnsembleTrainer
 
     trainer = EnsembleTrainer(build_mlp(16), "adam", "categorical_crossentropy")
@@ -360,7 +360,7 @@ def test_cross_validator_tunes_the_training_params(spark, tmp_path):
     its own, and the trainer keeps its settings."""
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.evaluators import AccuracyEvaluator
     from distkeras.trainers import SingleTrainer
     from distkeras.training.one_task import OneTaskPlan
@@ -413,7 +413,7 @@ def test_learning_rate_param_reaches_the_workers(spark):
     own optimizer (an instance here) is left as it was."""
     import keras
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import ADAG
 
     model = _small_model()
@@ -436,7 +436,7 @@ def test_learning_rate_param_sets_a_mixed_precision_models_optimizer(spark):
     set."""
     import keras
 
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -456,7 +456,7 @@ def test_learning_rate_param_sets_a_mixed_precision_models_optimizer(spark):
 
 
 def test_learning_rate_param_without_an_optimizer_says_what_to_set(spark):
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     trainer = SingleTrainer(_small_model(), loss="sparse_categorical_crossentropy")
@@ -470,7 +470,7 @@ def test_learning_rate_param_without_an_optimizer_says_what_to_set(spark):
 def test_loading_an_estimator_whose_trainer_class_is_gone_says_to_define_it(spark, tmp_path):
     """A custom trainer defined in a notebook is not there in a new session: loading said
     it was "not a distkeras trainer class", or named a module that never existed."""
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import SingleTrainer
 
     class NotebookTrainer(SingleTrainer):

@@ -281,7 +281,7 @@ def test_predicts_a_streaming_dataframe_as_spark_models_transform_one(spark, tmp
     are now checked by the tasks, as a batch DataFrame's later rows are."""
     from pyspark.ml.linalg import Vectors
 
-    from distkeras.estimators import KerasModel
+    from distkeras.ml.estimators import KerasModel
     from distkeras.transformers import LabelIndexTransformer
 
     model = _mlp((4,), seed=9)
@@ -826,7 +826,8 @@ def test_predicts_from_parquet_holding_spark_ml_vectors(spark, tmp_path):
     import keras
     from pyspark.ml.feature import VectorAssembler
 
-    from distkeras.predictors import COLUMNAR_UDF_INPUT, ModelPredictor
+    from distkeras.ml.prediction_udf import COLUMNAR_UDF_INPUT
+    from distkeras.predictors import ModelPredictor
 
     rows = spark.createDataFrame([(float(i), float(i % 3)) for i in range(40)],
                                  "a double, b double")

@@ -399,9 +399,11 @@ def _stage_classes():
 
     from pyspark.ml.param import Params
 
-    from distkeras.ml import estimators, evaluators, transformers
+    from distkeras.ml import (accuracy_evaluator, estimators, label_encoders, loss_evaluator,
+                              reshapers, scalers)
 
-    return [cls for module in (transformers, evaluators, estimators)
+    return [cls for module in (label_encoders, scalers, reshapers, accuracy_evaluator,
+                               loss_evaluator, estimators)
             for name, cls in vars(module).items()
             if inspect.isclass(cls) and issubclass(cls, Params) and not name.startswith("_")
             and cls.__module__ == module.__name__]
@@ -578,7 +580,7 @@ def test_output_type_vector_gives_dist_keras_dense_vectors(tiny):
 
 def test_a_stage_saved_under_the_old_module_path_still_loads(tiny, tmp_path):
     """Stages moved to distkeras.ml (then split into its modules): a pipeline saved before
-    names distkeras.transformers, or distkeras.ml.transformers."""
+    names distkeras.transformers, dist-keras's path."""
     import glob
     import json
     import os
@@ -587,7 +589,7 @@ def test_a_stage_saved_under_the_old_module_path_still_loads(tiny, tmp_path):
 
     from distkeras.transformers import OneHotTransformer
 
-    for old_path in ("distkeras.transformers", "distkeras.ml.transformers"):
+    for old_path in ("distkeras.transformers",):
         path = str(tmp_path / old_path)
         PipelineModel(stages=[OneHotTransformer(3, "idx", "o")]).save(path)
         [metadata] = glob.glob(f"{path}/stages/*/metadata/part-00000*")

@@ -55,11 +55,11 @@ def test_an_executor_lacking_the_drivers_backend_says_so_once(tmp_path):
     (tmp_path / "torch" / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'torch'\")\n")
     code = (
-        "from distkeras import executor_backend, workers\n"
+        "from distkeras.executor import backend, failures\n"
         "try:\n"
-        "    executor_backend.ensure_backend('torch')\n"
+        "    backend.ensure_backend('torch')\n"
         "except ImportError as error:\n"
-        "    print(workers.unretryable_error(error) is not None, workers.one_line(error))\n")
+        "    print(failures.unretryable_error(error) is not None, failures.one_line(error))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     env.pop("KERAS_BACKEND", None)

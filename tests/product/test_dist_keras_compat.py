@@ -240,7 +240,7 @@ def test_learning_rate_is_the_worker_optimizers_on_rules_without_one(fashion_tra
 
 
 def test_an_estimators_learning_rate_wins_over_the_trainers_for_its_fit(spark):
-    from distkeras.estimators import KerasEstimator
+    from distkeras.ml.estimators import KerasEstimator
     from distkeras.trainers import ADAG
 
     trainer = ADAG(build_mlp(16), "sgd", "categorical_crossentropy", learning_rate=0.5)

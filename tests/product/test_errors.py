@@ -78,6 +78,8 @@ def test_the_package_names_import_from_distkeras_without_importing_keras_first()
 def test_an_unknown_name_is_an_attribute_error_and_submodules_still_import():
     with pytest.raises(AttributeError, match="no attribute 'NoSuchTrainer'"):
         distkeras.NoSuchTrainer
-    from distkeras import errors, registry  # submodules, not exports
-    assert errors.DistkerasError is DistkerasError and registry.BUILTIN_TRAINERS
+    from distkeras import errors, trainers  # submodules, not exports
+    from distkeras.training import registry
+    assert errors.DistkerasError is DistkerasError and trainers.ADAG is distkeras.ADAG
+    assert registry.BUILTIN_TRAINERS
     assert set(registry.BUILTIN_TRAINERS) <= set(distkeras.__all__)

@@ -76,7 +76,7 @@ def test_algorithm_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
     import keras
 
     from distkeras.algorithms import Algorithm
-    from distkeras.parameter_servers import AlgorithmServer
+    from distkeras.transport.parameter_servers import AlgorithmServer
     from distkeras.trainers import AlgorithmTrainer
 
     code = tutorial_code(read_doc(TUTORIAL), ALGORITHM_MARKER)
@@ -101,7 +101,7 @@ def test_algorithm_tutorial_runs_as_printed(spark, fashion_train, fashion_test):
 def test_the_algorithm_block_of_the_overview_is_the_rule_it_states():
     import numpy as np
 
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
     from distkeras.trainers import AlgorithmTrainer
 
     (block,) = doc_section_blocks(read_doc(), "## Write your own optimizer")

@@ -1,17 +1,17 @@
-"""The layout of the package (issue #34): the tree answers where a module runs and what
-it may touch. Each old import path (`distkeras.networking`, `distkeras.utils`,
-`distkeras.monitor`, `distkeras.predictors`, the split modules of `distkeras.ml` and
-`distkeras.data`, ...) is a thin and complete face of the package modules that hold its
-names; the top level holds nothing but faces and a short list of modules of its own; no
-module anywhere under ``distkeras/`` takes another module's private names, and none is over
-600 lines. No Spark, no server started."""
+"""The layout of the package (issues #34 and #46): one home per name. A module lives in
+the subpackage of the place it runs; the top level holds only the modules users import
+(the package, `errors`, `session`, `datasets`, `cli` and dist-keras's ten), each but
+`trainers` a thin face of dist-keras's names (and the few our docs tell users to import
+from it); no module under a subpackage only re-exports another's names; every logger is
+named by its module; the library imports no face; no module anywhere under
+``distkeras/`` takes another module's private names, and none is over 600 lines. No
+Spark, no server started."""
 
 import ast
 import glob
 import importlib
 import inspect
 import os
-
 import subprocess
 import sys
 
@@ -19,91 +19,66 @@ import pytest
 from layout_checks import private_names_taken_from_other_modules
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-PACKAGES = ("transport", "keras_io", "tools", "cli")
-# Old import path: the package modules it is a face of.
+# dist-keras's ten modules, by the names its scripts import.
+DIST_KERAS_MODULES = {"trainers", "workers", "parameter_servers", "networking", "utils",
+                      "transformers", "predictors", "evaluators", "job_deployment", "schemes"}
+# The top level: the modules users import, and nothing else (`cli` is a package).
+TOP_LEVEL = DIST_KERAS_MODULES | {"__init__", "errors", "session", "datasets"}
+# A top-level module that may stay besides: dist-keras's trainer getters and setters,
+# mixins of the trainers (the trainers' change of issue #46 decides its fate).
+TOP_LEVEL_OPTIONAL = {"compat"}
+MAX_TOP_LEVEL = 16
+# Each face: the names it carries, exactly (dist-keras's, and what the docs tell users to
+# import from it), and the package modules that hold them.
 FACES = {
-    "distkeras.networking": ["distkeras.transport.networking"],
-    "distkeras.server_transport": ["distkeras.transport.socket_transport"],
-    "distkeras.center": ["distkeras.transport.center"],
-    "distkeras.history_sink": ["distkeras.transport.history_sink"],
-    "distkeras.epoch_barrier": ["distkeras.transport.epoch_barrier"],
-    "distkeras.exchange_checks": ["distkeras.transport.exchange_checks"],
-    "distkeras.parameter_servers": ["distkeras.transport.parameter_servers"],
-    "distkeras.custom_objects": ["distkeras.keras_io.custom_objects"],
-    "distkeras.model_state": ["distkeras.keras_io.model_state"],
-    "distkeras.utils": ["distkeras.keras_io.archives", "distkeras.keras_io.compile_config",
-                        "distkeras.tools.history", "distkeras.tools.dataframes",
-                        "distkeras.tools.legacy_utils"],
-    "distkeras.experiments": ["distkeras.tools.experiments"],
-    "distkeras.plotting": ["distkeras.tools.plotting"],
-    "distkeras.schemes": ["distkeras.tools.schemes"],
-    "distkeras.validation": ["distkeras.training.validation_data",
-                             "distkeras.training.callbacks", "distkeras.training.validator"],
-    "distkeras.monitor": ["distkeras.training.monitor"],
-    "distkeras.training_checks": ["distkeras.training.checks"],
-    "distkeras.training_jobs": ["distkeras.training.spark_jobs"],
-    "distkeras.train_options": ["distkeras.training.options"],
-    "distkeras.checkpoints": ["distkeras.training.checkpoints"],
-    "distkeras.batch_statistics": ["distkeras.training.batch_statistics"],
-    "distkeras.epoch_metrics": ["distkeras.executor.metric_sums",
-                                "distkeras.training.epoch_metrics"],
-    "distkeras.registry": ["distkeras.training.registry"],
-    "distkeras.epochs": ["distkeras.executor.epochs"],
-    "distkeras.step_history": ["distkeras.executor.step_history"],
-    "distkeras.update_rules": ["distkeras.algorithms.update_rules"],
-    "distkeras.storage": ["distkeras.data.storage"],
-    "distkeras.executor_backend": ["distkeras.executor.backend"],
-    "distkeras.predictors": ["distkeras.ml.predictors", "distkeras.ml.prediction_udf"],
-    # Faces inside their packages, of the modules they were split into (issue #34).
-    "distkeras.ml.evaluators": ["distkeras.ml.accuracy_evaluator",
-                                "distkeras.ml.loss_evaluator", "distkeras.ml.loss_specs"],
-    "distkeras.ml.transformers": ["distkeras.ml.label_encoders", "distkeras.ml.scalers",
-                                  "distkeras.ml.reshapers"],
-    "distkeras.data.dataframes": ["distkeras.data.frame_columns",
-                                  "distkeras.data.frame_checks", "distkeras.data.frame_layout"],
+    "distkeras.networking": ({"connect", "recv_data", "send_data"},
+                             ["distkeras.transport.networking"]),
+    "distkeras.parameter_servers": (
+        {"ParameterServer", "SocketParameterServer", "DeltaParameterServer",
+         "ADAGParameterServer", "DynSGDParameterServer", "ExperimentalParameterServer"},
+        ["distkeras.transport.parameter_servers"]),
+    "distkeras.workers": (
+        {"Worker", "SequentialWorker", "NetworkWorker", "ADAGWorker", "DOWNPOURWorker",
+         "AEASGDWorker", "EAMSGDWorker", "DynSGDWorker", "ExperimentalWorker"},
+        ["distkeras.executor.worker", "distkeras.executor.sequential",
+         "distkeras.executor.network", "distkeras.executor.windowed"]),
+    "distkeras.utils": (
+        {"get_os_username", "set_keras_base_directory", "to_one_hot_encoded_dense",
+         "new_dataframe_row", "json_to_dataframe_row", "pickle_object", "unpickle_object",
+         "serialize_keras_model", "deserialize_keras_model", "history_executors_average",
+         "history_executor", "uniform_weights", "shuffle", "precache",
+         # docs/guide/clusters-backends-checkpoints.md: models and histories on any path.
+         "serialize_model", "deserialize_model", "save_model", "load_model", "save_history",
+         "load_history"},
+        ["distkeras.keras_io.archives", "distkeras.tools.history",
+         "distkeras.tools.dataframes", "distkeras.tools.legacy_utils"]),
+    "distkeras.transformers": (
+        {"MinMaxTransformer", "BinaryLabelTransformer", "StandardTransformer",
+         "DenseTransformer", "ReshapeTransformer", "OneHotTransformer", "LabelIndexTransformer",
+         # docs/guide/prediction-pipelines-evaluators.md
+         "StandardEstimator", "PackedTensorTransformer"},
+        ["distkeras.ml.label_encoders", "distkeras.ml.scalers", "distkeras.ml.reshapers"]),
+    "distkeras.predictors": ({"ModelPredictor"}, ["distkeras.ml.predictors"]),
+    "distkeras.evaluators": ({"AccuracyEvaluator", "LossEvaluator"},
+                             ["distkeras.ml.accuracy_evaluator", "distkeras.ml.loss_evaluator"]),
+    "distkeras.job_deployment": ({"Job", "Punchcard"},
+                                 ["distkeras.punchcard.client", "distkeras.punchcard.service"]),
+    "distkeras.schemes": ({"Scheme", "Emperor"}, ["distkeras.tools.schemes"]),
 }
 # Top-level modules that are not faces, each for a reason: the package itself, the
 # exception hierarchy and the Spark session every script starts with (imported by the
-# package, below every subpackage), dist-keras's own classes kept under their own names
-# (`compat`), and the
+# package, below every subpackage), dist-keras's trainer accessors (`compat`), and the
 # trainers: dist-keras's trainer classes by their dist-keras names (declarations of the
 # built-in algorithms' trainers over `distkeras.training`), the module users import.
 NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
-# Public in the package for its own modules, never names of the old module.
-NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
-                                       "BINARY_LOSSES"},
-                   "distkeras.predictors": {"prediction_udf", "avoid_columnar_udf_input"},
-                   "distkeras.ml.evaluators": {"LossSpec", "loss_text", "resolve_loss"}}
-# Names the face keeps for scripts and plug-ins written against it, outside its __all__.
-FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
-                                             "_check_number": "check_number",
-                                             "_check_fraction": "check_fraction"},
-               "distkeras.executor_backend": {
-                   "_ensure_backend": "ensure_backend",
-                   "_enable_compilation_cache": "enable_compilation_cache"}}
+# A face checked elsewhere: tests/data/test_data_layout.py (complete, as documented).
+OTHER_FACES = {"distkeras.datasets"}
 # dist-keras's aliases, defined by the face itself.
 FACE_ALIASES = {"distkeras.utils": {"serialize_keras_model": "serialize_model",
                                     "deserialize_keras_model": "deserialize_model"}}
-
-
-def _modules(package):
-    return sorted(glob.glob(os.path.join(ROOT, "distkeras", package, "*.py")))
-
-
-def public_names(module):
-    """The names a face must carry: the module's ``__all__``, else its own public
-    classes and functions and its constants (not the modules it imports as ``F`` or
-    ``T``)."""
-    if hasattr(module, "__all__"):
-        return set(module.__all__)
-    return {name for name, value in vars(module).items() if not name.startswith("_") and (
-        ((inspect.isfunction(value) or inspect.isclass(value))
-         and value.__module__ == module.__name__)
-        or (name.isupper() and not inspect.ismodule(value)))}
-
-
-def _package_modules():
-    return [path for package in PACKAGES for path in _modules(package)]
+# The one logger a module may name by a literal: the package's, which a tool configures
+# as a user does (``logging.getLogger("distkeras")`` sees every module's records).
+PACKAGE_LOGGER = "distkeras"
 
 
 def _all_modules():
@@ -114,82 +89,56 @@ def _top_level_modules():
     return sorted(glob.glob(os.path.join(ROOT, "distkeras", "*.py")))
 
 
-@pytest.mark.parametrize("path", _all_modules(), ids=lambda path: os.path.relpath(path, ROOT))
-def test_no_module_takes_another_modules_private_names(path):
-    assert private_names_taken_from_other_modules(path) == []
+def _subpackage_modules():
+    """Every module of a subpackage but its ``__init__`` (a package exports its names)."""
+    return sorted(path for path in glob.glob(os.path.join(ROOT, "distkeras", "*", "*.py"))
+                  if os.path.basename(path) not in ("__init__.py", "__main__.py"))
 
 
-def test_the_private_name_check_tells_another_modules_from_its_own(tmp_path):
-    """The check above can fail: a private name imported from, or read off, another
-    module is found; a module that imports itself by name (for Spark's closures) is not."""
-    package = tmp_path / "distkeras"
-    package.mkdir()
-    (package / "own.py").write_text(
-        "from distkeras.other import _hidden\n"
-        "from distkeras import other, own\n"
-        "def f():\n"
-        "    return other._state, own._mine, other.__name__\n")
-    assert private_names_taken_from_other_modules(str(package / "own.py")) == [
-        (1, "from distkeras.other import _hidden"), (4, "other._state")]
+def _relative(path):
+    return os.path.relpath(path, ROOT)
 
 
-# Modules that still import a top-level face, being split by another change of issue #34
-# (their imports move with them).
-IMPORTS_FACES_FOR_NOW = set()
+def _source(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
 
+
+# --- The top level: the modules users import, and nothing else. ---
+
+def top_level_problems(names):
+    """What makes the top-level module ``names`` other than the modules users import."""
+    names = set(names)
+    problems = [f"distkeras/{name}.py: no module users import; import its names from "
+                "where they live, and delete it" for name in
+                sorted(names - TOP_LEVEL - TOP_LEVEL_OPTIONAL)]
+    problems += [f"distkeras/{name}.py is missing" for name in sorted(TOP_LEVEL - names)]
+    if len(names) > MAX_TOP_LEVEL:
+        problems.append(f"{len(names)} top-level modules, over {MAX_TOP_LEVEL}")
+    return problems
+
+
+def test_the_top_level_holds_exactly_the_modules_users_import():
+    names = [os.path.splitext(os.path.basename(path))[0] for path in _top_level_modules()]
+    assert top_level_problems(names) == []
+
+
+def test_the_top_level_check_finds_an_extra_and_a_missing_module():
+    """The check above can fail: a module besides the allowed set, a missing one, and too
+    many are each found."""
+    extra = sorted(TOP_LEVEL - {"schemes"}) + ["monitor"]
+    assert top_level_problems(extra) == [
+        "distkeras/monitor.py: no module users import; import its names from where they "
+        "live, and delete it", "distkeras/schemes.py is missing"]
+    many = sorted(TOP_LEVEL | TOP_LEVEL_OPTIONAL) + ["a", "b"]
+    assert top_level_problems(many)[-1] == f"{len(many)} top-level modules, over 16"
+
+
+# --- Faces: thin, exactly their names, the package's objects. ---
 
 def _faces():
     return {os.path.splitext(os.path.basename(path))[0]
             for path in _top_level_modules()} - NOT_FACES
-
-
-def faces_imported(path, faces):
-    """``(line, name)`` of each top-level face (of ``faces``) the module at ``path``
-    imports: the library imports the modules that hold the names, faces are for users."""
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read(), path)
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "distkeras":
-            names = [f"distkeras.{alias.name}" for alias in node.names if alias.name in faces]
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distkeras."):
-            names = [node.module] if node.module.split(".")[1] in faces else []
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names
-                     if alias.name.startswith("distkeras.") and alias.name.split(".")[1] in faces]
-        else:
-            continue
-        found += [(node.lineno, name) for name in names]
-    return found
-
-
-def _library_modules():
-    """Every module but the faces and those of IMPORTS_FACES_FOR_NOW."""
-    faces = _faces()
-    return [path for path in _all_modules()
-            if os.path.relpath(path, os.path.join(ROOT, "distkeras")) not in IMPORTS_FACES_FOR_NOW
-            and not (os.path.dirname(path) == os.path.join(ROOT, "distkeras")
-                     and os.path.splitext(os.path.basename(path))[0] in faces)]
-
-
-@pytest.mark.parametrize("path", _library_modules(),
-                         ids=lambda path: os.path.relpath(path, ROOT))
-def test_the_library_imports_no_face(path):
-    assert faces_imported(path, _faces()) == []
-
-
-def test_the_face_import_check_finds_each_form(tmp_path):
-    """The check above can fail: each form of import of a face is found."""
-    module = tmp_path / "module.py"
-    module.write_text("from distkeras import errors, utils\n"
-                      "from distkeras.networking import connect\n"
-                      "import distkeras.workers\n"
-                      "from distkeras.transport import networking\n"
-                      "def f():\n"
-                      "    from distkeras.monitor import TrainingMonitor\n")
-    assert faces_imported(str(module), {"utils", "networking", "workers", "monitor"}) == [
-        (1, "distkeras.utils"), (2, "distkeras.networking"), (3, "distkeras.workers"),
-        (6, "distkeras.monitor")]
 
 
 def _is_alias(node):
@@ -209,8 +158,8 @@ def not_face_statements(source):
     """``(line, kind)`` of each top-level statement that makes ``source`` more than a face.
 
     A face holds its docstring, imports, and assignments of names, attributes or literal
-    containers of them (``__all__``, aliases, ``sys.modules[__name__] = module``); besides
-    those only PEP 562's ``__getattr__`` and ``__dir__`` when short (a lazy face) and an
+    containers of them (``__all__``, aliases); besides those only PEP 562's
+    ``__getattr__`` and ``__dir__`` when short (a lazy face) and an
     ``if __name__ == "__main__":`` of one statement (a face runnable with ``-m``).
     """
     found = []
@@ -234,12 +183,10 @@ def not_face_statements(source):
     return found
 
 
-@pytest.mark.parametrize("path", _top_level_modules(),
-                         ids=lambda path: os.path.relpath(path, ROOT))
+@pytest.mark.parametrize("path", _top_level_modules(), ids=_relative)
 def test_the_top_level_holds_faces_and_a_short_list_of_its_own(path):
     name = os.path.splitext(os.path.basename(path))[0]
-    with open(path, encoding="utf-8") as handle:
-        statements = not_face_statements(handle.read())
+    statements = not_face_statements(_source(path))
     if name in NOT_FACES:
         assert statements, f"distkeras/{name}.py is a face now: take it off NOT_FACES"
     else:
@@ -261,18 +208,210 @@ def test_the_face_definition_tells_a_face_from_code():
     assert not_face_statements(face + "a()\n") == [(11, "Expr")]
 
 
-@pytest.mark.parametrize("path", _package_modules(),
-                         ids=lambda path: os.path.relpath(path, ROOT))
-def test_each_module_is_small(path):
-    with open(path, encoding="utf-8") as handle:
-        assert len(handle.readlines()) <= 600, f"{path} has grown past 600 lines: split it"
+def face_problems(face, names, modules, aliases=None):
+    """What makes ``face`` other than a thin face carrying exactly ``names``, each the
+    object of one of ``modules``."""
+    aliases = aliases or {}
+    problems = []
+    carried = list(getattr(face, "__all__", []))
+    if len(carried) != len(set(carried)):
+        problems.append("__all__ repeats a name")
+    problems += [f"lacks {name}" for name in sorted(set(names) - set(carried))]
+    problems += [f"has {name}: import it from where it lives"
+                 for name in sorted(set(carried) - set(names))]
+    for name in sorted(set(carried) & set(names)):
+        # The same object as the package's, not a copy or a wrapper.
+        value = getattr(face, name, None)
+        if not any(getattr(module, aliases.get(name, name), None) is value
+                   for module in modules):
+            problems.append(f"{name} is not the package's object")
+    # Thin: the face defines nothing of its own, and exports nothing outside __all__.
+    problems += [f"defines {name}" for name, value in vars(face).items()
+                 if (inspect.isfunction(value) or inspect.isclass(value))
+                 and value.__module__ == face.__name__ and not name.startswith("__")]
+    return problems
 
 
-def _all_modules():
-    return sorted(glob.glob(os.path.join(ROOT, "distkeras", "**", "*.py"), recursive=True))
+@pytest.mark.parametrize("face_name", sorted(FACES))
+def test_each_face_carries_exactly_its_names_as_the_package_objects(face_name):
+    face = importlib.import_module(face_name)
+    names, homes = FACES[face_name]
+    modules = [importlib.import_module(name) for name in homes]
+    assert face_problems(face, names, modules, FACE_ALIASES.get(face_name)) == []
 
 
-@pytest.mark.parametrize("path", _all_modules(), ids=lambda path: os.path.relpath(path, ROOT))
+def test_the_faces_table_names_every_face():
+    assert {f"distkeras.{name}" for name in _faces()} == set(FACES) | OTHER_FACES
+
+
+def test_the_face_check_finds_a_missing_an_extra_a_copied_and_an_own_name():
+    """The check above can fail: a face that lacks a name, carries one it should not,
+    holds a copy of another and defines a function of its own is caught."""
+    import types
+
+    from distkeras.transport import networking
+
+    face = types.ModuleType("fake_face")
+    face.__all__ = ["connect", "recv_data", "weights_array"]
+    for name in face.__all__:
+        setattr(face, name, getattr(networking, name))
+    face.recv_data = lambda conn: None  # a wrapper, not the package's function
+    exec("def helper():\n    pass", vars(face))  # noqa: S102
+    assert face_problems(face, {"connect", "recv_data", "send_data"}, [networking]) == [
+        "lacks send_data", "has weights_array: import it from where it lives",
+        "recv_data is not the package's object", "defines helper"]
+
+
+# --- No faces inside the subpackages. ---
+
+def _is_logger(node):
+    return isinstance(node, ast.Call) and ast.unparse(node.func).endswith("getLogger")
+
+
+def own_statements(source):
+    """``(line, kind)`` of each top-level statement of ``source`` that is more than a
+    re-export: its docstring, imports, ``__all__``, aliases of imported names and its
+    logger are not."""
+    found = []
+    for index, node in enumerate(ast.parse(source).body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Assign) and (
+                all(isinstance(target, ast.Name) and target.id == "__all__"
+                    for target in node.targets)
+                or isinstance(node.value, (ast.Name, ast.Attribute)) or _is_logger(node.value)):
+            continue
+        found.append((node.lineno, type(node).__name__))
+    return found
+
+
+@pytest.mark.parametrize("path", _subpackage_modules(), ids=_relative)
+def test_no_module_of_a_subpackage_only_re_exports(path):
+    assert own_statements(_source(path)), (
+        f"{_relative(path)} only re-exports names: import them from where they live, and "
+        "delete it")
+
+
+def test_the_re_export_check_tells_a_face_from_a_module():
+    """The check above can fail: imports, ``__all__``, aliases and a logger make a face; a
+    constant, a function or a class of its own make a module."""
+    face = ('"""A face."""\nimport logging\nfrom distkeras.x import a, b\nold = a\n'
+            'logger = logging.getLogger(__name__)\n__all__ = ["a", "b"]\n')
+    assert own_statements(face) == []
+    assert own_statements(face + "LIMIT = 3\n") == [(7, "Assign")]
+    assert own_statements(face + "def helper():\n    pass\n") == [(7, "FunctionDef")]
+
+
+# --- Loggers: each named by its module. ---
+
+def loggers_named_by_a_literal(source):
+    """``(line, text)`` of each ``getLogger`` call that names its logger other than by
+    ``__name__`` (a string or an f-string), but the package's own logger."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not _is_logger(node):
+            continue
+        arguments = list(node.args) + [keyword.value for keyword in node.keywords]
+        for argument in arguments:
+            if isinstance(argument, ast.JoinedStr) or (
+                    isinstance(argument, ast.Constant) and argument.value != PACKAGE_LOGGER):
+                found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=_relative)
+def test_every_logger_is_named_by_its_module(path):
+    assert loggers_named_by_a_literal(_source(path)) == [], (
+        "name the logger logging.getLogger(__name__): logging.getLogger('distkeras') "
+        "configures every module's")
+
+
+def test_the_logger_check_finds_a_literal_and_an_f_string():
+    """The check above can fail: a literal, an f-string and a keyword literal are found;
+    ``__name__`` and the package's logger are not."""
+    source = ('import logging\nlogger = logging.getLogger(__name__)\n'
+              'package = logging.getLogger("distkeras")\n'
+              'old = logging.getLogger("distkeras.trainers")\n'
+              'def f(name):\n    return logging.getLogger(f"distkeras.{name}")\n'
+              'named = logging.getLogger(name="distkeras.workers")\n')
+    assert loggers_named_by_a_literal(source) == [
+        (4, "logging.getLogger('distkeras.trainers')"),
+        (6, "logging.getLogger(f'distkeras.{name}')"),
+        (7, "logging.getLogger(name='distkeras.workers')")]
+
+
+# --- The library imports no face; no module takes another's private names. ---
+
+def faces_imported(path, faces):
+    """``(line, name)`` of each top-level face (of ``faces``) the module at ``path``
+    imports: the library imports the modules that hold the names, faces are for users."""
+    tree = ast.parse(_source(path), path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "distkeras":
+            names = [f"distkeras.{alias.name}" for alias in node.names if alias.name in faces]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distkeras."):
+            names = [node.module] if node.module.split(".")[1] in faces else []
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names
+                     if alias.name.startswith("distkeras.") and alias.name.split(".")[1] in faces]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names]
+    return found
+
+
+def _library_modules():
+    """Every module but the faces."""
+    faces = _faces()
+    return [path for path in _all_modules()
+            if not (os.path.dirname(path) == os.path.join(ROOT, "distkeras")
+                    and os.path.splitext(os.path.basename(path))[0] in faces)]
+
+
+@pytest.mark.parametrize("path", _library_modules(), ids=_relative)
+def test_the_library_imports_no_face(path):
+    assert faces_imported(path, _faces()) == []
+
+
+def test_the_face_import_check_finds_each_form(tmp_path):
+    """The check above can fail: each form of import of a face is found."""
+    module = tmp_path / "module.py"
+    module.write_text("from distkeras import errors, utils\n"
+                      "from distkeras.networking import connect\n"
+                      "import distkeras.workers\n"
+                      "from distkeras.transport import networking\n"
+                      "def f():\n"
+                      "    from distkeras.predictors import ModelPredictor\n")
+    assert faces_imported(str(module), {"utils", "networking", "workers", "predictors"}) == [
+        (1, "distkeras.utils"), (2, "distkeras.networking"), (3, "distkeras.workers"),
+        (6, "distkeras.predictors")]
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=_relative)
+def test_no_module_takes_another_modules_private_names(path):
+    assert private_names_taken_from_other_modules(path) == []
+
+
+def test_the_private_name_check_tells_another_modules_from_its_own(tmp_path):
+    """The check above can fail: a private name imported from, or read off, another
+    module is found; a module that imports itself by name (for Spark's closures) is not."""
+    package = tmp_path / "distkeras"
+    package.mkdir()
+    (package / "own.py").write_text(
+        "from distkeras.other import _hidden\n"
+        "from distkeras import other, own\n"
+        "def f():\n"
+        "    return other._state, own._mine, other.__name__\n")
+    assert private_names_taken_from_other_modules(str(package / "own.py")) == [
+        (1, "from distkeras.other import _hidden"), (4, "other._state")]
+
+
+# --- Size. ---
+
+@pytest.mark.parametrize("path", _all_modules(), ids=_relative)
 def test_no_module_of_the_package_is_over_600_lines(path):
     """Every module, top level and subpackages alike (issue #34): one job each."""
     with open(path, encoding="utf-8") as handle:
@@ -280,90 +419,33 @@ def test_no_module_of_the_package_is_over_600_lines(path):
 
 
 def test_the_size_check_sees_every_package():
-    names = {os.path.relpath(path, ROOT) for path in _all_modules()}
-    for name in ("distkeras/trainers.py", "distkeras/ml/evaluators.py",
+    names = {_relative(path) for path in _all_modules()}
+    for name in ("distkeras/trainers.py", "distkeras/ml/accuracy_evaluator.py",
                  "distkeras/cli/__init__.py", "distkeras/punchcard/service.py"):
         assert name in names
 
 
-def face_problems(face, modules, not_in_the_face=(), aliases=None):
-    """What makes ``face`` other than a thin and complete face of ``modules``."""
-    aliases = aliases or {}
-    problems = []
-    names = list(getattr(face, "__all__", []))
-    if len(names) != len(set(names)):
-        problems.append("__all__ repeats a name")
-    # Complete: every public name of the package modules, and nothing else.
-    expected = set().union(*(public_names(module) for module in modules))
-    expected = expected - set(not_in_the_face) | set(aliases)
-    problems += [f"lacks {name}" for name in sorted(expected - set(names))]
-    problems += [f"has {name} of its own" for name in sorted(set(names) - expected)]
-    for name in set(names) & expected:
-        # The same object as the package's, not a copy or a wrapper.
-        value = getattr(face, name, None)
-        if not any(getattr(module, aliases.get(name, name), None) is value
-                   for module in modules):
-            problems.append(f"{name} is not the package's object")
-    # Thin: the face defines nothing of its own.
-    problems += [f"defines {name}" for name, value in vars(face).items()
-                 if (inspect.isfunction(value) or inspect.isclass(value))
-                 and value.__module__ == face.__name__]
-    return problems
-
-
-@pytest.mark.parametrize("face_name", sorted(FACES))
-def test_each_face_resolves_every_name_to_the_package_object(face_name):
-    face = importlib.import_module(face_name)
-    modules = [importlib.import_module(name) for name in FACES[face_name]]
-    assert face_problems(face, modules, NOT_IN_THE_FACE.get(face_name, ()),
-                         FACE_ALIASES.get(face_name)) == []
-    for old, new in FACE_EXTRAS.get(face_name, {}).items():
-        assert any(getattr(face, old) is getattr(module, new, None) for module in modules)
-
-
-def test_old_plug_ins_imports_of_the_training_checks_still_run():
-    """docs/writing-an-algorithm.md once printed the underscored checks."""
-    from distkeras.training import checks
-    from distkeras.training_checks import _check_fraction, _check_int, _check_number
-
-    assert (_check_int, _check_number, _check_fraction) == (
-        checks.check_int, checks.check_number, checks.check_fraction)
-
+# --- What users import still runs. ---
 
 def test_seed_000s_imports_still_run():
     """The tutorial's imports, as printed (the escape hatch of docs/writing-an-algorithm.md)."""
     from distkeras.networking import connect, recv_data, send_data
     from distkeras.parameter_servers import SocketParameterServer
     from distkeras.transport import networking, parameter_servers
+    from distkeras.workers import NetworkWorker
 
     assert SocketParameterServer is parameter_servers.SocketParameterServer
     assert (connect, recv_data, send_data) == (networking.connect, networking.recv_data,
                                                networking.send_data)
     assert SocketParameterServer.__module__ == "distkeras.transport.parameter_servers"
-
-
-def test_the_face_check_finds_a_missing_a_copied_and_an_own_name():
-    """The check above can fail: a face that lacks a name, holds a copy of another and
-    defines a function of its own is caught."""
-    import types
-
-    from distkeras.transport import networking
-
-    face = types.ModuleType("fake_face")
-    face.__all__ = sorted(public_names(networking) - {"send_data"})
-    for name in face.__all__:
-        setattr(face, name, getattr(networking, name))
-    face.recv_data = lambda conn: None  # a wrapper, not the package's function
-    exec("def helper():\n    pass", vars(face))  # noqa: S102
-    assert face_problems(face, [networking]) == [
-        "lacks send_data", "recv_data is not the package's object", "defines helper"]
+    assert NetworkWorker.__module__ == "distkeras.executor.network"
 
 
 def test_the_dist_keras_star_import_of_utils_gives_its_helpers():
     namespace = {}
     exec("from distkeras.utils import *", namespace)  # noqa: S102 (dist-keras's examples)
     for name in ("serialize_keras_model", "shuffle", "precache", "uniform_weights",
-                 "average_history", "load_model"):
+                 "load_model"):
         assert name in namespace, name
 
 

@@ -137,7 +137,7 @@ def test_progress_bar_in_a_notebook_without_ipywidgets(tmp_path, monkeypatch):
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     source = ("import sys\n"
               "sys.modules['ipywidgets'] = None  # as where it is not installed\n"
-              "from distkeras.monitor import BarProgress\n"
+              "from distkeras.training.monitor import BarProgress\n"
               "bar = BarProgress('ADAG', 100)\n"
               "bar.update(100, {'loss': '0.5000'})\n"
               "bar.close()")

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from distkeras.punchcard import data_roots
-from distkeras.job_deployment import BadRequest, validate_submission
+from distkeras.punchcard.submissions import BadRequest, validate_submission
 
 
 def submission(path):

@@ -11,7 +11,9 @@ import urllib.request
 import pytest
 from punchcard_support import RunningServer, adag_trainer, call_api, deflated_config, with_config
 
-from distkeras.job_deployment import SECRET_HEADER, Job, JobError
+from distkeras.job_deployment import Job
+from distkeras.punchcard.client import JobError
+from distkeras.punchcard.protocol import SECRET_HEADER
 from distkeras.punchcard.model_check import ModelChecker
 from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 

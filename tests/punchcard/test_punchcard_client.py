@@ -9,7 +9,8 @@ from conftest import accuracy, build_mlp
 from punchcard_support import (RunningServer, SlowCheckPunchcard, adag_trainer, call_api,
                                finished_job, wait_for)
 
-from distkeras.job_deployment import Job, JobError, ServerUnreachable
+from distkeras.job_deployment import Job
+from distkeras.punchcard.client import JobError, ServerUnreachable
 from distkeras.punchcard.secrets_file import secret_hash
 
 
@@ -190,7 +191,7 @@ def test_a_compiled_model_lends_its_settings_to_a_job():
     # would use; a job of that trainer must be accepted, and its model come back compiled.
     import keras
 
-    from distkeras.job_deployment import validate_submission
+    from distkeras.punchcard.submissions import validate_submission
     from distkeras.trainers import ADAG
     from distkeras.utils import serialize_model
 
@@ -216,7 +217,7 @@ def test_a_job_of_a_model_compiled_without_a_loss_is_accepted():
     # checks read the model as that process does, not as uncompiled ("`loss` is required").
     import keras
 
-    from distkeras.job_deployment import BadRequest, validate_submission
+    from distkeras.punchcard.submissions import BadRequest, validate_submission
     from distkeras.trainers import ADAG
 
     inputs = keras.Input((4,))

@@ -11,7 +11,8 @@ import pytest
 from punchcard_support import (RunningServer, adag_trainer, call_api, finished_job,
                                group_alive, staggered, wait_for)
 
-from distkeras.job_deployment import Job, JobError, Punchcard
+from distkeras.job_deployment import Job, Punchcard
+from distkeras.punchcard.client import JobError
 from distkeras.punchcard.job_files import read_status
 from distkeras.punchcard.processes import kill_tree
 from distkeras.punchcard.secrets_file import secret_hash

@@ -16,7 +16,9 @@ from punchcard_support import (RunningServer, SCRIPTS, SlowCheckPunchcard, adag_
                                call_api, deflated_config, free_port, reachable, staggered,
                                upload_status, wait_for, widened, with_config)
 
-from distkeras.job_deployment import SECRET_HEADER, BadRequest, Job
+from distkeras.job_deployment import Job
+from distkeras.punchcard.protocol import SECRET_HEADER
+from distkeras.punchcard.submissions import BadRequest
 from distkeras.punchcard.secrets_file import secret_hash
 from distkeras.punchcard.submissions import check_data_path
 
@@ -266,7 +268,7 @@ def test_generate_secret_refuses_a_malformed_secrets_file(tmp_path, content):
 
 
 def test_the_number_of_workers_is_bounded_as_a_whole():
-    from distkeras.job_deployment import MAX_WORKERS, BadRequest, validate_submission
+    from distkeras.punchcard.submissions import BadRequest, MAX_WORKERS, validate_submission
 
     payload = Job("secret", "wide", "/data/fashion.parquet", 2, 2, adag_trainer()).payload()
     assert validate_submission(payload)[2]["num_workers"] == 4
@@ -322,7 +324,7 @@ def test_counting_declared_weights_leaves_no_variable_to_initialize():
     import keras
     from keras.src.backend.common import global_state
 
-    from distkeras.job_deployment import BadRequest, validate_submission
+    from distkeras.punchcard.submissions import BadRequest, validate_submission
 
     payload = Job("secret", "huge", "/data/fashion.parquet", 1, 1, adag_trainer()).payload()
     huge = with_config(base64.b64decode(payload["model"]), widened)
@@ -336,8 +338,9 @@ def test_counting_declared_weights_leaves_no_variable_to_initialize():
 def test_legitimate_models_pass_the_weight_count():
     import keras
 
-    from distkeras.job_deployment import validate_submission
-    from distkeras.utils import declared_weight_bytes, serialize_model
+    from distkeras.punchcard.submissions import validate_submission
+    from distkeras.keras_io.archives import declared_weight_bytes
+    from distkeras.utils import serialize_model
 
     inputs = keras.Input((28, 28, 1))
     hidden = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
@@ -357,7 +360,7 @@ def test_legitimate_models_pass_the_weight_count():
 def test_an_unknown_custom_layer_is_named_in_a_few_words():
     import keras
 
-    from distkeras.job_deployment import BadRequest, validate_submission
+    from distkeras.punchcard.submissions import BadRequest, validate_submission
 
     class Doubling(keras.layers.Layer):  # not registered, and never installed on a server
         def call(self, inputs):

@@ -11,7 +11,8 @@ import pytest
 from conftest import accuracy
 from punchcard_support import RunningServer, adag_trainer, call_api, group_alive, wait_for
 
-from distkeras.job_deployment import Job, JobError, Punchcard
+from distkeras.job_deployment import Job, Punchcard
+from distkeras.punchcard.client import JobError
 from distkeras.punchcard.processes import kill_tree, process_alive
 from distkeras.punchcard.secrets_file import secret_hash
 

@@ -13,7 +13,7 @@ import re
 import pytest
 
 import distkeras
-from distkeras import networking
+from distkeras.transport import networking
 from distkeras.punchcard.secrets_file import SecretChecker, generate_secret, make_entry, secret_hash
 
 PACKAGE = pathlib.Path(distkeras.__file__).parent

@@ -14,7 +14,8 @@ keras = pytest.importorskip("keras")
 
 from conftest import build_mlp  # noqa: E402
 
-from distkeras.job_deployment import BadRequest, Job, validate_submission  # noqa: E402
+from distkeras.job_deployment import Job  # noqa: E402
+from distkeras.punchcard.submissions import BadRequest, validate_submission  # noqa: E402
 
 SECRET = "s" * 64
 SYSTEM = {"module": "os", "class_name": "function", "config": "system", "registered_name": None}

@@ -1,4 +1,4 @@
-"""Sweeps (`distkeras.experiments`) and plots (`distkeras.plotting`) on a small subset."""
+"""Sweeps (`distkeras.tools.experiments`) and plots (`distkeras.tools.plotting`) on a small subset."""
 
 import csv
 import os
@@ -26,7 +26,7 @@ def assert_png(path):
 
 @pytest.fixture(scope="module")
 def swept(spark, tmp_path_factory):
-    from distkeras.experiments import sweep
+    from distkeras.tools.experiments import sweep
 
     output_dir = str(tmp_path_factory.mktemp("sweep"))
     results = sweep(spark, trainers=("SingleTrainer", "ADAG"), workers=(1, 2), windows=(2, 8),
@@ -82,7 +82,7 @@ def test_sweep_writes_plots(swept):
 
 
 def test_comparison_plot_has_a_line_per_trainer_and_window(swept):
-    from distkeras.plotting import plot_comparison
+    from distkeras.tools.plotting import plot_comparison
 
     results, _ = swept
     figure = plot_comparison(results, by="workers")
@@ -98,7 +98,7 @@ def test_comparison_plot_has_a_line_per_trainer_and_window(swept):
 
 def test_plot_history_draws_every_worker_and_the_mean(spark, tmp_path):
     from distkeras.datasets import load_fashion_mnist
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
     from distkeras.trainers import ADAG
 
     data = load_fashion_mnist(spark, "train", limit=LIMIT)
@@ -131,7 +131,7 @@ def test_plot_history_draws_every_worker_and_the_mean(spark, tmp_path):
 
 
 def test_one_nan_loss_does_not_blank_the_rest_of_the_curve():
-    from distkeras.plotting import plot_history, rolling_mean
+    from distkeras.tools.plotting import plot_history, rolling_mean
 
     values = [1.0, 2.0, float("nan"), 4.0, 6.0, 8.0]
     np.testing.assert_allclose(rolling_mean(values, 2), [1.0, 1.5, 2.0, 4.0, 5.0, 7.0])
@@ -143,7 +143,7 @@ def test_one_nan_loss_does_not_blank_the_rest_of_the_curve():
 
 
 def test_plot_history_refuses_an_untrained_trainer():
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
 
     with pytest.raises(ValueError, match="no history"):
         plot_history([])
@@ -155,7 +155,7 @@ def test_plot_history_refuses_an_untrained_trainer():
 
 
 def test_plan_runs_each_trainer_only_over_its_own_settings():
-    from distkeras.experiments import plan, resolve_trainers
+    from distkeras.tools.experiments import plan, resolve_trainers
 
     classes = resolve_trainers(["SingleTrainer", "AveragingTrainer", "DOWNPOUR"])
     runs = [(name, workers, window) for name, _, workers, window in plan(classes, [1, 3], [4, 9])]
@@ -174,7 +174,7 @@ def test_plan_runs_each_trainer_only_over_its_own_settings():
     ({"dataset": "mnist"}, "Unknown dataset 'mnist'. Available datasets: fashion_mnist"),
 ])
 def test_sweep_checks_its_arguments_before_any_work(change, message, tmp_path):
-    from distkeras.experiments import sweep
+    from distkeras.tools.experiments import sweep
 
     output_dir = tmp_path / "never"
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -183,7 +183,7 @@ def test_sweep_checks_its_arguments_before_any_work(change, message, tmp_path):
 
 
 def test_sweep_refuses_an_output_dir_that_is_a_file(tmp_path):
-    from distkeras.experiments import sweep
+    from distkeras.tools.experiments import sweep
 
     (tmp_path / "results").write_text("kept")
     with pytest.raises(ValueError, match=rf"`output_dir` {tmp_path / 'results'} is a file: "
@@ -195,7 +195,7 @@ def test_sweep_refuses_an_output_dir_that_is_a_file(tmp_path):
 def run_command(*arguments):
     # JAVA_HOME points nowhere: a command that starts Spark fails with a Java error instead.
     env = dict(os.environ, JAVA_HOME="/nonexistent-java", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "distkeras.experiments", *arguments],
+    return subprocess.run([sys.executable, "-m", "distkeras.tools.experiments", *arguments],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
 
 
@@ -215,7 +215,7 @@ def test_command_rejects_bad_arguments_before_spark(arguments, message):
 
 
 def test_command_runs_a_sweep(spark, tmp_path, capsys):
-    from distkeras import experiments
+    from distkeras.tools import experiments
 
     output_dir = str(tmp_path / "out")
     status = experiments.main(["sweep", "--trainer", "SingleTrainer", "ADAG", "--workers", "2",
@@ -233,7 +233,7 @@ def test_command_runs_a_sweep(spark, tmp_path, capsys):
 
 
 def test_a_failing_run_keeps_the_finished_runs_rows_and_plots(spark, tmp_path):
-    from distkeras.experiments import sweep
+    from distkeras.tools.experiments import sweep
     from distkeras.trainers import SingleTrainer
 
     class BrokenTrainer(SingleTrainer):
@@ -259,7 +259,7 @@ def _step_records(keys, workers=2, steps=30, **extra):
 def test_plot_history_shows_each_output_and_metric_that_the_run_logged(spark):
     import keras
 
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
     from distkeras.trainers import ADAG
 
     rng = np.random.default_rng(0)
@@ -286,7 +286,7 @@ def test_plot_history_shows_each_output_and_metric_that_the_run_logged(spark):
 
 
 def test_plot_history_of_a_regression_shows_its_metrics():
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
 
     figure = plot_history(_step_records(["loss", "mae"], workers=1))
     assert [axis.get_ylabel() for axis in figure.axes] == ["training loss", "mae"]
@@ -294,7 +294,7 @@ def test_plot_history_of_a_regression_shows_its_metrics():
 
 
 def test_plot_history_labels_each_ensemble_members_validation():
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
 
     class Ensemble:  # what plot_history reads of an EnsembleTrainer
         num_ensembles = 2
@@ -318,7 +318,7 @@ def test_plot_history_labels_each_ensemble_members_validation():
 
 
 def test_plot_history_leaves_out_superseded_steps():
-    from distkeras.plotting import plot_history
+    from distkeras.tools.plotting import plot_history
 
     retried = _step_records(["loss"], workers=1, attempt=1)
     failed = [{**record, "attempt": 0, "superseded": True, "loss": 100.0}

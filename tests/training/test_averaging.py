@@ -18,7 +18,7 @@ from ps_support import Client, assert_weights_equal, expect_closed_by_server, la
 
 @pytest.fixture
 def averaging_server():
-    from distkeras.parameter_servers import AveragingServer
+    from distkeras.transport.parameter_servers import AveragingServer
     from ps_support import make_model
 
     ends = []
@@ -153,7 +153,7 @@ def test_an_epoch_sent_ahead_of_the_others_closes_that_connection(averaging_serv
 
 
 def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
-    from distkeras.parameter_servers import AveragingServer
+    from distkeras.transport.parameter_servers import AveragingServer
     from ps_support import make_model
 
     def on_average(epochs_done, center):
@@ -175,7 +175,7 @@ def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
 
 
 def _train(frame, monkeypatch=None, one_job=True, **settings):
-    from distkeras import affinity
+    from distkeras.executor import affinity
     from distkeras.trainers import AveragingTrainer
 
     if not one_job:  # Spark "cannot say" how many tasks run at once: a job per epoch
@@ -240,11 +240,11 @@ def _trainer_with_worker(worker_class, num_epoch):
 
 def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_train,
                                                               fashion_test, tmp_path):
-    from distkeras import workers
+    from distkeras.executor import averaging
 
     marker = str(tmp_path / "died")
 
-    class DyingWorker(workers.AveragingWorker):
+    class DyingWorker(averaging.AveragingWorker):
         def train_steps(self, batches):
             # Dies once, in the second epoch: Spark restarts the whole barrier stage.
             ends = self._feed.epoch_ends
@@ -274,7 +274,7 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
 def test_weights_with_nan_still_make_the_epochs_mean():
     """A diverged replica's weights (NaN) are averaged as one job per epoch averages them:
     refused, they got no reply and every worker waited forever."""
-    from distkeras.parameter_servers import AveragingServer
+    from distkeras.transport.parameter_servers import AveragingServer
     from ps_support import make_model
 
     server = AveragingServer(make_model(), num_workers=2)
@@ -300,14 +300,14 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
         spark, fashion_train, case):
     """A coalesce() (the user's, or lay_out's coalesce(1) for one worker) in the barrier
     stage's RDD chain made Spark refuse the job and stop the SparkContext."""
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     frame = fashion_train.limit(600).repartition(4).cache()
     if case == "coalesced":
         frame = frame.coalesce(2)
     workers = 2 if case == "coalesced" else 1
-    assert not dataframes.barrier_compatible(
-        dataframes.lay_out(frame, workers), workers)
+    assert not frame_layout.barrier_compatible(
+        frame_layout.lay_out(frame, workers), workers)
     trainer, model = _train(frame, num_workers=workers, num_epoch=2)
     assert trainer.parameter_server is None  # one job per epoch
     assert [sum(record["batch_size"] for record in trainer.get_history()
@@ -316,10 +316,10 @@ def test_partitions_spark_cannot_run_as_a_barrier_stage_train_a_job_per_epoch(
 
 
 def test_partitions_as_they_are_run_as_a_barrier_stage(spark, fashion_train):
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     frame = fashion_train.limit(600).repartition(2).cache()
-    assert dataframes.barrier_compatible(frame, 2)
+    assert frame_layout.barrier_compatible(frame, 2)
 
 
 def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):
@@ -349,9 +349,9 @@ def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):
 
 
 def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
-    from distkeras import networking
+    from distkeras.transport import networking
     from distkeras.networking import send_data
-    from distkeras.parameter_servers import AveragingServer
+    from distkeras.transport.parameter_servers import AveragingServer
     from ps_support import make_model
 
     heard = []
@@ -371,12 +371,12 @@ def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
 
 def test_a_worker_error_stops_the_one_job_at_once_with_its_cause(spark, fashion_train,
                                                                  tmp_path):
-    from distkeras import workers
+    from distkeras.executor import averaging
     from distkeras.trainers import TrainingError
 
     attempts = str(tmp_path / "attempts")
 
-    class FailingWorker(workers.AveragingWorker):
+    class FailingWorker(averaging.AveragingWorker):
         def train_steps(self, batches):
             if self.worker_id == 1:  # a bad row, say: every restart would fail again
                 with open(attempts, "a") as log:

@@ -21,7 +21,7 @@ def _rows(count, width=4, seed=1):
 
 
 def test_the_statistics_become_the_mean_over_batches_exactly():
-    from distkeras.batch_statistics import recompute
+    from distkeras.training.batch_statistics import recompute
 
     model = _bn_model()
     layer = model.get_layer("bn")
@@ -40,7 +40,7 @@ def test_the_statistics_become_the_mean_over_batches_exactly():
 def test_frozen_layers_and_models_without_batch_normalization_are_left_alone():
     import keras
 
-    from distkeras.batch_statistics import recompute
+    from distkeras.training.batch_statistics import recompute
 
     model = _bn_model()
     layer = model.get_layer("bn")
@@ -58,7 +58,7 @@ def test_frozen_layers_and_models_without_batch_normalization_are_left_alone():
 def test_a_nested_layer_is_measured_too():
     import keras
 
-    from distkeras.batch_statistics import recompute
+    from distkeras.training.batch_statistics import recompute
 
     inner = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(name="bn")])
     outer = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(1)])
@@ -69,7 +69,7 @@ def test_a_nested_layer_is_measured_too():
 
 
 def test_no_rows_is_refused():
-    from distkeras.batch_statistics import recompute
+    from distkeras.training.batch_statistics import recompute
 
     with pytest.raises(ValueError, match="No rows"):
         recompute(_bn_model(), _rows(0))
@@ -82,7 +82,7 @@ def test_averaging_trainers_return_statistics_measured_with_the_returned_weights
     features' own, whatever the weights: AEASGD and AveragingTrainer return exactly those;
     ADAG (a center the workers' steps move, not an average) returns the workers' own."""
     from distkeras import trainers
-    from distkeras.batch_statistics import SAMPLE_ROWS
+    from distkeras.training.batch_statistics import SAMPLE_ROWS
 
     x = _rows(512)
     labels = (x[:, 0] > 5.0).astype("int64")

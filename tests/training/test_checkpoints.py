@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras.checkpoints import checkpoint_path, load_checkpoint
+from distkeras.training.checkpoints import checkpoint_path, load_checkpoint
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker
 from worker_support import FailingOnceADAG
@@ -78,7 +78,7 @@ def test_a_failed_training_leaves_the_center_it_reached_to_resume_from(fashion_t
     trainer = FailingLateADAG(keras_model=build_mlp(), worker_optimizer="adam",
                               loss="categorical_crossentropy", num_workers=2,
                               communication_window=2)
-    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         with pytest.raises(TrainingError, match="disk full on this executor"):
             trainer.train(fashion_train.limit(1000), verbose=0, checkpoint_dir=folder)
     server = trainer.parameter_server
@@ -135,7 +135,7 @@ def test_resume_after_the_driver_was_killed(fashion_train, fashion_test, tmp_pat
 
 def test_resuming_another_trainers_checkpoint_warns(tmp_path, caplog):
     from distkeras import parameter_servers
-    from distkeras.checkpoints import restore, save_checkpoint
+    from distkeras.training.checkpoints import restore, save_checkpoint
 
     model = build_mlp(32)
     written = parameter_servers.ADAGParameterServer(model)
@@ -143,7 +143,7 @@ def test_resuming_another_trainers_checkpoint_warns(tmp_path, caplog):
     save_checkpoint(str(tmp_path), written, "ADAG")
 
     server = parameter_servers.DeltaParameterServer(model)
-    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         restore(server, str(tmp_path), "DOWNPOUR")  # as a DOWNPOUR run resumes
     assert server.num_updates == 7
     assert "written by ADAG; resuming it with DOWNPOUR" in caplog.text
@@ -160,7 +160,7 @@ class _Center:
 
 @pytest.mark.parametrize("damage", ["cut short", "garbage", "empty"])
 def test_a_damaged_checkpoint_is_called_damaged_not_another_models(tmp_path, damage):
-    from distkeras.checkpoints import save_checkpoint
+    from distkeras.training.checkpoints import save_checkpoint
 
     center = [np.ones((3, 4), np.float32), np.zeros(4, np.float32)]
     save_checkpoint(str(tmp_path), _Center(center), "ADAG")
@@ -190,7 +190,7 @@ def test_resuming_at_learning_rate_zero_returns_the_checkpoint_bit_for_bit(fashi
     import keras
 
     from distkeras import parameter_servers
-    from distkeras.checkpoints import save_checkpoint
+    from distkeras.training.checkpoints import save_checkpoint
 
     saved_model = build_mlp()
     rng = np.random.default_rng(5)

@@ -118,7 +118,7 @@ def test_two_workers_log_the_auc_of_all_the_epochs_rows(spark, fashion_test, tra
 def test_exact_logs_add_the_workers_states():
     import keras
 
-    from distkeras.epoch_metrics import exact_logs
+    from distkeras.training.epoch_metrics import exact_logs
 
     rng = np.random.default_rng(0)
     y, scores = rng.integers(0, 2, (100, 1)), rng.random((100, 1))
@@ -149,7 +149,7 @@ def test_a_report_the_driver_cannot_use_leaves_the_steps_mean(spec, state):
     """A worker's report is read off the network: one whose spec is not what workers send
     failed the driver's epoch end (a ValueError unpacking a mean of three parts, an
     AttributeError building a layer's config), stopping the training."""
-    from distkeras.epoch_metrics import exact_logs
+    from distkeras.training.epoch_metrics import exact_logs
 
     good = {"worker_id": 0, "epoch": 0, "name": "loss", "spec": {"mean": True},
             "state": [np.asarray(6.0), np.asarray(3.0)]}
@@ -163,8 +163,8 @@ def test_a_window_returns_only_the_metric_state_the_epoch_adds_up():
     import jax
     import keras
 
-    from distkeras.epoch_metrics import EpochMetricSums
-    from distkeras.jax_steps import JaxTrainStep
+    from distkeras.executor.metric_sums import EpochMetricSums
+    from distkeras.executor.jax_steps import JaxTrainStep
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(300, activation="softmax")])

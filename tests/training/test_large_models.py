@@ -29,7 +29,7 @@ def test_a_model_of_20_million_parameters_comes_back_trained(spark):
 
 def test_a_reply_missing_from_the_collected_rows_is_an_error():
     from distkeras.trainers import TrainingError
-    from distkeras.training_jobs import joined_replies, reply_chunks
+    from distkeras.training.spark_jobs import joined_replies, reply_chunks
 
     replies = [bytes([index]) * 20 for index in range(2)]
     rows = [{"worker_id": worker_id, "chunk": index, "chunks": len(chunks), "payload": chunk}

@@ -192,7 +192,7 @@ def test_a_train_step_unpacking_x_and_y_trains_as_with_fit(spark):
 @pytest.mark.parametrize("options", [{"run_eagerly": True}, {"jit_compile": False}])
 def test_a_train_step_unpacking_x_and_y_trains_as_with_fit_off_the_fast_path(spark, options):
     from distkeras.trainers import SingleTrainer
-    from distkeras.workers import overrides_train_step
+    from distkeras.executor.replica import overrides_train_step
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 4)).astype("float32")

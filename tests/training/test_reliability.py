@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import build_mlp
 
-from distkeras import networking
-from distkeras.networking import weights_array
+from distkeras.transport import networking
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import DeltaParameterServer
 from distkeras.trainers import ADAG, SingleTrainer, TrainingError
 from distkeras.workers import ADAGWorker, SequentialWorker
@@ -89,7 +89,7 @@ def test_worker_timeout_allows_for_compiles(fashion_train):
 
 
 def test_worker_hung_while_compiling_is_named(fashion_train, monkeypatch):
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     monkeypatch.setattr(TrainingMonitor, "STARTUP_TIMEOUT", 3.0)
     monkeypatch.setattr(SlowCompileWorker, "compile_seconds", 600)
@@ -254,7 +254,7 @@ def test_ensemble_trainer_shows_its_members_progress_in_one_bar(fashion_train, c
 def test_verbose_auto_follows_the_terminal_and_refuses_other_values(monkeypatch):
     import io
 
-    from distkeras.monitor import resolve_verbose
+    from distkeras.training.monitor import resolve_verbose
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -545,7 +545,7 @@ def test_a_worker_whose_commits_are_refused_is_named_at_the_end(spark, caplog):
     # The root logger's level too: run alone (no earlier test had set it), the trainer's
     # warning did not reach caplog.
     caplog.set_level(logging.WARNING)
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         trained = DOWNPOUR(model, "sgd", "mse", num_workers=2, communication_window=2,
                            metrics=[]).train(frame, verbose=0)
     assert all(np.isfinite(w).all() for w in trained.get_weights())

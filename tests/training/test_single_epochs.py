@@ -23,7 +23,7 @@ def _state(iterations, rate):
 
 @pytest.fixture
 def epoch_server():
-    from distkeras.parameter_servers import EpochServer
+    from distkeras.transport.parameter_servers import EpochServer
     from ps_support import make_model
 
     ends = []
@@ -48,7 +48,7 @@ def _recv(client):
 
 
 def test_the_epoch_server_hands_the_driver_the_epoch_and_the_worker_its_state(epoch_server):
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
 
     server, ends = epoch_server
     client = Client(server, 0)
@@ -83,7 +83,7 @@ def test_the_epoch_server_hands_the_driver_the_epoch_and_the_worker_its_state(ep
      np.zeros((2, 3), np.float32), np.zeros((2,), np.float32)],  # a moment of another shape
 ])
 def test_an_epoch_commit_without_a_matching_optimizer_state_is_refused(epoch_server, state):
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
 
     server, ends = epoch_server
     before = [np.array(layer) for layer in server.center_variable]
@@ -151,7 +151,7 @@ def test_one_task_trains_and_validates_as_a_task_per_epoch_does(spark, fashion_t
     trainer, model, seen = _train(frame, validation)
     reference_trainer, reference, reference_seen = _train(frame, validation, one_task=False)
 
-    from distkeras.parameter_servers import EpochServer
+    from distkeras.transport.parameter_servers import EpochServer
 
     assert isinstance(trainer.parameter_server, EpochServer)
     assert trainer.parameter_server.epochs_done == 3
@@ -177,11 +177,11 @@ def test_one_task_trains_and_validates_as_a_task_per_epoch_does(spark, fashion_t
 
 
 def test_a_lost_task_goes_on_from_the_last_epochs_end(spark, fashion_test, tmp_path):
-    from distkeras import workers
+    from distkeras.executor import averaging
 
     marker = str(tmp_path / "died")
 
-    class DyingWorker(workers.SequentialEpochWorker):
+    class DyingWorker(averaging.SequentialEpochWorker):
         def train_steps(self, batches):
             # Dies once, in the second epoch: Spark retries the task (local[2,4]).
             ends = self._feed.epoch_ends
@@ -346,19 +346,19 @@ def test_a_frame_read_from_the_users_cache_is_not_copied_to_disk(spark, fashion_
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    from distkeras.data import dataframes
+    from distkeras.data import frame_layout
 
     images, labels = fashion_test
     base = _frame(spark, images[:50], labels[:50])
     # Vectors as VectorAssembler makes them: the training frame converts them.
     base = base.withColumn("features", array_to_vector("features")).cache()
-    frame = dataframes.training_frame(base, "features", "label")
-    with dataframes.kept_for_epochs(frame, 3):
+    frame = frame_layout.training_frame(base, "features", "label")
+    with frame_layout.kept_for_epochs(frame, 3):
         assert frame.storageLevel != StorageLevel.DISK_ONLY
     # Rows drawn anew at each read are still kept: rand(), and a Python UDF.
     for drawn in (frame.where(F.rand() < 0.9),
                   frame.where(F.udf(lambda _: True, "boolean")(F.lit(1)))):
-        with dataframes.kept_for_epochs(drawn, 3):
+        with frame_layout.kept_for_epochs(drawn, 3):
             assert drawn.storageLevel == StorageLevel.DISK_ONLY
         assert drawn.storageLevel != StorageLevel.DISK_ONLY
     base.unpersist()

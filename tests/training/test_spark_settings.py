@@ -7,7 +7,8 @@ import numpy as np
 from pyspark import SparkConf
 
 import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
-from distkeras import trainers, training_jobs
+from distkeras import trainers
+from distkeras.training import spark_jobs
 
 
 def _context(master, **conf):
@@ -18,12 +19,12 @@ def _context(master, **conf):
 
 def test_speculation_on_a_cluster_is_warned_of(caplog):
     cluster = _context("spark://master:7077", **{"spark.speculation": "true"})
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
-        assert training_jobs.warn_if_speculative(cluster, "ADAG")
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
+        assert spark_jobs.warn_if_speculative(cluster, "ADAG")
     assert "spark.speculation=true" in caplog.text and "spark.speculation=false" in caplog.text
     # Off, or on one host (Spark never runs a speculative copy where the task runs).
-    assert not training_jobs.warn_if_speculative(_context("spark://master:7077"), "ADAG")
-    assert not training_jobs.warn_if_speculative(
+    assert not spark_jobs.warn_if_speculative(_context("spark://master:7077"), "ADAG")
+    assert not spark_jobs.warn_if_speculative(
         _context("local[2]", **{"spark.speculation": "true"}), "ADAG")
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from distkeras.train_options import normalize
+from distkeras.training.options import normalize
 
 
 def test_defaults_and_typed_values():

@@ -6,7 +6,8 @@ import json
 import pytest
 from conftest import accuracy, build_mlp
 
-from distkeras import trainers, training_jobs
+from distkeras import trainers
+from distkeras.training import spark_jobs
 
 # A model that learned nothing scores about 0.10; one pass over 3,000 images takes a working
 # trainer well past 0.45 (EAMSGD's momentum on top of Adam is the slowest, about 0.55). One
@@ -73,7 +74,7 @@ def test_an_ensemble_member_without_rows_is_named_as_untrained(fashion_train, ca
 
     trainer = EnsembleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
                               num_ensembles=3)
-    with caplog.at_level("WARNING", logger="distkeras.trainers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         models = trainer.train(fashion_train.limit(2), verbose=0)
     assert len(models) == 3
     (untrained,) = {0, 1, 2} - {record["worker_id"] for record in trainer.get_history()}
@@ -198,7 +199,7 @@ def test_uneven_partitions_get_a_warning_that_says_how_to_even_them(fashion_trai
                                                         fashion_train.schema)
     assert uneven.rdd.getNumPartitions() == 2
     trainer = _build("ADAG")
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         trainer.train(uneven, verbose=0)
     warnings = [record.getMessage() for record in caplog.records
                 if "uneven partitions" in record.getMessage()]
@@ -210,12 +211,12 @@ def test_uneven_partitions_get_a_warning_that_says_how_to_even_them(fashion_trai
 def test_even_enough_partitions_get_no_warning(caplog):
     import logging
 
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
-        assert not training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
+        assert not spark_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
                                                  {"worker_id": 1, "samples": 1100}])
-        assert not training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000}])
-        assert not training_jobs.warn_if_uneven([{"worker_id": 0}, {"worker_id": 1}])
-        assert training_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
+        assert not spark_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000}])
+        assert not spark_jobs.warn_if_uneven([{"worker_id": 0}, {"worker_id": 1}])
+        assert spark_jobs.warn_if_uneven([{"worker_id": 0, "samples": 1000},
                                              {"worker_id": 1, "samples": 1101}])
     assert len(caplog.records) == 1
 

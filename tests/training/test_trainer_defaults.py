@@ -121,7 +121,7 @@ def test_outer_step_trainers_return_statistics_measured_with_the_returned_weight
 def _workers_rate(trainer):
     """The learning rate in the optimizer config that ``trainer``'s workers (and its
     returned model) are given; None where it is the optimizer's name, unchanged."""
-    from distkeras.utils import optimizer_as_compiled, serialize_keras_object
+    from distkeras.keras_io.compile_config import optimizer_as_compiled, serialize_keras_object
 
     config = serialize_keras_object(optimizer_as_compiled(trainer._workers_optimizer(),
                                                           trainer.master_model))

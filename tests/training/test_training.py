@@ -463,7 +463,7 @@ def test_distributed_trainers_say_that_use_ema_is_not_exchanged(caplog):
 
     for trainer_class in (ADAG, AveragingTrainer, SingleTrainer, EnsembleTrainer):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="distkeras.trainers"):
+        with caplog.at_level("WARNING", logger="distkeras"):
             trainer_class(build_mlp(32), keras.optimizers.Adam(use_ema=True),
                           "categorical_crossentropy").validate_arguments()
         warned = "not their moving averages" in caplog.text

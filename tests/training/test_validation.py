@@ -10,7 +10,7 @@ from conftest import accuracy, build_mlp
 
 
 def test_a_fraction_splits_the_rows_once_and_for_all(spark):
-    from distkeras.validation import split
+    from distkeras.training.validation_data import split
 
     frame = spark.range(2000).repartition(2).cache()
     training, validation = split(frame, 0.2, seed=7)
@@ -25,7 +25,7 @@ def test_a_fraction_splits_the_rows_once_and_for_all(spark):
 
 @pytest.mark.parametrize("value", [0.0, 1.0, 1.5, -0.1, True, "0.1", [0.1]])
 def test_a_bad_validation_value_is_named(value, spark):
-    from distkeras.validation import split
+    from distkeras.training.validation_data import split
 
     with pytest.raises(ValueError, match="`validation_data` must be a Spark DataFrame"):
         split(spark.range(3), value)
@@ -84,7 +84,7 @@ class _Progress:
 
 
 def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last():
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server, validator = _Server(), _Validator()
     monitor = TrainingMonitor(server, None, "group", total_samples=300, verbose=0,
@@ -118,7 +118,7 @@ def test_monitor_evaluates_the_center_once_per_finished_epoch_but_not_the_last()
 def test_monitor_gives_each_epoch_the_loss_and_metrics_of_its_own_steps():
     """Two epochs ended between two looks: each gets its own steps' means (they were one
     mean of every step since the last look)."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server, validator = _Server(), _Validator()
     monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
@@ -137,7 +137,7 @@ def test_monitor_gives_each_epoch_the_loss_and_metrics_of_its_own_steps():
 def test_monitor_ends_every_epoch_when_several_end_between_two_looks():
     """Short epochs (or the last ones ending together) are each ended, on the center
     reached: a callback counts every epoch."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server, validator = _Server(), _Validator()
     monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
@@ -157,7 +157,7 @@ def test_an_epoch_ends_when_every_worker_has_gone_past_it():
     """A worker that starts late holds the end of an epoch back: the other's samples alone
     could add up to an epoch of both (and EarlyStopping then stopped a worker that had
     not trained at all)."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server, validator = _Server(), _Validator()
     monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
@@ -185,7 +185,7 @@ def test_each_epoch_is_validated_with_the_samples_trained_as_it_ended():
     """Two epochs ended before the driver looked (a worker that started late): each is
     evaluated on the center the server kept as it ended, and says the samples trained
     then (both said the samples counted at the look)."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     class KeepingServer(_Server):
         ends = {1: ([np.full(2, 1.0, np.float32)], 250),
@@ -204,7 +204,7 @@ def test_each_epoch_is_validated_with_the_samples_trained_as_it_ended():
     assert validator.calls == [(1.0, 1, 250), (2.0, 2, 330)]
 
 def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server, validator, context = _Server(), _Validator(stop_after=1), _SparkContext()
     monitor = TrainingMonitor(server, context, "the-group", total_samples=300, verbose=0,
@@ -220,7 +220,7 @@ def test_monitor_cancels_the_workers_when_a_callback_asks_to_stop():
 
 
 def test_monitor_stops_the_workers_when_validation_or_a_callback_fails():
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     class Failing(_Validator):
         def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
@@ -240,7 +240,7 @@ def test_monitor_stops_the_workers_when_validation_or_a_callback_fails():
 def test_a_callbacks_keyboard_interrupt_stops_the_workers_too():
     """A callback that raised KeyboardInterrupt (or SystemExit) ended the monitor's thread
     alone: the workers trained every epoch and train() returned as if nothing happened."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     class Interrupting(_Validator):
         def evaluate(self, weights, epoch, samples, loss=None, metrics=None):
@@ -416,7 +416,7 @@ def test_a_callback_stops_adag_workers_after_an_epoch(spark, fashion_train, fash
     # second: many epochs, so that stopping after the first one noticed shows.
     trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
                    communication_window=1, num_epoch=50)
-    with caplog.at_level(logging.WARNING, logger="distkeras.trainers"):
+    with caplog.at_level(logging.WARNING, logger="distkeras"):
         model = trainer.train(fashion_train, verbose=0, callbacks=[callback],
                               validation_data=_frame(spark, images, labels))
 
@@ -562,7 +562,7 @@ def test_averaging_trainer_starts_each_epoch_at_the_rate_a_callback_set(
         one_job, spark, fashion_train, monkeypatch):
     import keras
 
-    from distkeras import affinity
+    from distkeras.executor import affinity
     from distkeras.trainers import AveragingTrainer
 
     # One job keeps a slot for a Spark job of the user's own callback, which this one does
@@ -729,7 +729,7 @@ def test_a_callback_acting_on_batches_only_is_refused(fashion_train):
 def test_a_callbacks_batch_hooks_that_never_run_are_warned_of(caplog):
     import keras
 
-    from distkeras.validation import check_callbacks
+    from distkeras.training.callbacks import check_callbacks
 
     class Both(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -745,7 +745,7 @@ def test_a_callbacks_batch_hooks_that_never_run_are_warned_of(caplog):
     keras_own = [keras.callbacks.EarlyStopping(), keras.callbacks.TerminateOnNaN(),
                  keras.callbacks.ModelCheckpoint("m.keras"), keras.callbacks.History(),
                  keras.callbacks.LambdaCallback(on_epoch_end=print)]
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         check_callbacks(keras_own)
         assert caplog.messages == []
         check_callbacks([Both(), Checkpoint("m.keras"),
@@ -759,9 +759,9 @@ def test_a_callbacks_batch_hooks_that_never_run_are_warned_of(caplog):
 def test_tensorboards_batch_options_are_warned_of(caplog, tmp_path):
     import keras
 
-    from distkeras.validation import check_callbacks
+    from distkeras.training.callbacks import check_callbacks
 
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         check_callbacks([keras.callbacks.TensorBoard(str(tmp_path / "epochs"))])
         assert caplog.messages == []  # epoch summaries: written as in fit
         board = keras.callbacks.TensorBoard(str(tmp_path / "batches"), update_freq=10)
@@ -805,7 +805,7 @@ def test_too_many_validation_rows_are_refused_before_training(spark, fashion_tra
 
 
 def test_monitor_keeps_no_per_step_records_without_validation():
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server = _Server()
     monitor = TrainingMonitor(server, None, "group", total_samples=10**6, verbose=0)
@@ -999,7 +999,7 @@ def test_on_train_end_gets_the_last_epochs_logs_as_fit_gives_them(trainer_name,
 def test_terminate_on_nan_stops_at_the_end_of_an_epoch_whose_loss_is_nan():
     import keras
 
-    from distkeras.validation import Validator
+    from distkeras.training.validator import Validator
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
@@ -1015,7 +1015,7 @@ def _linear_validator(callbacks, num_epoch):
     """A Validator of y = x on a Dense(1) without bias: weight 1 fits, others do not."""
     import keras
 
-    from distkeras.validation import Validator
+    from distkeras.training.validator import Validator
 
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
     model.compile(optimizer="sgd", loss="mse")
@@ -1027,7 +1027,7 @@ def test_the_returned_models_record_is_the_best_epochs_that_early_stopping_resto
         capsys):
     import keras
 
-    from distkeras.monitor import report_returned_validation
+    from distkeras.training.monitor import report_returned_validation
 
     # Epoch 1 reached the best weights, epochs 2 and 3 worse ones; patience lets all three
     # run, and EarlyStopping restores epoch 1's at the train's end (as after fit).
@@ -1121,7 +1121,7 @@ def test_keras_accumulating_metrics_need_no_step_mean_warning(fashion_train, cap
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy",
                             metrics=["accuracy", keras.metrics.AUC(name="auc"),
                                      "precision"])
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         trainer.train(fashion_train.limit(200), verbose=0,
                       callbacks=[keras.callbacks.CSVLogger(os.devnull)])
     assert not [record for record in caplog.records
@@ -1150,34 +1150,34 @@ def _peak_metric():
 def test_only_metrics_of_the_users_own_classes_are_warned_of(caplog):
     import keras
 
-    from distkeras.validation import warn_of_step_mean_metrics
+    from distkeras.training.callbacks import warn_of_step_mean_metrics
 
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         warn_of_step_mean_metrics(["accuracy", "acc", "mae", "AUC",
                                    keras.metrics.SparseCategoricalAccuracy(),
                                    {"out": ["mse", keras.metrics.RootMeanSquaredError()]},
                                    None])
     assert caplog.records == []
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         warn_of_step_mean_metrics({"out": [_peak_metric()(), "precision"]})
     message = caplog.records[0].getMessage()
     assert "training peak is" in message and "precision" not in message
 
 
 def test_step_mean_metrics_given_by_config_are_named_as_their_logs(caplog):
-    from distkeras.utils import serialize_keras_object
-    from distkeras.validation import warn_of_step_mean_metrics
+    from distkeras.keras_io.compile_config import serialize_keras_object
+    from distkeras.training.callbacks import warn_of_step_mean_metrics
 
     peak = _peak_metric()
     peak(), peak()  # earlier instances: Keras might number the next "peak_2"
-    with caplog.at_level("WARNING", logger="distkeras.validation"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         warn_of_step_mean_metrics([serialize_keras_object(peak()), "AUC"])
     message = caplog.records[0].getMessage()
     assert "monitor val_peak." in message
 
 
 def test_epoch_logs_average_each_measured_value():
-    from distkeras.validation import epoch_logs
+    from distkeras.training.validator import epoch_logs
 
     records = [{"worker_id": 0, "iteration": 1, "timestamp": 5.0, "batch_size": 32,
                 "epoch": 0, "loss": 1.0, "accuracy": 0.5},
@@ -1191,7 +1191,7 @@ def test_epoch_logs_average_each_measured_value():
 def test_epoch_logs_weigh_each_step_by_its_rows():
     # fit's epoch logs: an epoch of 40 rows in batches of 32 is 32 rows of one step's loss
     # and 8 of the other's, not the two steps' plain mean.
-    from distkeras.validation import epoch_logs
+    from distkeras.training.validator import epoch_logs
 
     records = [{"worker_id": 0, "iteration": 1, "timestamp": 5.0, "batch_size": 32,
                 "epoch": 0, "loss": 1.0, "accuracy": 0.5},

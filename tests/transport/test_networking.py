@@ -12,17 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from distkeras import networking
-from distkeras.networking import (
-    Connection,
-    PeerClosedError,
-    ProtocolError,
-    decode_message,
-    encode_message,
-    recv_data,
-    send_data,
-    weights_array,
-)
+from distkeras.transport import networking
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import (Connection, PeerClosedError, ProtocolError,
+                                            decode_message, encode_message, weights_array)
 
 PREFIX = struct.Struct("<2sBBIQ")
 WEIGHT_SPEC = [((2, 3), np.float32), ((3,), np.float32)]

@@ -13,8 +13,10 @@ import keras
 import numpy as np
 import pytest
 
-from distkeras import networking, update_rules
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.transport import networking
+from distkeras.algorithms import update_rules
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import (
     ADAGParameterServer,
     DeltaParameterServer,
@@ -317,7 +319,7 @@ def test_a_long_windows_history_reaches_the_server_whole(servers):
     """A window of 20,000 steps sends its records with its commit: as one frame their
     numbers outgrew the frame header's 1 MiB and the server closed the connection (the
     training failed). They travel in several frames, the epoch's metric state first."""
-    from distkeras.step_history import send_history_columns
+    from distkeras.executor.step_history import send_history_columns
 
     server = servers()
     server.track_epochs(1, 1)
@@ -625,7 +627,7 @@ def test_a_flood_of_connections_without_the_token_holds_at_most_the_cap(servers,
     for client in joined:
         client.pull()  # answered: its token was read, it no longer counts
     extra = 16
-    with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         flood = [Client(server, 0, authenticate=False) for _ in range(cap + extra)]
         for client in flood[:extra]:  # the oldest, long before the 30 s deadline
             assert expect_closed_by_server(client.sock) < 5.0
@@ -651,7 +653,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     from types import SimpleNamespace
 
     from distkeras.executor.task_spec import TaskSpec
-    from distkeras.parameter_servers import HistoryServer
+    from distkeras.transport.parameter_servers import HistoryServer
     from distkeras.trainers import AveragingTrainer
     from distkeras.training.plans import Plan
     from distkeras.training.run import Run
@@ -683,7 +685,7 @@ def test_running_out_of_descriptors_does_not_stop_the_server_accepting(servers, 
     # Client and server ends live in this process: a few dozen descriptors fill it.
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
     try:
-        with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+        with caplog.at_level("WARNING", logger="distkeras"):
             while True:
                 try:
                     flood.append(socket.create_connection(("127.0.0.1", server.port), 5))
@@ -913,7 +915,7 @@ def test_stop_with_clients_mid_frame_closes_no_socket_under_its_reader(monkeypat
     clients, streaming = busy_clients(server, frame)
     time.sleep(0.3)  # every handler in its read or its send
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="distkeras.parameter_servers"):
+    with caplog.at_level("WARNING", logger="distkeras"):
         server.stop()
     took = time.monotonic() - started
     streaming.set()
@@ -1001,13 +1003,13 @@ def test_pull_unless_own_always_sends_weights_for_rules_that_rescale(servers):
 
 
 def test_history_server_takes_progress_reports_and_refuses_weights(model):
-    from distkeras.parameter_servers import HistoryServer
+    from distkeras.transport.parameter_servers import HistoryServer
 
     server = HistoryServer(model)
     server.start()
     try:
         before = center_copy(server)
-        from distkeras.step_history import HistoryLog, ProgressReporter
+        from distkeras.executor.step_history import HistoryLog, ProgressReporter
 
         reporter = ProgressReporter("127.0.0.1", server.port, server.token)
         reporter.open(worker_id=0)
@@ -1082,7 +1084,7 @@ def test_a_retried_task_supersedes_the_failed_attempts_steps(servers):
     """Spark retried worker 1's task: the failed attempt's steps left the progress at
     2 epochs of 3 done, counted twice, and its goodbye (sent as its task failed) made the
     monitor take worker 1 for finished."""
-    from distkeras.monitor import TrainingMonitor
+    from distkeras.training.monitor import TrainingMonitor
 
     server = servers()
     monitor = TrainingMonitor(server, None, "group", total_samples=60, verbose=0,

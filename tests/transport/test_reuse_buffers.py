@@ -7,8 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from distkeras import networking
-from distkeras.networking import recv_data, send_data, weights_array
+from distkeras.transport import networking
+from distkeras.networking import recv_data, send_data
+from distkeras.transport.networking import weights_array
 from distkeras.parameter_servers import ADAGParameterServer, DeltaParameterServer
 from ps_support import make_model
 from ps_support import Client, center_copy

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from distkeras import networking
+from distkeras.transport import networking
 from distkeras.networking import recv_data, send_data
-from distkeras.server_transport import SocketTransport
+from distkeras.transport.socket_transport import SocketTransport
 
 ECHO = b"e"  # not one of the protocol's actions: this test server's own
 
@@ -197,16 +197,11 @@ def test_the_servers_hold_their_parts_instead_of_inheriting_them():
     server holds an epoch barrier, not model averaging of one worker."""
     import keras
 
-    from distkeras.center import CenterExchange, CenterVariable
-    from distkeras.epoch_barrier import EpochBarrier
-    from distkeras.history_sink import HistorySink
-    from distkeras.parameter_servers import (
-        AveragingServer,
-        DeltaParameterServer,
-        EpochServer,
-        HistoryServer,
-        SocketParameterServer,
-    )
+    from distkeras.transport.center import CenterExchange, CenterVariable
+    from distkeras.transport.epoch_barrier import EpochBarrier
+    from distkeras.transport.history_sink import HistorySink
+    from distkeras.parameter_servers import DeltaParameterServer, SocketParameterServer
+    from distkeras.transport.parameter_servers import AveragingServer, EpochServer, HistoryServer
 
     for part in (SocketTransport, CenterVariable, HistorySink, EpochBarrier):
         for server_class in (SocketParameterServer, HistoryServer, AveragingServer,
@@ -245,7 +240,7 @@ def test_a_subclass_rule_is_served_through_the_parts():
     import keras
     import numpy as np
 
-    from distkeras.networking import weights_array
+    from distkeras.transport.networking import weights_array
     from distkeras.parameter_servers import SocketParameterServer
 
     class HalfStep(SocketParameterServer):

@@ -1,8 +1,0 @@
-"""The epoch barrier of the parameter servers, under its old import path.
-
-A thin face: the names live in `distkeras.transport.epoch_barrier` (see there).
-"""
-
-from distkeras.transport.epoch_barrier import EpochBarrier, EpochEnds
-
-__all__ = ["EpochBarrier", "EpochEnds"]
