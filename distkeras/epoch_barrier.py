@@ -3,6 +3,6 @@
 A thin face: the names live in `distkeras.transport.epoch_barrier` (see there).
 """
 
-from distkeras.transport.epoch_barrier import EpochBarrier, EpochEnds
+from distkeras.transport.epoch_barrier import EpochBarrier
 
-__all__ = ["EpochBarrier", "EpochEnds"]
+__all__ = ["EpochBarrier"]

@@ -9,10 +9,9 @@ from distkeras.transport.parameter_servers import (RefusedUpdate, ParameterServe
                                                    ADAGParameterServer,
                                                    DynSGDParameterServer,
                                                    ExperimentalParameterServer,
-                                                   AveragingServer, EpochServer,
-                                                   part_attribute, part_method)
+                                                   AveragingServer, EpochServer)
 
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
            "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
            "DynSGDParameterServer", "ExperimentalParameterServer", "AveragingServer",
-           "EpochServer", "part_attribute", "part_method"]
+           "EpochServer"]

@@ -96,10 +96,10 @@ def run_worker(server, worker_cls, optimizer, **kwargs):
         worker = make_worker(worker_cls, server, serialize_model(small_model()),
                              window=WINDOW, optimizer=optimizer, **kwargs)
         worker.run(0, record_batches(rows=ROWS), [(3,)])
-        assert server.wait_for_goodbyes(timeout=30)
+        assert server.transport.wait_for_goodbyes(timeout=30)
     finally:
         server.stop()
-    assert server.errors == []
+    assert server.transport.errors == []
     return worker
 
 

@@ -84,7 +84,7 @@ def restore(server, folder, trainer_name):
             another is resumed with a warning: its update rule differed).
     """
     trainers_logger = logging.getLogger("distkeras.trainers")
-    checkpoint = load_checkpoint(folder, server.weight_spec)
+    checkpoint = load_checkpoint(folder, server.center.weight_spec)
     if checkpoint is None:
         trainers_logger.warning("No checkpoint in %s: starting from the model's weights.",
                                 folder)
