@@ -272,7 +272,7 @@ def timed_server_operations():
 
     timed(parameter_servers, "recv_data", "read a commit or a request")
     timed(center, "send_data", "send a pull")  # the center part answers pulls
-    timed(parameter_servers.SocketParameterServer, "model_update", "isfinite check")
+    timed(center.CenterExchange, "model_update", "isfinite check")
     timed(parameter_servers.SocketParameterServer, "apply_rule", "add (under the lock)")
     return spent
 

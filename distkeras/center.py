@@ -3,6 +3,7 @@
 A thin face: the names live in `distkeras.transport.center` (see there).
 """
 
-from distkeras.transport.center import RefusedUpdate, CenterVariable, CenterExchange
+from distkeras.transport.center import (RefusedUpdate, CenterVariable, CenterExchange,
+                                        refusing_nonfinite)
 
-__all__ = ["RefusedUpdate", "CenterVariable", "CenterExchange"]
+__all__ = ["RefusedUpdate", "CenterVariable", "CenterExchange", "refusing_nonfinite"]

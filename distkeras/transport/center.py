@@ -23,6 +23,7 @@ from distkeras.errors import DistkerasError
 from distkeras.transport import networking
 from distkeras.transport.networking import send_data, weights_array
 
+
 class RefusedUpdate(DistkerasError):
     """A well-formed commit that is not applied (for example NaN or infinite values)."""
 
