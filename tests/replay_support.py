@@ -45,6 +45,19 @@ def others_commit():
                           for weight in small_model().get_weights()])
 
 
+def recording(algorithm, applied):
+    """A copy of ``algorithm`` whose `apply` appends ``(update, context)`` to ``applied``
+    before it applies them."""
+    class Recording(type(algorithm)):
+        def apply(self, center, update, context):
+            applied.append((update, context))
+            return super().apply(center, update, context)
+
+    copy = Recording.__new__(Recording)
+    copy.__dict__.update(vars(algorithm))
+    return copy
+
+
 def observed(server_cls, others):
     """``server_cls``, recording each commit's rule arguments; with ``others``, another
     worker's fresh commit (``C + others``, one update) lands after every pull."""
@@ -53,8 +66,10 @@ def observed(server_cls, others):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.applied = []
+            if not self.algorithm.adds_commits_as_sent:  # its `apply` is the rule
+                self.algorithm = recording(self.algorithm, self.applied)
 
-        def apply_rule(self, rule, *args):
+        def apply_rule(self, rule, *args):  # C += update, as sent
             self.applied.append(args)
             super().apply_rule(rule, *args)
 
