@@ -137,7 +137,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     shapes = [tuple(weight.shape) for weight in model.get_weights()]
     real_params = sum(int(np.prod(shape)) for shape in shapes)
     server = make_server(server_kind, model, reuse_buffers)
-    server.expect_workers(workers)
+    server.transport.expect_workers(workers)
     server.start()
     context = multiprocessing.get_context("spawn")
     ready, results, go = context.Queue(), context.Queue(), context.Event()
@@ -161,8 +161,8 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
             if process.is_alive():
                 process.terminate()
         server.stop()
-    if server.errors:
-        raise RuntimeError(f"The server failed: {server.errors}")
+    if server.transport.errors:
+        raise RuntimeError(f"The server failed: {server.transport.errors}")
     pairs = sum(report["commits"] for report in reports)
     if server.num_updates != pairs:
         raise RuntimeError(f"{pairs} commits sent, {server.num_updates} applied.")
@@ -272,7 +272,7 @@ def timed_server_operations():
 
     timed(parameter_servers, "recv_data", "read a commit or a request")
     timed(center, "send_data", "send a pull")  # the center part answers pulls
-    timed(parameter_servers.SocketParameterServer, "model_update", "isfinite check")
+    timed(center.CenterExchange, "model_update", "isfinite check")
     timed(parameter_servers.SocketParameterServer, "apply_rule", "add (under the lock)")
     return spent
 

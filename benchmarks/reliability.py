@@ -131,7 +131,7 @@ def main():
             outcome = time.time() - started, test_accuracy(model, images, labels), "trains on"
         except TrainingError as error:
             outcome = time.time() - started, None, str(error)
-        if worker_class is PoisonWorker and not trainer.parameter_server.refused:
+        if worker_class is PoisonWorker and not trainer.parameter_server.center.refused:
             raise RuntimeError("The NaN commit was not injected: its row would describe an "
                                "undisturbed run.")
         return outcome

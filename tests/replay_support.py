@@ -45,6 +45,19 @@ def others_commit():
                           for weight in small_model().get_weights()])
 
 
+def recording(algorithm, applied):
+    """A copy of ``algorithm`` whose `apply` appends ``(update, context)`` to ``applied``
+    before it applies them."""
+    class Recording(type(algorithm)):
+        def apply(self, center, update, context):
+            applied.append((update, context))
+            return super().apply(center, update, context)
+
+    copy = Recording.__new__(Recording)
+    copy.__dict__.update(vars(algorithm))
+    return copy
+
+
 def observed(server_cls, others):
     """``server_cls``, recording each commit's rule arguments; with ``others``, another
     worker's fresh commit (``C + others``, one update) lands after every pull."""
@@ -53,8 +66,10 @@ def observed(server_cls, others):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.applied = []
+            if not self.algorithm.adds_commits_as_sent:  # its `apply` is the rule
+                self.algorithm = recording(self.algorithm, self.applied)
 
-        def apply_rule(self, rule, *args):
+        def apply_rule(self, rule, *args):  # C += update, as sent
             self.applied.append(args)
             super().apply_rule(rule, *args)
 
@@ -96,10 +111,10 @@ def run_worker(server, worker_cls, optimizer, **kwargs):
         worker = make_worker(worker_cls, server, serialize_model(small_model()),
                              window=WINDOW, optimizer=optimizer, **kwargs)
         worker.run(0, record_batches(rows=ROWS), [(3,)])
-        assert server.wait_for_goodbyes(timeout=30)
+        assert server.transport.wait_for_goodbyes(timeout=30)
     finally:
         server.stop()
-    assert server.errors == []
+    assert server.transport.errors == []
     return worker
 
 

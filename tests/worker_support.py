@@ -75,7 +75,7 @@ def train_together(server, model_bytes, count=2, overlap=False, cls=None):
             thread.start()
         for thread in threads:
             thread.join(timeout=120)
-        assert server.wait_for_goodbyes(timeout=10)
+        assert server.transport.wait_for_goodbyes(timeout=10)
     finally:
         server.stop()
     assert not errors, errors

@@ -90,7 +90,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
         reuse_server_buffers: Algorithms that add commits as sent (DOWNPOUR, ADAG, AEASGD,
             EAMSGD), opt-in: their parameter server reads commits into one buffer per
             worker and writes each new center into memory it used before
-            (`parameter_servers._AddingServer`): the same centers bit for bit, for less
+            (`AlgorithmServer`'s ``reuse_buffers``): the same centers bit for bit, for less
             server CPU per commit on large models (docs/scaling.md).
     """
 

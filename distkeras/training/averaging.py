@@ -67,14 +67,14 @@ class AveragingPlan(Plan):
         def end_epoch(epoch, center):
             """The driver's end of ``epoch`` (1-based); returns whether to stop."""
             stop = run.end_epoch_in_job(server, epoch, center, failures)
-            server.learning_rate = run.learning_rate_of_callbacks()
+            server.barrier.learning_rate = run.learning_rate_of_callbacks()
             return stop
 
         failures = []
         run.begin_epoch(1)
         server = parameter_servers.AveragingServer(settings.master_model,
                                                    self.num_partitions(), on_average=end_epoch)
-        server.learning_rate = run.learning_rate_of_callbacks()
+        server.barrier.learning_rate = run.learning_rate_of_callbacks()
         self.run_epoch_server(
             server, self.trainer.allocate_averaging_worker(), layout, self.num_partitions(),
             label_shapes, f"distkeras {run.label} ({settings.num_workers} workers, "

@@ -139,7 +139,7 @@ class TrainingMonitor(threading.Thread):
     """Driver-side monitor of an asynchronous training.
 
     Args:
-        server: The running `SocketParameterServer`.
+        server: The running server (a `parameter_servers.ParameterServer`).
         spark_context: The SparkContext running the job.
         job_group: The Spark job group to cancel when a worker stalls.
         total_samples: Samples the whole run will train on (for the bar), or None.
@@ -206,15 +206,13 @@ class TrainingMonitor(threading.Thread):
         self._epoch_records = []
         self.stopped_by_callback = None
         self.end_of_epoch_error = None  # (epoch, exception) when validation or a callback failed
-        if self.validator is not None and num_tasks is not None and \
-                hasattr(server, "track_epochs"):
-            server.track_epochs(num_tasks, num_epoch)  # each epoch on its own center
+        if self.validator is not None and num_tasks is not None:
+            server.sink.track_epochs(num_tasks, num_epoch)  # each epoch on its own center
 
     def stop(self):
         self._done.set()
         self.join(timeout=5)
-        if hasattr(self.server, "track_epochs"):
-            self.server.track_epochs(None)  # frees the centers no epoch end took
+        self.server.sink.track_epochs(None)  # frees the centers no epoch end took
 
     def _progress(self):
         if self.verbose == 2:
@@ -229,7 +227,7 @@ class TrainingMonitor(threading.Thread):
     def _read_new_records(self):
         # Read before the records: records superseded meanwhile are counted again at the
         # next look.
-        generation = getattr(self.server, "history_generation", 0)
+        generation = self.server.sink.history_generation
         recount = generation != self._generation
         if recount:
             # Spark retried a worker's failed task: the steps of the failed attempt no
@@ -309,8 +307,7 @@ class TrainingMonitor(threading.Thread):
             return
         # Read after the records that ended the epochs: the workers' metric state of
         # their steps came before them.
-        snapshot = getattr(self.server, "metric_states_snapshot", None)
-        metric_states = snapshot() if snapshot is not None else []
+        metric_states = self.server.sink.metric_states_snapshot()
         # Records arrive a few times a second: when they show several epochs done at once
         # (short epochs, the last ones ending together, or a validation that took longer
         # than an epoch), each still ends, so the callbacks count every epoch
@@ -330,10 +327,9 @@ class TrainingMonitor(threading.Thread):
 
     def _state_at_end(self, epoch):
         """A copy of the center variable as ``epoch`` ended and the samples trained then,
-        where the server kept them (see `SocketParameterServer.track_epochs`), else the
+        where the server kept them (see `HistorySink.track_epochs`), else the
         center as it is now and the samples seen so far."""
-        kept = getattr(self.server, "epoch_end", None)
-        end = kept(epoch) if kept is not None else None
+        end = self.server.sink.epoch_end(epoch)
         with self.server.mutex:  # a copy: commits go on while it is evaluated
             center, samples = end if end is not None else \
                 (self.server.center_variable, self._samples)
@@ -344,7 +340,7 @@ class TrainingMonitor(threading.Thread):
         the end back (the samples of all of them together would not)."""
         if self.num_tasks is None or not self._worker_epochs:
             return int(self._samples * self.num_epoch // self.total_samples)
-        done = self.server.finished()
+        done = self.server.sink.finished()
         return min(self.num_epoch if worker in done else self._worker_epochs.get(worker, 0)
                    for worker in range(self.num_tasks))
 
@@ -359,7 +355,7 @@ class TrainingMonitor(threading.Thread):
                 self.validator.epoch_begin(epoch + 1)
                 rate = self.validator.learning_rate()
                 if rate is not None:  # the workers take it at their next pull
-                    self.server.optimizer_learning_rate = rate
+                    self.server.center.optimizer_learning_rate = rate
         # Any, KeyboardInterrupt and SystemExit too: the user's callbacks run here, on a
         # thread that they would end silently while the training went on; train() raises it.
         except BaseException as error:  # noqa: B036
@@ -393,7 +389,7 @@ class TrainingMonitor(threading.Thread):
 
     def _check_stall(self):
         never = float("inf")
-        idle = self.server.idle_workers(self.worker_timeout, startup_limit=never)
+        idle = self.server.transport.idle_workers(self.worker_timeout, startup_limit=never)
         if idle:
             worker, seconds = idle[0]
             self.stalled = (f"worker {worker} sent nothing for {seconds:.0f} s "
@@ -403,7 +399,7 @@ class TrainingMonitor(threading.Thread):
             # rows) or while it compiles a step is named too, after an allowance that
             # compiles on a busy executor fit in.
             startup = max(self.worker_timeout, self.STARTUP_TIMEOUT)
-            idle = self.server.idle_workers(never, startup_limit=startup)
+            idle = self.server.transport.idle_workers(never, startup_limit=startup)
             if not idle:
                 return False
             worker, seconds = idle[0]

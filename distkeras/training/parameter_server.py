@@ -46,6 +46,8 @@ class ParameterServerPlan(Plan):
         run.begin_epoch(1)  # the monitor begins the later ones as the epochs end
         self.hand_learning_rate_to(server)
         updates_before = server.num_updates  # a resumed run starts from the checkpoint's
+        # A handler's errors (the built-in servers' transport keeps them).
+        errors = getattr(getattr(server, "transport", None), "errors", None)
         worker = None
         stopped_early = True  # until the workers' job has ended as it should
         served = None
@@ -61,10 +63,10 @@ class ParameterServerPlan(Plan):
             stopped_early = False
         except TrainingError as error:
             monitor = served.monitor if served is not None else None
-            if getattr(server, "errors", None):
+            if errors:
                 # The workers' errors (a closed connection) only echo the server's.
                 raise TrainingError(
-                    f"The {type(server).__name__} failed: {server.errors[0]}") from error
+                    f"The {type(server).__name__} failed: {errors[0]}") from error
             if monitor is not None and monitor.stalled:
                 raise TrainingError(f"Training stopped: {monitor.stalled}.") from error
             if monitor is None or not (monitor.stopped_by_callback or
@@ -83,8 +85,8 @@ class ParameterServerPlan(Plan):
                 raise cause  # a callback's KeyboardInterrupt or SystemExit, as fit raises it
             raise TrainingError(f"The end of epoch {epoch} failed (validation or a callback): "
                                 f"{type(cause).__name__}: {cause}") from cause
-        if getattr(server, "errors", None):
-            raise TrainingError(f"The parameter server failed: {server.errors[0]}")
+        if errors:
+            raise TrainingError(f"The parameter server failed: {errors[0]}")
         if run.checkpoint_dir is not None:
             save_checkpoint(run.checkpoint_dir, server, type(trainer).__name__)
         warn_if_nothing_committed(type(trainer).__name__, server.num_updates - updates_before,
@@ -126,7 +128,7 @@ class ParameterServerPlan(Plan):
                 "the learning rate that ReduceLROnPlateau or LearningRateScheduler sets "
                 "cannot reach the workers. Use a learning rate schedule in "
                 "`worker_optimizer` (keras.optimizers.schedules) instead.")
-        server.optimizer_learning_rate = rate
+        server.center.optimizer_learning_rate = rate
 
     def checkpoint_stopped_training(self, server, updates_before):
         """Saves the center that a training stopped early (a worker's error, a stall, a

@@ -140,5 +140,6 @@ class Plan:
                              job_group, replay, barrier=barrier)
         if failures:
             raise failures[0]
-        if server.errors:
-            raise TrainingError(f"The {type(server).__name__} failed: {server.errors[0]}")
+        if server.transport.errors:
+            raise TrainingError(f"The {type(server).__name__} failed: "
+                                f"{server.transport.errors[0]}")

@@ -85,7 +85,8 @@ class Run:
         server = self.server
         return RunResults(history=list(self.history), training_time=self.training_time,
                           validation_history=self.validation_history(),
-                          staleness=list(getattr(server, "staleness", None) or []),
+                          staleness=list(getattr(getattr(server, "center", None), "staleness",
+                                                 None) or []),
                           num_updates=getattr(server, "num_updates", 0) if server else 0,
                           returned_validation=list(self.returned_records))
 
@@ -144,8 +145,8 @@ class Run:
         whether to stop; an error is kept in ``failures`` (and stops)."""
         if epoch >= self.settings.num_epoch:
             return False  # the last: the returned model is validated at the end
-        self.history = server.history_snapshot()
-        self.metric_states = server.metric_states_snapshot()
+        self.history = server.sink.history_snapshot()
+        self.metric_states = server.sink.metric_states_snapshot()
         records = [record for record in self.history if record.get("epoch") == epoch - 1]
         try:
             if self.validate_epoch(list(weights), epoch, records):

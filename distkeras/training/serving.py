@@ -59,18 +59,19 @@ def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
         TrainingError: Naming the partition whose worker reported its failure, when the
             job failed after one did.
     """
-    # The built-in servers hold a `SocketTransport` (``server.transport``).
+    # The built-in servers hold a `SocketTransport` (``server.transport``) and a
+    # `HistorySink` (``server.sink``).
     sockets = isinstance(getattr(server, "transport", None), SocketTransport)
     if sockets:
-        server.host = bind_address(spark)
-        server.expect_workers(num_tasks)
+        server.transport.host = bind_address(spark)
+        server.transport.expect_workers(num_tasks)
 
         def cancel(*_):
             spark.sparkContext.cancelJobGroup(job_group)
 
-        server.on_worker_failure = cancel
+        server.sink.on_worker_failure = cancel
         if cancel_on_error:
-            server.on_error = cancel
+            server.transport.on_error = cancel
     server.start()
     monitor = make_monitor(server) if sockets and make_monitor is not None else None
     served = Served(server, (driver_address(spark), getattr(server, "port", None)), monitor)
@@ -81,7 +82,7 @@ def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
         if sockets:
             # Every task has ended; let the server read what the workers sent last (their
             # final history and goodbye) before it closes the connections.
-            server.wait_for_goodbyes(timeout=10.0)
+            server.transport.wait_for_goodbyes(timeout=10.0)
     except TrainingError as error:
         raise_reported_failure(server, error)
         raise
@@ -91,7 +92,7 @@ def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
         server.stop()
         # What was trained, even when it failed or was interrupted.
         served.history.extend(getattr(server, "history", []))
-        states = list(getattr(server, "metric_states", []))
+        states = list(server.sink.metric_states) if sockets else []
         if collect_into_run:
             run.history, run.metric_states = list(served.history), states
         else:

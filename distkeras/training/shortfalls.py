@@ -50,9 +50,10 @@ def warn_if_nothing_committed(name, num_updates, server, worker, history):
         worker: The worker the trainer allocated.
         history: The run's step records.
     """
-    refused = getattr(server, "refused", 0)
+    center = getattr(server, "center", None)  # the built-in servers' counts of refusals
+    refused = getattr(center, "refused", 0)
     if num_updates and refused:
-        by_worker = getattr(server, "refused_by_worker", {})
+        by_worker = getattr(center, "refused_by_worker", {})
         logger.warning(
             "%s: the parameter server refused %d commits (NaN or infinite values, or "
             "values that would make the center infinite) from workers %s; the "

@@ -240,8 +240,9 @@ def _crashed_worker_message(text):
 def raise_reported_failure(server, error):
     """Raises, from ``error`` (the stopped job's), a `TrainingError` naming the first
     failure a worker reported to ``server`` (the cause of the stop), if there is one."""
-    if getattr(server, "worker_failures", None):
-        worker_id, cause = server.worker_failures[0]
+    failures = getattr(getattr(server, "sink", None), "worker_failures", None)
+    if failures:
+        worker_id, cause = failures[0]
         raise TrainingError(f"Training failed on an executor: partition {worker_id} "
                             f"failed: {cause}") from error
 

@@ -2,10 +2,10 @@
 commit exchanges that read and change it.
 
 `CenterVariable` holds the weights, the lock and the update count (what every server of a
-run has, the progress server too). `CenterExchange` adds the pull and commit protocol:
-each commit checked (shapes, finite values), counted with its staleness, and applied with
-`apply_rule`, which refuses a new center that would be non-finite. The rule itself is the
-server's: `commit_action` calls the handler it is given.
+run has, the progress server too). `CenterExchange` adds what the pull and commit protocol
+keeps: the pull itself, each commit's checks (shapes, finite values), its count and
+staleness, and the refused ones. The commit itself is the server's
+(`SocketParameterServer.commit_action`); `refusing_nonfinite` guards the rule it applies.
 
 A server whose rule adds each commit to the center exactly as sent (``C += update``)
 says so to `pull_unchanged`: a worker whose own commits are the only updates since its
@@ -14,7 +14,7 @@ it itself (``C_pull + update``, the same float32 additions), which saves sending
 weights back. That is every exchange of a lone worker.
 """
 
-import logging
+import contextlib
 import threading
 
 import numpy as np
@@ -22,8 +22,6 @@ import numpy as np
 from distkeras.errors import DistkerasError
 from distkeras.transport import networking
 from distkeras.transport.networking import send_data, weights_array
-
-logger = logging.getLogger(__name__)
 
 
 class RefusedUpdate(DistkerasError):
@@ -34,6 +32,27 @@ class RefusedUpdate(DistkerasError):
 # float32 sum past 3.4e38 overflows to inf, and inf - inf or 0 * inf gives NaN. Raising
 # costs nothing: numpy reads the FPU's flags after every ufunc anyway (to warn by default).
 _NON_FINITE_ERRORS = {"over": "raise", "invalid": "raise"}
+
+
+@contextlib.contextmanager
+def refusing_nonfinite(allow_nonfinite=False):
+    """Raises `RefusedUpdate` where the arithmetic inside overflows or gives NaN.
+
+    Args:
+        allow_nonfinite: Let it through instead (the epoch barrier's centers).
+
+    Raises:
+        RefusedUpdate: If a float operation inside overflowed or was invalid.
+    """
+    if allow_nonfinite:
+        yield
+        return
+    try:
+        with np.errstate(**_NON_FINITE_ERRORS):
+            yield
+    except FloatingPointError as error:
+        raise RefusedUpdate(f"applying it would make the center non-finite ({error})") \
+            from None
 
 
 class CenterVariable:
@@ -64,7 +83,7 @@ class CenterVariable:
 
 
 class CenterExchange(CenterVariable):
-    """The pull and commit protocol of a center variable; the server gives the rule.
+    """A center variable with what its pulls and commits keep; the server gives the rule.
 
     Args:
         model: The master `keras.Model`; its weights are the initial center variable.
@@ -86,26 +105,6 @@ class CenterExchange(CenterVariable):
         conn.last_pull_update = 0
         conn.own_updates = conn.own_commits = 0
         conn.counted = False
-
-    def commit_action(self, conn, addr, handle_commit):
-        """Serves one commit: ``handle_commit(conn, addr)`` (the server's rule), then
-        counts it if the handler did not; a `RefusedUpdate` is counted and logged, the
-        connection stays open."""
-        conn.counted = False
-        conn.own_commits += 1
-        try:
-            handle_commit(conn, addr)
-        except RefusedUpdate as refusal:
-            with self.mutex:
-                self.refused += 1
-                self.refused_by_worker[conn.worker_id] = \
-                    self.refused_by_worker.get(conn.worker_id, 0) + 1
-            logger.warning("Refused a commit from worker %s (%s): %s",
-                           conn.worker_id, addr, refusal)
-            return
-        if not conn.counted:  # a custom handler that does not count its updates
-            with self.mutex:
-                self.next_update(conn)
 
     def next_update(self, conn):
         """Counts one applied commit and records its staleness. Call under ``self.mutex``.
@@ -136,33 +135,6 @@ class CenterExchange(CenterVariable):
         if not self.allow_nonfinite and not all(np.isfinite(layer).all() for layer in update):
             raise RefusedUpdate("it holds NaN or infinite values")
         return update
-
-    def apply_rule(self, rule, *args):
-        """Replaces the center with ``rule(center, *args)``; call under ``self.mutex``.
-
-        A finite update can still make the center infinite (3e38 added to a center near
-        3e38 in float32), and every worker would pull that center from then on: such an
-        update is refused as a non-finite one is, and the center stays as it was (rules
-        return a new center, they never modify it in place).
-
-        Args:
-            rule: An `update_rules` function of the center and ``args``.
-            *args: The rule's other arguments (the commit's update, ...).
-
-        Raises:
-            RefusedUpdate: If the rule's arithmetic overflowed or gave NaN (unless
-                ``allow_nonfinite``).
-        """
-        if self.allow_nonfinite:
-            self.center_variable = rule(self.center_variable, *args)
-            return
-        try:
-            with np.errstate(**_NON_FINITE_ERRORS):
-                center = rule(self.center_variable, *args)
-        except FloatingPointError as error:
-            raise RefusedUpdate(f"applying it would make the center non-finite ({error})") \
-                from None
-        self.center_variable = center
 
     def handle_pull(self, conn, addr):
         """Sends the center variable and the update count read under one lock."""

@@ -5,7 +5,7 @@ wait until every one has, while the driver ends the epoch (validation, callbacks
 the commit (an epoch's end) of a server that holds it beside its transport
 (`socket_transport.SocketTransport`), center (`center.CenterExchange`) and history sink
 (`history_sink.HistorySink`). What an epoch's end makes of the weights is the server's
-(its `EpochEnds`).
+(``ends``).
 """
 
 import logging
@@ -15,27 +15,6 @@ from distkeras.transport import networking
 from distkeras.transport.networking import recv_data, send_data
 
 logger = logging.getLogger(__name__)
-
-
-class EpochEnds:
-    """What a server makes of each epoch's end; the barrier calls these under the lock."""
-
-    def epoch_entry(self, data, weights, samples):
-        """What a worker's commit of an epoch keeps until the epoch ends."""
-        return weights, samples
-
-    def average(self, entries):
-        """The new center of the epoch's entries (``{worker id: entry}``), or None to
-        keep the center."""
-        raise NotImplementedError(f"{type(self).__name__} must implement average().")
-
-    def end_epoch(self, epochs_done):
-        """Runs the driver's end of the epoch (the workers wait); returns whether to stop."""
-        return False
-
-    def reply_fields(self):
-        """Fields a reply carries besides the center and the epoch count."""
-        return {}
 
 
 class EpochBarrier:
@@ -54,7 +33,11 @@ class EpochBarrier:
         sink: The server's `history_sink.HistorySink`, built with
             ``supersede_on_retry=False``: the barrier says which records a rejoining
             worker redoes.
-        ends: The server's `EpochEnds`.
+        ends: What makes each epoch's end, called under the lock:
+            ``epoch_entry(data, weights, samples)`` (what a commit keeps until the epoch
+            ends), ``average(entries)`` (the new center of ``{worker id: entry}``, or
+            None), ``end_epoch(epochs_done)`` (the driver's end; returns whether to stop)
+            and ``reply_fields()`` (a reply's other fields): the server's own.
     """
 
     WAIT_SECONDS = 1.0  # how often a waiting handler checks that the server still runs
@@ -69,7 +52,7 @@ class EpochBarrier:
         self.epochs_done = 0
         self.stop_requested = False
         self.learning_rate = None  # the next epoch's, when the driver sets one
-        self.entries = {}  # worker id -> what `EpochEnds.epoch_entry` kept of its commit
+        self.entries = {}  # worker id -> what ``ends.epoch_entry`` kept of its commit
         self._averaged = threading.Condition(center.mutex)
 
     def handle_pull(self, conn, addr):

@@ -123,10 +123,9 @@ class SocketTransport(Listener):
         master_port: Port to listen on; 0 lets the OS pick a free one.
         host: Address to bind; the trainer sets the driver's address.
         handshake_timeout: Seconds a new connection has, in all, to present the token.
-        server: What serves the actions: its `action_handlers`, `prepare_connection`,
-            `joined` and handler methods, and its frame limits (``max_frame_bytes``,
-            ``weight_spec``, ``field_specs``), read as each connection starts. None:
-            this object itself (a subclass that defines them).
+        server: What serves the actions: its `action_handlers` (the handlers
+            themselves), `prepare_connection`, `joined` and `frame_limits`, read as each
+            connection starts. None: this object itself (a subclass that defines them).
 
     Notes:
         ``lock`` guards the connections and the errors; a server's parts share it for
@@ -167,9 +166,14 @@ class SocketTransport(Listener):
         return self._running
 
     def action_handlers(self):
-        """``{action: (method name, whether the connection ends after it)}``: the actions
-        this transport serves when it is its own server (see ``server``)."""
+        """``{action: (handler(conn, addr), whether the connection ends after it)}``: the
+        actions this transport serves when it is its own server (see ``server``)."""
         return {}
+
+    def frame_limits(self):
+        """``(max_frame_bytes, weight_spec, field_specs)`` of an authenticated connection,
+        when it is its own server."""
+        return self.max_frame_bytes, self.weight_spec, self.field_specs
 
     def prepare_connection(self, conn):
         """Sets a new connection's own state (the center's per-worker counts)."""
@@ -246,9 +250,7 @@ class SocketTransport(Listener):
             logger.debug("Dropped connection from %s before serving it: %s", addr, error)
             networking.close_socket(sock)
             return
-        server = self.server
-        conn = networking.Connection(sock, server.max_frame_bytes, server.weight_spec,
-                                     server.field_specs)
+        conn = networking.Connection(sock, *self.server.frame_limits())
         conn.addr, conn.evicted = addr, False
         thread = threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                                   name=f"distkeras-ps-conn-{addr[1]}")
@@ -310,7 +312,7 @@ class SocketTransport(Listener):
             conn.worker_id = networking.check_token(hello, self.token)
             self._end_handshake(conn)
             conn.attempt = networking.hello_attempt(hello)
-            conn.max_frame_bytes = self.server.max_frame_bytes
+            conn.max_frame_bytes = self.server.frame_limits()[0]
             self.server.joined(conn)
             conn.set_deadline(None)
             self._dispatch(conn, addr)
@@ -383,8 +385,7 @@ class SocketTransport(Listener):
                     f"{sorted(handlers)}).")
             if action in (networking.ACTION_COMMIT, networking.ACTION_HISTORY):
                 conn.stepped = True
-            name, ends = handlers[action]
-            # Looked up per action: a subclass's (or a test's) handler is the one served.
-            getattr(self.server, name)(conn, addr)
+            handler, ends = handlers[action]
+            handler(conn, addr)
             if ends:
                 return

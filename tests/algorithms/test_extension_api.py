@@ -142,7 +142,7 @@ def test_a_run_whose_commits_were_all_refused_says_so(fashion_train, caplog):
     with caplog.at_level(logging.WARNING, logger="distkeras"):
         trainer.train(fashion_train.limit(128))
     warnings = [r.getMessage() for r in caplog.records if "applied none" in r.getMessage()]
-    refused = trainer.parameter_server.refused
+    refused = trainer.parameter_server.center.refused
     assert refused >= 2 and trainer.parameter_server.num_updates == 0
     assert len(warnings) == 1 and f"refused {refused}," in warnings[0]
 

@@ -385,7 +385,7 @@ def test_dynsgd_stale_commit_is_divided_by_staleness_plus_one(servers):
     assert a.pull()["num_updates"] == 0
     after_b = fresh_commits_by_b(server)
     assert_weights_equal(server.center_variable, after_b)
-    assert server.staleness == [(2, 0), (2, 0), (2, 0)]
+    assert server.center.staleness == [(2, 0), (2, 0), (2, 0)]
     # A saw 0 updates; 3 were made since: A's delta counts 1 / (3 + 1).
     a.commit({"delta": A_DELTA, "last_update": 0})
     pulled = a.pull()
@@ -396,8 +396,8 @@ def test_dynsgd_stale_commit_is_divided_by_staleness_plus_one(servers):
     assert_float32(server.center_variable)
     assert pulled["num_updates"] == 4
     assert server.num_updates == 4
-    assert server.staleness == [(2, 0), (2, 0), (2, 0), (1, 3)]
-    assert server.errors == []
+    assert server.center.staleness == [(2, 0), (2, 0), (2, 0), (1, 3)]
+    assert server.transport.errors == []
 
 
 @pytest.mark.parametrize("last_update, divisor", [
@@ -426,8 +426,8 @@ def test_dynsgd_clamps_lying_last_update(servers, last_update, divisor):
     assert server.num_updates == 4
     # The recorded staleness is the server's own count since this connection's last pull
     # (it never pulled: 3), whatever the client claimed.
-    assert server.staleness[-1] == (7, 3)
-    assert server.errors == []
+    assert server.center.staleness[-1] == (7, 3)
+    assert server.transport.errors == []
 
 
 @pytest.mark.parametrize("extra", [
@@ -448,8 +448,8 @@ def test_dynsgd_commit_without_int_last_update_is_refused(servers, extra):
     expect_closed_by_server(bad.sock)
     assert_weights_equal(center_of(server), after_b)
     assert server.num_updates == 3
-    assert len(server.staleness) == 3
-    assert server.errors == []
+    assert len(server.center.staleness) == 3
+    assert server.transport.errors == []
     # The server still serves honest workers.
     good = Client(server, 10)
     good.pull()
@@ -481,7 +481,7 @@ def test_dynsgd_worker_commits_its_last_update(servers):
         assert_weights_equal(worker.center_variable, want)
         assert_weights_equal(worker.model.get_weights(), want)
         assert_weights_equal(server.center_variable, want)
-        assert server.staleness[-1] == (5, 3)
+        assert server.center.staleness[-1] == (5, 3)
         # Second window: the worker's pull saw 4; one more update by another client, so
         # this delta counts 1 / (5 - 4 + 1) = 1/2.
         other = Client(server, 11)
@@ -495,10 +495,10 @@ def test_dynsgd_worker_commits_its_last_update(servers):
         assert worker.last_update == 6
         assert_weights_equal(worker.center_variable, want)
         assert_weights_equal(server.center_variable, want)
-        assert server.staleness[-1] == (5, 1)
+        assert server.center.staleness[-1] == (5, 1)
     finally:
         worker.teardown()
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 # -- Experimental -------------------------------------------------------------------------
@@ -522,8 +522,8 @@ def test_experimental_server_applies_elementwise_rule(servers):
     assert_weights_equal(server.center_variable, want)
     assert_float32(server.center_variable)
     assert server.num_updates == 1
-    assert server.staleness == [(3, 0)]
-    assert server.errors == []
+    assert server.center.staleness == [(3, 0)]
+    assert server.transport.errors == []
 
 
 @pytest.mark.parametrize("message", [
@@ -543,8 +543,8 @@ def test_experimental_server_refuses_incomplete_commit(servers, message):
     expect_closed_by_server(client.sock)
     assert_weights_equal(center_of(server), before)
     assert server.num_updates == 0
-    assert server.staleness == []
-    assert server.errors == []
+    assert server.center.staleness == []
+    assert server.transport.errors == []
 
 
 def test_experimental_worker_against_server(servers):
@@ -577,7 +577,7 @@ def test_experimental_worker_against_server(servers):
         assert server.num_updates == 2
     finally:
         worker.teardown()
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_aeasgd_worker_elastic_exchange(servers):
@@ -599,7 +599,7 @@ def test_aeasgd_worker_elastic_exchange(servers):
         assert server.num_updates == 1
     finally:
         worker.teardown()
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 # -- concurrency -----------------------------------------------------------------------------
@@ -646,20 +646,20 @@ def test_concurrent_dynsgd_commits_match_recorded_staleness(servers):
     server = servers(DynSGDParameterServer)
     hammer(server)
     assert server.num_updates == THREADS * COMMITS
-    assert len(server.staleness) == THREADS * COMMITS
-    assert sorted(wid for wid, _ in server.staleness) == \
+    assert len(server.center.staleness) == THREADS * COMMITS
+    assert sorted(wid for wid, _ in server.center.staleness) == \
         sorted(list(range(THREADS)) * COMMITS)
-    assert all(0 <= s < THREADS * COMMITS for _, s in server.staleness)
+    assert all(0 <= s < THREADS * COMMITS for _, s in server.center.staleness)
     assert_dynsgd_center_replays_its_staleness(server)
 
 
 def assert_dynsgd_center_replays_its_staleness(server):
     """Each client sent the count of its own pull, so each divisor was the recorded
-    staleness + 1 (``server.staleness`` is in apply order): the center is that sum."""
+    staleness + 1 (``server.center.staleness`` is in apply order): the center is that sum."""
     start = initial()
     expected64 = [layer.astype(np.float64) for layer in start]
     replay32 = start
-    for worker_id, staleness in server.staleness:
+    for worker_id, staleness in server.center.staleness:
         delta = worker_delta(worker_id)
         expected64 = [e + d.astype(np.float64) / (staleness + 1)
                       for e, d in zip(expected64, delta)]
@@ -670,19 +670,19 @@ def assert_dynsgd_center_replays_its_staleness(server):
     # Replaying the same float32 operations in the same order is exact.
     assert_weights_equal(final, replay32)
     assert_float32(final)
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_concurrent_delta_commits_sum_exactly(servers):
     server = servers(DeltaParameterServer)
     hammer(server)
     assert server.num_updates == THREADS * COMMITS
-    assert len(server.staleness) == THREADS * COMMITS
+    assert len(server.center.staleness) == THREADS * COMMITS
     total = sum((worker_id + 1) for worker_id in range(THREADS)) * COMMITS  # 720
     want = [KERNEL + F32(total * 2.0**-4), BIAS - F32(total * 2.0**-6)]
     assert_weights_equal(center_of(server), want)
     assert_float32(server.center_variable)
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 @pytest.fixture
@@ -703,14 +703,14 @@ def test_concurrent_commits_lose_nothing_when_threads_switch_often(servers, serv
     server = servers(server_cls)
     hammer(server, threads, commits, pull_first=False)
     assert server.num_updates == threads * commits
-    assert len(server.staleness) == threads * commits
+    assert len(server.center.staleness) == threads * commits
     if server_cls is DynSGDParameterServer:  # each commit divided by its own staleness
         assert_dynsgd_center_replays_its_staleness(server)
         return
     total = sum(worker_id + 1 for worker_id in range(threads)) * commits  # 18000
     want = [KERNEL + F32(total * 2.0**-4), BIAS - F32(total * 2.0**-6)]
     assert_weights_equal(center_of(server), want)
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_average_weights_of_identical_replicas_is_exact():

@@ -24,7 +24,7 @@ def _train_alone(worker_cls, server_cls, overlap):
     try:
         worker = make_worker(worker_cls, server, serialize_model(model), overlap)
         worker.run(0, record_batches(), [(3,)])
-        assert server.wait_for_goodbyes(timeout=10)
+        assert server.transport.wait_for_goodbyes(timeout=10)
         return list(server.center_variable), server.num_updates, len(server.history)
     finally:
         server.stop()
@@ -71,7 +71,7 @@ def test_two_overlapped_workers_commit_everything():
     server.start()
     train_together(server, serialize_model(model), overlap=True)
     assert server.num_updates == len(server.applied) == 16  # 32 steps each, window 4
-    assert sorted(worker for worker, _ in server.staleness) == [0] * 8 + [1] * 8
+    assert sorted(worker for worker, _ in server.center.staleness) == [0] * 8 + [1] * 8
     assert {record["worker_id"] for record in server.history} == {0, 1}
     center = initial
     for update in server.applied:  # the server's own float32 additions, in its order

@@ -44,7 +44,7 @@ def _train_alone(worker_cls=workers.ADAGWorker, server_cls=CountingADAGServer, w
         worker = make_worker(worker_cls, server, serialize_model(model), overlap,
                              window=window)
         worker.run(0, record_batches(), [(3,)])
-        assert server.wait_for_goodbyes(timeout=10)
+        assert server.transport.wait_for_goodbyes(timeout=10)
         return server, [np.array(weight) for weight in worker.model.get_weights()], worker
     finally:
         server.stop()
@@ -122,7 +122,7 @@ def test_a_worker_reads_replies_as_large_as_its_model(monkeypatch):
     try:
         worker = make_worker(AlwaysSendingWorker, server, serialize_model(model), window=8)
         worker.run(0, record_batches(rows=256), [(3,)])
-        assert server.wait_for_goodbyes(timeout=10)
+        assert server.transport.wait_for_goodbyes(timeout=10)
         assert server.weights_sent == server.num_updates + 1 == 3  # 16 steps, window 8
         for pulled, center in zip(worker.center_variable, server.center_variable):
             np.testing.assert_array_equal(pulled, center)

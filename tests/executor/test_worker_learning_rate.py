@@ -31,7 +31,7 @@ class StoppingADAGServer(parameter_servers.ADAGParameterServer):
         with self.mutex:
             self.centers.append([np.array(layer) for layer in self.center_variable])
             if self.num_updates == self.stop_after:
-                self.optimizer_learning_rate = 0.0
+                self.center.optimizer_learning_rate = 0.0
 
 
 def _train_alone(server, overlap=False, worker_cls=workers.ADAGWorker):
@@ -40,7 +40,7 @@ def _train_alone(server, overlap=False, worker_cls=workers.ADAGWorker):
         worker = make_worker(worker_cls, server, serialize_model(small_model()), overlap,
                              window=3)
         worker.run(0, record_batches(), [(3,)])
-        assert server.wait_for_goodbyes(timeout=10)
+        assert server.transport.wait_for_goodbyes(timeout=10)
     finally:
         server.stop()
     return worker
@@ -52,7 +52,7 @@ def test_a_rate_set_before_training_reaches_the_workers_first_step(worker_cls):
     model = small_model()
     initial = model.get_weights()
     server = parameter_servers.DeltaParameterServer(model)
-    server.optimizer_learning_rate = 0.0  # LearningRateScheduler's rate for epoch 1
+    server.center.optimizer_learning_rate = 0.0  # LearningRateScheduler's rate for epoch 1
 
     worker = _train_alone(server, worker_cls=worker_cls)
 

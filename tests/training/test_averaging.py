@@ -80,7 +80,7 @@ def test_server_answers_each_worker_with_the_mean_once_all_have_sent(averaging_s
         assert_weights_equal(answer["center"], mean)
     assert [epochs for epochs, _ in ends] == [1]
     assert_weights_equal(ends[0][1], mean)
-    assert server.epochs_done == 1 and server.num_updates == 2
+    assert server.barrier.epochs_done == 1 and server.num_updates == 2
 
     # The hook asks to stop after epoch 2: both workers hear it with the mean.
     thread = threading.Thread(target=_commit_and_wait,
@@ -148,7 +148,7 @@ def test_an_epoch_sent_ahead_of_the_others_closes_that_connection(averaging_serv
     client = Client(server, 0)
     client.commit(layers(1.0, 1.0), epoch=1, samples=32)  # epoch 1 was not averaged: a confused peer
     expect_closed_by_server(client.sock)
-    assert ends == [] and server.epochs_done == 0
+    assert ends == [] and server.barrier.epochs_done == 0
     assert_weights_equal(server.center_variable, before)
 
 
@@ -166,7 +166,7 @@ def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
         client.commit(layers(1.0, 1.0), epoch=0, samples=32)
         reply = _recv(client)
         assert reply["stop"] is True
-        assert server.errors == ["RuntimeError: callback broke"]
+        assert server.transport.errors == ["RuntimeError: callback broke"]
     finally:
         server.stop()
 
@@ -196,7 +196,7 @@ def test_one_job_trains_as_one_job_per_epoch_does(spark, fashion_train, monkeypa
     keras.utils.set_random_seed(11)
     reference_trainer, reference = _train(frame, monkeypatch, one_job=False)
 
-    assert trainer.parameter_server.epochs_done == 3
+    assert trainer.parameter_server.barrier.epochs_done == 3
     assert reference_trainer.parameter_server is None
     # Same rows, same starts, a fresh optimizer each epoch: the same weights.
     for got, want in zip(model.get_weights(), reference.get_weights()):
@@ -220,7 +220,7 @@ def test_a_worker_with_no_rows_is_left_out_of_the_averages(spark, fashion_train)
     trainer, model = _train(one_sided, num_epoch=2)
     keras.utils.set_random_seed(3)
     _, alone = _train(rows.coalesce(1), num_workers=1, num_epoch=2)
-    assert trainer.parameter_server.epochs_done == 2
+    assert trainer.parameter_server.barrier.epochs_done == 2
     # The empty replica changes nothing: the result is the full partition's replica's.
     for got, want in zip(model.get_weights(), alone.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -257,7 +257,7 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
     trainer = _trainer_with_worker(DyingWorker, num_epoch=3)
     model = trainer.train(fashion_train.limit(2000), verbose=0)
     assert os.path.exists(marker)
-    assert trainer.parameter_server.epochs_done == 3
+    assert trainer.parameter_server.barrier.epochs_done == 3
     history = trainer.get_history()
     # The restarted workers skipped epoch 1 (averaged before they started) and redid
     # epoch 2, whose steps from the lost tasks are marked superseded: each epoch counted
@@ -356,7 +356,7 @@ def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
 
     heard = []
     server = AveragingServer(make_model(), num_workers=2)
-    server.on_worker_failure = lambda worker_id, error: heard.append((worker_id, error))
+    server.sink.on_worker_failure = lambda worker_id, error: heard.append((worker_id, error))
     server.start()
     try:
         client = Client(server, 1)
@@ -364,7 +364,7 @@ def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
         send_data(client.sock, {"error": "ValueError: row 17 is not an image"})
         expect_closed_by_server(client.sock)
         assert heard == [(1, "ValueError: row 17 is not an image")]
-        assert server.worker_failures == heard and server.epochs_done == 0
+        assert server.sink.worker_failures == heard and server.barrier.epochs_done == 0
     finally:
         server.stop()
 

@@ -130,8 +130,8 @@ def test_non_finite_commit_is_refused_and_the_worker_goes_on():
         networking.send_action(sock, networking.ACTION_PULL)
         center = networking.recv_data(sock)["center"]  # the connection is still open
         assert all(np.array_equal(a, b) for a, b in zip(center, before))
-        assert server.refused == 1 and server.num_updates == 0
-        assert server.refused_by_worker == {7: 1}
+        assert server.center.refused == 1 and server.num_updates == 0
+        assert server.center.refused_by_worker == {7: 1}
         honest = weights_array(np.ones(w.shape, w.dtype) for w in before)
         networking.send_action(sock, networking.ACTION_COMMIT)
         networking.send_data(sock, {"delta": honest})
@@ -481,7 +481,7 @@ except KeyboardInterrupt:
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server.running))
+    print("INTERRUPTED threads=%d running=%s" % (len(left), first.parameter_server.transport.running))
 second = trainer(1)
 second.master_port = port  # the same port again: no "address already in use"
 second.train(data.limit(1000), verbose=0)

@@ -91,7 +91,7 @@ def test_an_epoch_commit_without_a_matching_optimizer_state_is_refused(epoch_ser
     extra = {} if state is None else {"optimizer_state": weights_array(state)}
     client.commit(layers(1.0, 2.0), epoch=0, samples=64, **extra)
     expect_closed_by_server(client.sock)
-    assert ends == [] and server.epochs_done == 0
+    assert ends == [] and server.barrier.epochs_done == 0
     assert_weights_equal(server.center_variable, before)
     assert_weights_equal(server.optimizer_state, _state(0, 0.1))
 
@@ -154,7 +154,7 @@ def test_one_task_trains_and_validates_as_a_task_per_epoch_does(spark, fashion_t
     from distkeras.transport.parameter_servers import EpochServer
 
     assert isinstance(trainer.parameter_server, EpochServer)
-    assert trainer.parameter_server.epochs_done == 3
+    assert trainer.parameter_server.barrier.epochs_done == 3
     assert reference_trainer.parameter_server is None
     # Same rows, the optimizer going on from epoch to epoch, the callback's learning rates
     # applied to the next epoch: the very same training.
@@ -197,7 +197,7 @@ def test_a_lost_task_goes_on_from_the_last_epochs_end(spark, fashion_test, tmp_p
     _, reference, _ = _train(frame, validation)
 
     assert os.path.exists(marker)
-    assert trainer.parameter_server.epochs_done == 3
+    assert trainer.parameter_server.barrier.epochs_done == 3
     # The retried task skipped epoch 1 and started epoch 2 from its end, optimizer
     # state included: the same weights as a run that never failed.
     for got, want in zip(model.get_weights(), reference.get_weights()):

@@ -231,7 +231,7 @@ def test_worker_error_reaches_caller_and_server_stops(spark, fashion_train):
     with pytest.raises(TrainingError, match="worker exploded on purpose"):
         trainer.train(fashion_train.limit(200))
     server = trainer.parameter_server
-    assert server.running is False
+    assert server.transport.running is False
     import socket
     probe = socket.socket()
     # SO_REUSEADDR tolerates closed connections in TIME_WAIT but not a live listener.

@@ -32,15 +32,19 @@ def test_a_bad_validation_value_is_named(value, spark):
 
 
 class _Server:
+    """A server's center as the monitor reads it, with a real `HistorySink`."""
+
     def __init__(self):
+        from distkeras.transport.history_sink import HistorySink
+
         self.mutex = threading.RLock()
         self.center_variable = [np.zeros(2, np.float32)]
-        self.history = []
         self.num_updates = 0
-        self.finished_workers = set()
+        self.sink = HistorySink(threading.Lock(), self)
 
-    def finished(self):
-        return set(self.finished_workers)
+    @property
+    def history(self):
+        return self.sink.history
 
 
 class _Validator:
@@ -174,7 +178,7 @@ def test_an_epoch_ends_when_every_worker_has_gone_past_it():
     step(1, 0)
     step(1, 1)  # worker 1 is past epoch 1: epoch 1 has ended for both
     assert [epoch for _, epoch, _ in validator.calls] == [1]
-    server.finished_workers.add(0)  # worker 0 is done: worker 1 sets the pace
+    server.sink.finished_workers.add(0)  # worker 0 is done: worker 1 sets the pace
     step(1, 2)
     step(1, 3)
     assert [epoch for _, epoch, _ in validator.calls] == [1, 2, 3]
@@ -187,14 +191,10 @@ def test_each_epoch_is_validated_with_the_samples_trained_as_it_ended():
     then (both said the samples counted at the look)."""
     from distkeras.training.monitor import TrainingMonitor
 
-    class KeepingServer(_Server):
-        ends = {1: ([np.full(2, 1.0, np.float32)], 250),
-                2: ([np.full(2, 2.0, np.float32)], 330)}
-
-        def epoch_end(self, epoch):
-            return self.ends.pop(epoch, None)
-
-    server, validator = KeepingServer(), _Validator()
+    ends = {1: ([np.full(2, 1.0, np.float32)], 250),
+            2: ([np.full(2, 2.0, np.float32)], 330)}
+    server, validator = _Server(), _Validator()
+    server.sink.epoch_end = lambda epoch: ends.pop(epoch, None)
     monitor = TrainingMonitor(server, None, "group", total_samples=400, verbose=0,
                               validator=validator, num_epoch=4, num_tasks=2)
     server.history.extend({"worker_id": worker, "epoch": epoch, "batch_size": 50,
@@ -626,7 +626,7 @@ def test_reduce_lr_on_plateau_lowers_the_parameter_server_workers_rate(spark, fa
 
     # Sent to the workers after epoch 2; the last epoch's end lowers the returned model's
     # rate, as after fit.
-    assert trainer.parameter_server.optimizer_learning_rate == pytest.approx(0.05)
+    assert trainer.parameter_server.center.optimizer_learning_rate == pytest.approx(0.05)
     assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.025)
 
 

@@ -120,10 +120,10 @@ def assert_honest_client_works(server, worker_id=99):
 
 def test_server_starts_on_loopback_with_free_port(servers):
     server = servers()
-    assert server.host == "127.0.0.1"
+    assert server.transport.host == "127.0.0.1"
     assert isinstance(server.port, int) and server.port > 0
     assert isinstance(server.token, str) and len(server.token) >= 32
-    assert server.weight_spec == [((3, 2), np.float32), ((2,), np.float32)]
+    assert server.center.weight_spec == [((3, 2), np.float32), ((2,), np.float32)]
     assert server.num_updates == 0
 
 
@@ -168,11 +168,11 @@ def test_concurrent_commits_sum_exactly(servers):
     kernel_sum = per_thread * sum(0.25 * (worker + 1) for worker in range(threads))
     bias_sum = threads * sum(-0.125 * (step % 4) for step in range(per_thread))
     assert server.num_updates == threads * per_thread == 200
-    assert len(server.staleness) == 200
-    assert sorted({worker for worker, _ in server.staleness}) == list(range(threads))
-    assert all(staleness >= 0 for _, staleness in server.staleness)
+    assert len(server.center.staleness) == 200
+    assert sorted({worker for worker, _ in server.center.staleness}) == list(range(threads))
+    assert all(staleness >= 0 for _, staleness in server.center.staleness)
     assert_weights_equal(server.center_variable, [KERNEL + kernel_sum, BIAS + bias_sum])
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_staleness_counts_updates_by_others_since_last_pull(servers):
@@ -186,7 +186,7 @@ def test_staleness_counts_updates_by_others_since_last_pull(servers):
     assert a.pull()["num_updates"] == 3
     a.quit()
     b.quit()
-    assert server.staleness == [(1, 0), (1, 1), (0, 2)]
+    assert server.center.staleness == [(1, 0), (1, 1), (0, 2)]
 
 
 def test_adag_server_applies_delta_and_residual(servers):
@@ -225,7 +225,7 @@ def test_custom_subclass_like_the_tutorial(servers):
     assert_weights_equal(pulled["center"], [KERNEL + 1.0, BIAS + np.array([0.5, -1.5])])
     assert pulled["num_updates"] == 1
     assert server.num_updates == 1
-    assert server.staleness == [(5, 0)]
+    assert server.center.staleness == [(5, 0)]
 
 
 def test_base_server_without_handle_commit_reports_error(servers):
@@ -236,7 +236,7 @@ def test_base_server_without_handle_commit_reports_error(servers):
     except ConnectionError:
         pass  # the server may close before the whole frame was sent
     expect_closed_by_server(client.sock)
-    assert any("NotImplementedError" in error for error in server.errors)
+    assert any("NotImplementedError" in error for error in server.transport.errors)
     assert_weights_equal(server.center_variable, [KERNEL, BIAS])
 
 
@@ -297,7 +297,7 @@ def test_malformed_history_closes_the_connection_and_keeps_nothing(servers, mess
     stops the run): it closes that connection and no record of it is kept (a stored bad
     record failed every later report's epoch count)."""
     server = servers()
-    server.track_epochs(2, 3)
+    server.sink.track_epochs(2, 3)
     honest = Client(server, 1)
     honest.send_history({"worker_id": [1], "epoch": [0], "batch_size": [4], "loss": [0.5]})
     honest.pull()
@@ -305,14 +305,14 @@ def test_malformed_history_closes_the_connection_and_keeps_nothing(servers, mess
     networking.send_action(client.sock, networking.ACTION_HISTORY)
     send_data(client.sock, message)
     expect_closed_by_server(client.sock)
-    assert server.errors == []
+    assert server.transport.errors == []
     assert server.history == [{"worker_id": 1, "epoch": 0, "batch_size": 4, "loss": 0.5}]
-    assert server.metric_states == []
+    assert server.sink.metric_states == []
     # the reports after it are still counted
     honest.send_history({"worker_id": [1], "epoch": [1], "batch_size": [4], "loss": [0.4]})
     honest.pull()
     honest.quit()
-    assert len(server.history) == 2 and server.errors == []
+    assert len(server.history) == 2 and server.transport.errors == []
 
 
 def test_a_long_windows_history_reaches_the_server_whole(servers):
@@ -322,7 +322,7 @@ def test_a_long_windows_history_reaches_the_server_whole(servers):
     from distkeras.executor.step_history import send_history_columns
 
     server = servers()
-    server.track_epochs(1, 1)
+    server.sink.track_epochs(1, 1)
     steps = 20_000
     columns = {"worker_id": [0] * steps, "iteration": list(range(1, steps + 1)),
                "batch_size": [32] * steps, "epoch": [0] * steps,
@@ -333,11 +333,11 @@ def test_a_long_windows_history_reaches_the_server_whole(servers):
     send_history_columns(client.sock, columns, _metric_report([2, 2]))
     client.pull()  # answered after every history frame before it was handled
     client.quit()
-    assert server.errors == []
+    assert server.transport.errors == []
     assert len(server.history) == steps
     assert [record["iteration"] for record in server.history] == columns["iteration"]
     assert server.history[-1]["loss"] == columns["loss"][-1]
-    assert len(server.metric_states) == 1
+    assert len(server.sink.metric_states) == 1
 
 
 def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
@@ -345,7 +345,7 @@ def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
     has trained on. The samples kept are those trained then (the center's), not those the
     driver counts when it looks (the same for two epochs that ended before it did)."""
     server = servers()
-    server.track_epochs(2, 3)
+    server.sink.track_epochs(2, 3)
     early, late = Client(server, 0), Client(server, 1)
 
     def steps(client, worker, epochs, rows):
@@ -356,16 +356,16 @@ def test_the_server_keeps_the_samples_trained_as_each_epoch_ends(servers):
 
     steps(early, 0, [0, 1], 100)
     steps(late, 1, [0], 60)
-    assert server.epoch_end(1) is None  # worker 1 is still in epoch 1
+    assert server.sink.epoch_end(1) is None  # worker 1 is still in epoch 1
     steps(late, 1, [1], 60)  # epoch 1 ends: 320 samples
     steps(early, 0, [2], 100)
     steps(late, 1, [2], 60)  # epoch 2 ends: 480 samples
     early.quit()
     late.quit()
-    center, samples = server.epoch_end(1)
+    center, samples = server.sink.epoch_end(1)
     assert samples == 320 and [w.shape for w in center] == [(3, 2), (2,)]
-    assert server.epoch_end(2)[1] == 480
-    assert server.epoch_end(2) is None  # taken
+    assert server.sink.epoch_end(2)[1] == 480
+    assert server.sink.epoch_end(2) is None  # taken
 
 def test_get_model_holds_the_center(servers):
     server = servers()
@@ -375,11 +375,11 @@ def test_get_model_holds_the_center(servers):
     client.quit()
     model = server.get_model()
     assert isinstance(model, keras.Model)
-    assert model is not server.model
+    assert model is not server.center.model
     assert_weights_equal(model.get_weights(), server.center_variable)
     assert_weights_equal(model.get_weights(), [KERNEL + 0.5, BIAS + 0.5])
     # the master model itself is left alone
-    assert_weights_equal(server.model.get_weights(), [KERNEL, BIAS])
+    assert_weights_equal(server.center.model.get_weights(), [KERNEL, BIAS])
     x = np.ones((1, 3), np.float32)
     np.testing.assert_allclose(model.predict(x, verbose=0),
                                x @ (KERNEL + 0.5) + (BIAS + 0.5), rtol=1e-6)
@@ -557,7 +557,7 @@ def test_hostile_input_before_auth_is_no_server_error(servers):
                    hostile_malformed_header_before_auth, hostile_ten_gigabytes_before_auth):
         expect_closed_by_server(attack(server))
     assert_honest_client_works(server)
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_silent_client_is_dropped_after_handshake_timeout(servers):
@@ -588,7 +588,7 @@ def test_a_client_trickling_its_handshake_is_dropped_after_the_timeout(servers):
         pass
     assert time.monotonic() - start < 3.0
     expect_closed_by_server(client.sock)
-    assert server.errors == []
+    assert server.transport.errors == []
     assert_honest_client_works(server)
 
 
@@ -597,12 +597,12 @@ def test_a_large_frame_before_the_token_is_refused_from_its_prefix(servers):
     as the weights allow was read (and its body allocated) for anyone reaching the port."""
     server = servers(handshake_timeout=10.0)
     body = 256 << 10  # within the frame limit of this model's commits (1 MiB and more)
-    assert body < server.max_frame_bytes
+    assert body < server.center.max_frame_bytes
     client = Client(server, 0, authenticate=False)
     header = b'{"f":{"token":{"t":"array","i":0}},"a":[["|u1",[%d]]]}' % body
     client.sock.sendall(frame_prefix(len(header), body) + header)
     assert expect_closed_by_server(client.sock) < 2.0  # not after the handshake timeout
-    assert server.errors == []
+    assert server.transport.errors == []
     assert_honest_client_works(server)
 
 
@@ -621,7 +621,7 @@ def test_a_flood_of_connections_without_the_token_holds_at_most_the_cap(servers,
     are closed at once; workers already in, and one that joins while the flood holds
     every place, train on."""
     server = servers(handshake_timeout=30.0)
-    cap = server.max_pending_handshakes
+    cap = server.transport.max_pending_handshakes
     assert cap == SocketParameterServer.MAX_PENDING_HANDSHAKES == 64
     joined = [Client(server, worker_id) for worker_id in range(3)]
     for client in joined:
@@ -643,7 +643,7 @@ def test_a_flood_of_connections_without_the_token_holds_at_most_the_cap(servers,
         client.quit()
     for client in flood[extra:]:
         client.close()
-    assert server.errors == []
+    assert server.transport.errors == []
 
 
 def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(monkeypatch):
@@ -661,7 +661,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     caps = []
     start = HistoryServer.start
     monkeypatch.setattr(HistoryServer, "start", lambda self: (
-        caps.append(self.max_pending_handshakes), start(self))[1])
+        caps.append(self.transport.max_pending_handshakes), start(self))[1])
     conf = SimpleNamespace(get=lambda key, default=None: default)
     spark = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
     trainer = AveragingTrainer(make_model(), "sgd", "mse")
@@ -731,8 +731,8 @@ def test_a_finite_commit_that_would_overflow_the_center_is_refused(servers, serv
     reply = client.pull()  # the connection stays open, as after a NaN commit
     assert reply["num_updates"] == 0
     assert_weights_equal(reply["center"], [LARGE_KERNEL, BIAS])
-    assert server.refused == 1 and server.refused_by_worker == {4: 1}
-    assert server.staleness == [] and server.errors == []
+    assert server.center.refused == 1 and server.center.refused_by_worker == {4: 1}
+    assert server.center.staleness == [] and server.transport.errors == []
     client.commit(layers(0.0, 1.0), **extra)  # an update that fits is applied
     reply = client.pull()
     client.quit()
@@ -744,12 +744,12 @@ def test_a_finite_commit_that_would_overflow_the_center_is_refused(servers, serv
 @pytest.mark.filterwarnings("ignore:overflow encountered in add:RuntimeWarning")
 def test_allow_nonfinite_applies_a_commit_that_overflows(servers):
     server = servers(model=make_model(kernel=LARGE_KERNEL))
-    server.allow_nonfinite = True
+    server.center.allow_nonfinite = True
     client = Client(server, 0)
     client.commit([np.full((3, 2), LARGE), np.zeros(2, np.float32)])
     reply = client.pull()
     client.quit()
-    assert server.refused == 0 and reply["num_updates"] == 1
+    assert server.center.refused == 0 and reply["num_updates"] == 1
     assert_weights_equal(reply["center"], [np.where(KERNEL > 0, np.inf, KERNEL + LARGE), BIAS])
 
 
@@ -762,7 +762,7 @@ def test_an_experimental_damping_that_overflows_is_no_refusal(servers):
     client.commit(layers(1.0, 1.0), center=stale)
     reply = client.pull()
     client.quit()
-    assert server.refused == 0 and reply["num_updates"] == 1
+    assert server.center.refused == 0 and reply["num_updates"] == 1
     assert_weights_equal(reply["center"], [KERNEL, BIAS + 1])
 
 
@@ -922,7 +922,7 @@ def test_stop_with_clients_mid_frame_closes_no_socket_under_its_reader(monkeypat
     for client in clients:
         expect_closed_by_server(client.sock, within=2.0)
     assert bad == []
-    assert server_threads() == [] and server.errors == []
+    assert server_threads() == [] and server.transport.errors == []
     # Warnings only: an earlier test in this process (the CLI's, in-process) may have set
     # distkeras's loggers to INFO, and the server's start logs at INFO.
     assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
@@ -980,7 +980,7 @@ def test_pull_unless_own_sends_the_center_after_a_refused_commit(servers):
     assert reply["num_updates"] == 0
     assert_weights_equal(reply["center"], [KERNEL, BIAS])
     client.quit()
-    assert server.refused == 1
+    assert server.center.refused == 1
     assert_weights_equal(center_copy(server), [KERNEL, BIAS])
 
 
@@ -1097,7 +1097,7 @@ def test_a_retried_task_supersedes_the_failed_attempts_steps(servers):
     send_data(failed, {"history": _history_columns(1, [0, 1])})
     networking.send_action(failed, networking.ACTION_QUIT)
     networking.close_socket(failed)
-    _wait_for(lambda: len(server.history) == 3 and 1 in server.finished())
+    _wait_for(lambda: len(server.history) == 3 and 1 in server.sink.finished())
     monitor._read_new_records()
     assert monitor._samples == 30
 
@@ -1108,7 +1108,7 @@ def test_a_retried_task_supersedes_the_failed_attempts_steps(servers):
     _wait_for(lambda: len(server.history) == 4)
     monitor._read_new_records()
 
-    assert 1 not in server.finished()  # it trains its partition again
+    assert 1 not in server.sink.finished()  # it trains its partition again
     assert monitor._samples == 20  # worker 0's step and the retry's, not the lost two
     assert monitor._finished_epochs() == 0
     lost = [record for record in server.history if record.get("superseded")]
@@ -1125,7 +1125,7 @@ def test_the_same_attempt_reconnecting_supersedes_nothing(servers):
         client.send_history(_history_columns(3, [0]))
         client.quit()
     _wait_for(lambda: len(server.history) == 2)
-    assert server.history_generation == 0
+    assert server.sink.history_generation == 0
     assert not any("superseded" in record or "attempt" in record for record in server.history)
 
 
@@ -1139,7 +1139,7 @@ def test_a_commit_after_a_long_compile_is_not_idle_while_its_payload_arrives(ser
     time.sleep(1.0)  # compiling: within the start-up allowance
     networking.send_action(client.sock, networking.ACTION_COMMIT)
     time.sleep(0.3)  # the payload is still on its way
-    assert server.idle_workers(0.8, startup_limit=60.0) == []
+    assert server.transport.idle_workers(0.8, startup_limit=60.0) == []
     send_data(client.sock, {"delta": weights_array(layers(0.5, -0.25))})
     assert client.pull()["num_updates"] == 1
     client.quit()

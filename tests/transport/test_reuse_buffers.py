@@ -107,7 +107,7 @@ def test_a_refused_commit_leaves_the_center_and_the_next_one_is_applied(started)
     center = center_copy(server)
     client.commit(big)  # pushes the center past float32: refused, the center stays
     reply = client.pull()
-    assert reply["num_updates"] == 1 and server.refused == 1
+    assert reply["num_updates"] == 1 and server.center.refused == 1
     for want, have in zip(center, reply["center"]):
         np.testing.assert_array_equal(have, want)
     client.commit([-layer for layer in big])
