@@ -1,10 +1,12 @@
 """DiLoCo, asynchronous: workers take H local steps; the center takes a Nesterov step."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter, staleness_discount_factor
+from distkeras.algorithms.base import (Algorithm, Hyperparameter, register,
+                                       staleness_discount_factor)
 from distkeras.training.checks import check_fraction, check_number
 
 
+@register
 class DiLoCo(Algorithm):
     """DiLoCo (Douillard et al. 2023), asynchronous: a window of H local steps, then
     ``delta = W - W_pull``; the server takes ``g = -delta / (staleness + 1)`` as the
@@ -32,10 +34,13 @@ class DiLoCo(Algorithm):
         Hyperparameter("outer_momentum", 0.5, check_fraction,
                        "the outer SGD's Nesterov momentum, in [0, 1)"),
     )
-    default_window = 20
     uses_staleness = True
     sets_worker_learning_rate = True
     averages_weights = True  # the center is an outer step from the replicas' weights
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        return 20
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

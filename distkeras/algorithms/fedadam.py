@@ -1,10 +1,12 @@
 """FedAdam (Reddi et al. 2021), asynchronous: the server runs Adam on workers' changes."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter, staleness_discount_factor
+from distkeras.algorithms.base import (Algorithm, Hyperparameter, register,
+                                       staleness_discount_factor)
 from distkeras.training.checks import check_fraction, check_number
 
 
+@register
 class FedAdam(Algorithm):
     """Workers commit ``delta = W - W_pull`` after each window; the server takes
     ``d = delta / (staleness + 1)`` and moves the center by Adam along it:
@@ -31,10 +33,13 @@ class FedAdam(Algorithm):
         Hyperparameter("beta_2", 0.99, check_fraction, "its second moment's decay"),
         Hyperparameter("epsilon", 0.01, check_number, "added to sqrt(v) (the paper's tau)"),
     )
-    default_window = 10
     uses_staleness = True
     sets_worker_learning_rate = True
     averages_weights = True  # the center is the server's Adam step, no worker's weights
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        return 10
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

@@ -64,11 +64,10 @@ FACES = {
 }
 # Top-level modules that are not faces, each for a reason: the package itself, the
 # exception hierarchy and the Spark session every script starts with (imported by the
-# package, below every subpackage), dist-keras's own classes kept under their own names
-# (`compat`), and the
+# package, below every subpackage), and the
 # trainers: dist-keras's trainer classes by their dist-keras names (declarations of the
 # built-in algorithms' trainers over `distkeras.training`), the module users import.
-NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
+NOT_FACES = {"__init__", "errors", "session", "trainers"}
 # Public in the package for its own modules, never names of the old module.
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
                                        "BINARY_LOSSES"},
