@@ -25,6 +25,16 @@ from distkeras.training.trainer import Trainer
 # The built-in algorithms' trainers, one per registered algorithm.
 globals().update(builtin_trainers())
 
+
+
+def __getattr__(name):
+    """The trainer of an algorithm registered after this module was imported."""
+    found = builtin_trainers().get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
+
+
 __all__ = sorted(["AlgorithmTrainer", "AsynchronousDistributedTrainer", "AveragingTrainer",
                   "DistributedTrainer", "EnsembleTrainer", "SingleTrainer", "Trainer",
                   "TrainingError", "carries_momentum", "trainer_for", *builtin_trainers()])

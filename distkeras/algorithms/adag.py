@@ -28,11 +28,12 @@ class ADAG(Algorithm):
         ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
+    default_window = 12
     sets_worker_learning_rate = True
 
     @classmethod
     def default_window_for(cls, num_workers):
-        return window_up_to_workers(num_workers, 12)
+        return window_up_to_workers(num_workers, cls.default_window)
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

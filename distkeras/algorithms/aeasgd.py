@@ -29,12 +29,9 @@ class AEASGD(Algorithm):
         Hyperparameter("learning_rate", 0.1, check_number,
                        "multiplies the elastic force (rho * learning_rate <= 1)"),
     )
+    default_window = 16
     pull_first = True
     averages_weights = True  # the center is an elastic average of the replicas
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        return 16
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

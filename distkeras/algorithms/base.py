@@ -145,6 +145,8 @@ class Algorithm:
 
     Class attributes (declarations the framework reads):
         hyperparameters: A tuple of `Hyperparameter`.
+        default_window: The ``communication_window`` when the trainer is given none
+            (what `default_window_for` returns unless a rule overrides it).
         adds_commits_as_sent: Derived, not declared: `apply` is the base one (``center +
             update``). A lone worker then computes the new center itself (no weights sent
             back), and the server can reuse its buffers (``reuse_server_buffers``).
@@ -163,6 +165,7 @@ class Algorithm:
     """
 
     hyperparameters = ()
+    default_window = 5
     adds_commits_as_sent = _AppliesAsSent()
     pull_first = False
     uses_staleness = False
@@ -202,9 +205,10 @@ class Algorithm:
 
     @classmethod
     def default_window_for(cls, num_workers):
-        """The ``communication_window`` for ``num_workers`` when none is given (5; see
-        `window_up_to_workers` for rules that divide a commit by the window)."""
-        return 5
+        """The ``communication_window`` for ``num_workers`` when none is given:
+        ``default_window`` (rules that divide a commit by the window override it with
+        `window_up_to_workers`)."""
+        return cls.default_window
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

@@ -34,13 +34,10 @@ class DiLoCo(Algorithm):
         Hyperparameter("outer_momentum", 0.5, check_fraction,
                        "the outer SGD's Nesterov momentum, in [0, 1)"),
     )
+    default_window = 20
     uses_staleness = True
     sets_worker_learning_rate = True
     averages_weights = True  # the center is an outer step from the replicas' weights
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        return 20
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

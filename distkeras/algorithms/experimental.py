@@ -26,7 +26,7 @@ class Experimental(Algorithm):
 
     @classmethod
     def default_window_for(cls, num_workers):
-        return window_up_to_workers(num_workers, 5)
+        return window_up_to_workers(num_workers, cls.default_window)
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

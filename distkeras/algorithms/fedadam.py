@@ -33,13 +33,10 @@ class FedAdam(Algorithm):
         Hyperparameter("beta_2", 0.99, check_fraction, "its second moment's decay"),
         Hyperparameter("epsilon", 0.01, check_number, "added to sqrt(v) (the paper's tau)"),
     )
+    default_window = 10
     uses_staleness = True
     sets_worker_learning_rate = True
     averages_weights = True  # the center is the server's Adam step, no worker's weights
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        return 10
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

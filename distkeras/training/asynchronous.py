@@ -123,8 +123,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
 
     # The algorithm the workers and the server run (an `Algorithm` class), or None.
     algorithm = None
-    # The escape hatch's window when none is given (an algorithm's: `default_window_for`).
-    default_window = 5
+    # The window when none is given: the algorithm's (`Algorithm.default_window_for`),
+    # else this (a subclass of the escape hatch may set its own).
+    default_window = _FromAlgorithm(5)
     # Whether `learning_rate` is the workers' Keras optimizer's (for rules without one).
     sets_worker_learning_rate = _FromAlgorithm(False)
     averages_weights = _FromAlgorithm(False)
