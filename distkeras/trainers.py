@@ -35,6 +35,8 @@ def __getattr__(name):
     return found
 
 
-__all__ = sorted(["AlgorithmTrainer", "AsynchronousDistributedTrainer", "AveragingTrainer",
-                  "DistributedTrainer", "EnsembleTrainer", "SingleTrainer", "Trainer",
-                  "TrainingError", "carries_momentum", "trainer_for", *builtin_trainers()])
+# The names written here, then the built-in algorithms' trainers, by their registration.
+__all__ = ["AlgorithmTrainer", "AsynchronousDistributedTrainer", "AveragingTrainer",
+           "DistributedTrainer", "EnsembleTrainer", "SingleTrainer", "Trainer", "TrainingError",
+           "carries_momentum", "trainer_for"]
+__all__ += list(builtin_trainers())

@@ -107,8 +107,7 @@ def test_the_plans_never_call_back_into_the_trainer(module):
         tree = ast.parse(handle.read())
     used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)} | \
         {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    assert not {"trainer", "allocate_worker", "allocate_parameter_server",
-                "new_job_group_of"} & used
+    assert not {"trainer", "allocate_worker", "allocate_parameter_server"} & used
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(
