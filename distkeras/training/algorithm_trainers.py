@@ -11,7 +11,9 @@ hyperparameters are keyword arguments of the generic constructor).
 """
 
 import functools
+import inspect
 import sys
+import textwrap
 
 from distkeras import algorithms
 from distkeras.training.asynchronous import AsynchronousDistributedTrainer, trainer_for
@@ -26,16 +28,18 @@ def _window_doc(algorithm):
 
 def trainer_doc(algorithm):
     """The docstring of ``algorithm``'s trainer: the algorithm's summary, the arguments,
-    the default window and where the rule is."""
+    the default window, where the rule is and the rule's own docstring."""
     module = sys.modules[algorithm.__module__]
     summary = (module.__doc__ or algorithm.__doc__ or algorithm.__name__).strip()
     own = "".join(f", ``{parameter.name}`` ({parameter.default!r})"
                   for parameter in algorithm.hyperparameters)
     rule = f"{algorithm.__module__.replace('distkeras.', '')}.{algorithm.__name__}"
-    return (f"{summary.splitlines()[0]}\n\n"
-            f"    Takes `AsynchronousDistributedTrainer`'s arguments{own}; "
-            f"``communication_window``\n    is {_window_doc(algorithm)} by default. "
-            f"The rule: `{rule}`.\n    ")
+    body = textwrap.indent(inspect.cleandoc(algorithm.__doc__ or ""), "    ")
+    takes = textwrap.fill(
+        f"Takes `AsynchronousDistributedTrainer`'s arguments{own}; ``communication_window`` "
+        f"is {_window_doc(algorithm)} by default. The rule: `{rule}`:", 88,
+        initial_indent="    ", subsequent_indent="    ")
+    return f"{summary.splitlines()[0]}\n\n{takes}\n\n{body}\n    "
 
 
 class AEASGD(AsynchronousDistributedTrainer):
