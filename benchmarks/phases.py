@@ -49,11 +49,14 @@ def averaging_epoch_by_epoch():
     """AveragingTrainer held to one Spark job per epoch (its path when Spark has fewer
     task slots than workers)."""
     from distkeras.trainers import AveragingTrainer
+    from distkeras.training.averaging import AveragingPlan
+
+    class JobPerEpochPlan(AveragingPlan):
+        def slots_for_one_job(self, frame, num_tasks):
+            return False
 
     class AveragingEpochByEpoch(AveragingTrainer):
-        def _train(self, frame, label_shapes, shuffle):
-            self.parameter_server = None
-            return self._train_epoch_by_epoch(frame, label_shapes, shuffle)
+        plan = JobPerEpochPlan
 
     return AveragingEpochByEpoch
 
@@ -64,8 +67,8 @@ def single_epoch_by_epoch():
     from distkeras.trainers import SingleTrainer
 
     class SingleEpochByEpoch(SingleTrainer):
-        def _slots_for_one_job(self, frame, num_tasks):
-            return False
+        def make_plan(self, run):
+            return self.plan(run, self.allocate_worker)  # no worker that runs every epoch
 
     return SingleEpochByEpoch
 

@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 
 # The names most scripts need, from the package itself (``from distkeras import ADAG,
 # local_spark_session``). Imported on first use: importing the package must not import
-# Keras or JAX, as the driver starts Spark first.
+# Keras or JAX, as the driver starts Spark first. The built-in algorithms' trainers are
+# among them, by their registration (`algorithms.register`).
 _EXPORTS = {
     "local_spark_session": "distkeras.session",
     "DistkerasError": "distkeras.errors",
@@ -21,25 +22,29 @@ _EXPORTS = {
     "Algorithm": "distkeras.algorithms",
     "Hyperparameter": "distkeras.algorithms",
     "ModelPredictor": "distkeras.predictors",
-    "Trainer": "distkeras.trainers",
-    "trainer_for": "distkeras.trainers",
     **{name: "distkeras.trainers" for name in (
-        "SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG", "DynSGD",
-        "AEASGD", "EAMSGD", "Experimental", "DiLoCo", "FedAdam")},
+        "Trainer", "trainer_for", "SingleTrainer", "AveragingTrainer", "EnsembleTrainer")},
 }
 
-__all__ = sorted(_EXPORTS)
+
+def _exports():
+    """`_EXPORTS` and the registered algorithms' trainers: ``{name: module}``."""
+    from distkeras.algorithms import registered
+
+    return dict(_EXPORTS, **{name: "distkeras.trainers" for name in registered()})
 
 
 def __getattr__(name):
     """The public name ``name``, imported from its module on first use."""
     import importlib
 
-    module = _EXPORTS.get(name)
+    if name == "__all__":
+        return sorted(_exports())
+    module = _EXPORTS.get(name) or (None if name.startswith("_") else _exports().get(name))
     if module is None:
         raise AttributeError(f"module 'distkeras' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_exports()))

@@ -1,18 +1,22 @@
 """Asynchronous optimizers, one small file each, on the Algorithm API (`base`).
 
-`update_rules` holds the update rules they share, as small pure functions on weights.
+Each built-in's file registers its class (`base.register`); importing this package
+imports every module in it, so the built-ins are this package's names without a list
+to keep. `update_rules` holds the update rules they share, as small pure functions on
+weights.
 """
 
-from distkeras.algorithms.adag import ADAG
-from distkeras.algorithms.aeasgd import AEASGD
-from distkeras.algorithms.base import (Algorithm, Hyperparameter, ServerContext,
-                                       WorkerContext)
-from distkeras.algorithms.diloco import DiLoCo
-from distkeras.algorithms.downpour import DOWNPOUR
-from distkeras.algorithms.dynsgd import DynSGD
-from distkeras.algorithms.eamsgd import EAMSGD
-from distkeras.algorithms.experimental import Experimental
-from distkeras.algorithms.fedadam import FedAdam
+import importlib
+import pkgutil
 
-__all__ = ["ADAG", "AEASGD", "Algorithm", "DiLoCo", "DOWNPOUR", "DynSGD", "EAMSGD",
-           "Experimental", "FedAdam", "Hyperparameter", "ServerContext", "WorkerContext"]
+from distkeras.algorithms.base import (Algorithm, Hyperparameter, ServerContext,
+                                       WorkerContext, register, registered, unregister)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+# The built-ins, as this package's names (`distkeras.algorithms.ADAG`).
+globals().update(registered())
+
+__all__ = ["Algorithm", "Hyperparameter", "ServerContext", "WorkerContext", "register",
+           "registered", "unregister", *registered()]

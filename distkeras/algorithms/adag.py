@@ -1,9 +1,10 @@
 """ADAG (Hermans 2017): commit the window's change averaged per step; the center adds it."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm
+from distkeras.algorithms.base import Algorithm, register, window_up_to_workers
 
 
+@register
 class ADAG(Algorithm):
     """Workers commit ``(W - W_pull) / window``; the server adds it.
 
@@ -28,9 +29,11 @@ class ADAG(Algorithm):
     """
 
     default_window = 12
-    window_up_to_workers = True
-    adds_commits_as_sent = True
     sets_worker_learning_rate = True
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        return window_up_to_workers(num_workers, cls.default_window)
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

@@ -1,10 +1,11 @@
 """Asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015)."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter
+from distkeras.algorithms.base import Algorithm, Hyperparameter, register
 from distkeras.training.checks import check_number
 
 
+@register
 class AEASGD(Algorithm):
     """Every window: pull C, ``E = rho * lr * (W - C)``, ``W -= E``, commit ``E``; the
     server adds it, ``C += E``.
@@ -29,7 +30,6 @@ class AEASGD(Algorithm):
                        "multiplies the elastic force (rho * learning_rate <= 1)"),
     )
     default_window = 16
-    adds_commits_as_sent = True
     pull_first = True
     averages_weights = True  # the center is an elastic average of the replicas
 

@@ -14,9 +14,60 @@ Example, a rule that adds half of each worker's change (the whole algorithm)::
             return 0.5 * (weights - pulled)
 
     HalfStepTrainer = distkeras.trainers.trainer_for(HalfStep)
+
+A built-in is one file of this package whose class is decorated with `register`: its
+trainer (`distkeras.trainers`), the trainers' ``__all__``, the registry of trainers by
+name, the command line's ``--trainer`` and the package's exports all derive from it.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
+
+# The built-in algorithms by name, in the order they registered (`register`).
+_REGISTERED = {}
+
+
+def register(algorithm):
+    """Registers ``algorithm`` (an `Algorithm` class) as a built-in, under its class name.
+
+    Returns:
+        ``algorithm`` itself: use it as a class decorator.
+
+    Raises:
+        ValueError: Another class is registered under that name.
+    """
+    name = algorithm.__name__
+    if _REGISTERED.get(name, algorithm) is not algorithm:
+        raise ValueError(f"An algorithm named {name!r} is registered already "
+                         f"({_REGISTERED[name].__module__}). Rename the class.")
+    _REGISTERED[name] = algorithm
+    return algorithm
+
+
+def registered():
+    """The registered built-in algorithms, by name (a new dict, in registration order)."""
+    return dict(_REGISTERED)
+
+
+def unregister(name):
+    """Removes the algorithm registered under ``name`` (tests that register a toy one)."""
+    _REGISTERED.pop(name, None)
+
+
+def window_up_to_workers(num_workers, most):
+    """The number of workers, at most ``most``: the default window of rules that divide a
+    commit by the window, so that each commit moves the center about one step's worth
+    (``most`` itself for a bad ``num_workers``, which `train()` refuses)."""
+    if isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 1:
+        return min(num_workers, most)
+    return most
+
+
+class _AppliesAsSent:
+    """`Algorithm.adds_commits_as_sent`, derived: whether the class keeps the base `apply`
+    (``center + update``). Read on the class or an instance."""
+
+    def __get__(self, instance, owner):
+        return owner.apply is Algorithm.apply
 
 
 class Hyperparameter(NamedTuple):
@@ -92,15 +143,13 @@ class Algorithm:
     Weights are numpy object arrays of per-layer arrays, so ``weights - pulled`` works
     layer by layer. Neither method may modify its arguments.
 
-    Class attributes (declarations the framework reads; none is inferred):
+    Class attributes (declarations the framework reads):
         hyperparameters: A tuple of `Hyperparameter`.
-        default_window: The ``communication_window`` when the trainer is given none.
-        window_up_to_workers: The default window is the number of workers, at most
-            ``default_window`` (rules that divide a commit by the window, so that each
-            commit moves the center about one step's worth).
-        adds_commits_as_sent: `apply` is ``center + update``: a lone worker then computes
-            the new center itself (no weights sent back), and the server can reuse its
-            buffers (``reuse_server_buffers``).
+        default_window: The ``communication_window`` when the trainer is given none
+            (what `default_window_for` returns unless a rule overrides it).
+        adds_commits_as_sent: Derived, not declared: `apply` is the base one (``center +
+            update``). A lone worker then computes the new center itself (no weights sent
+            back), and the server can reuse its buffers (``reuse_server_buffers``).
         pull_first: Pull the center before committing (elastic averaging), rather than
             commit then pull.
         uses_staleness: Commits must carry the update count of the worker's last pull
@@ -117,8 +166,7 @@ class Algorithm:
 
     hyperparameters = ()
     default_window = 5
-    window_up_to_workers = False
-    adds_commits_as_sent = False
+    adds_commits_as_sent = _AppliesAsSent()
     pull_first = False
     uses_staleness = False
     sends_pulled = False
@@ -150,13 +198,17 @@ class Algorithm:
     def check(self):
         """Checks that involve several hyperparameters; raises ValueError."""
 
+    def for_optimizer(self, optimizer):
+        """This algorithm for workers that train with ``optimizer`` (a Keras optimizer, its
+        name or config): hyperparameters left to the run (None) chosen. Default: itself."""
+        return self
+
     @classmethod
     def default_window_for(cls, num_workers):
-        """The ``communication_window`` for ``num_workers`` when none is given."""
-        if cls.window_up_to_workers and isinstance(num_workers, int) \
-                and not isinstance(num_workers, bool) and num_workers >= 1:
-            return min(num_workers, cls.default_window)
-        return cls.default_window  # a bad num_workers is refused by train()
+        """The ``communication_window`` for ``num_workers`` when none is given:
+        ``default_window`` (rules that divide a commit by the window override it with
+        `window_up_to_workers`)."""
+        return cls.default_window
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

@@ -1,10 +1,12 @@
 """DiLoCo, asynchronous: workers take H local steps; the center takes a Nesterov step."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter, staleness_discount_factor
+from distkeras.algorithms.base import (Algorithm, Hyperparameter, register,
+                                       staleness_discount_factor)
 from distkeras.training.checks import check_fraction, check_number
 
 
+@register
 class DiLoCo(Algorithm):
     """DiLoCo (Douillard et al. 2023), asynchronous: a window of H local steps, then
     ``delta = W - W_pull``; the server takes ``g = -delta / (staleness + 1)`` as the

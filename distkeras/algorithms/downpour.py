@@ -1,9 +1,10 @@
 """DOWNPOUR (Dean et al. 2012): commit the window's change; the center adds it."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm
+from distkeras.algorithms.base import Algorithm, register
 
 
+@register
 class DOWNPOUR(Algorithm):
     """Workers commit ``W - W_pull``; the server adds it, ``C += delta``.
 
@@ -13,7 +14,6 @@ class DOWNPOUR(Algorithm):
         ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
     """
 
-    adds_commits_as_sent = True
     sets_worker_learning_rate = True
 
     def commit(self, weights, pulled, context):

@@ -1,9 +1,10 @@
 """DynSGD (Jiang et al. 2017): each commit divided by its staleness."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, staleness_discount_factor
+from distkeras.algorithms.base import Algorithm, register, staleness_discount_factor
 
 
+@register
 class DynSGD(Algorithm):
     """Workers commit ``W - W_pull``; the server adds ``delta / (staleness + 1)``.
 

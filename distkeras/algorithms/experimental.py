@@ -1,10 +1,12 @@
 """The research scaffold: ADAG's commit, damped on the server by the disagreement."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter
+from distkeras.algorithms.base import Algorithm, Hyperparameter, register, \
+    window_up_to_workers
 from distkeras.training.checks import check_number
 
 
+@register
 class Experimental(Algorithm):
     """Workers commit ADAG's residual and the center they pulled; the server damps each
     weight's update by how far the center moved since:
@@ -20,8 +22,11 @@ class Experimental(Algorithm):
 
     hyperparameters = (
         Hyperparameter("learning_rate", 1.0, check_number, "the damping's learning rate"),)
-    window_up_to_workers = True
     sends_pulled = True
+
+    @classmethod
+    def default_window_for(cls, num_workers):
+        return window_up_to_workers(num_workers, cls.default_window)
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):

@@ -1,10 +1,12 @@
 """FedAdam (Reddi et al. 2021), asynchronous: the server runs Adam on workers' changes."""
 
 from distkeras.algorithms import update_rules
-from distkeras.algorithms.base import Algorithm, Hyperparameter, staleness_discount_factor
+from distkeras.algorithms.base import (Algorithm, Hyperparameter, register,
+                                       staleness_discount_factor)
 from distkeras.training.checks import check_fraction, check_number
 
 
+@register
 class FedAdam(Algorithm):
     """Workers commit ``delta = W - W_pull`` after each window; the server takes
     ``d = delta / (staleness + 1)`` and moves the center by Adam along it:

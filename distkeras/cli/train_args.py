@@ -27,11 +27,15 @@ def _option_value(text):
 
 
 def trainer_options(trainer_class):
-    """The trainer's own constructor arguments: ``{name: default}``."""
+    """The trainer's own constructor arguments: ``{name: default}``, its algorithm's
+    hyperparameters among them (`algorithms.Hyperparameter`)."""
     signature = inspect.signature(trainer_class.__init__)
-    return {name: parameter.default for name, parameter in signature.parameters.items()
-            if name != "self" and name not in COMMON_ARGUMENTS
-            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    options = {name: parameter.default for name, parameter in signature.parameters.items()
+               if name != "self" and name not in COMMON_ARGUMENTS
+               and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    for parameter in getattr(getattr(trainer_class, "algorithm", None), "hyperparameters", ()):
+        options.setdefault(parameter.name, parameter.default)
+    return options
 
 
 def _add_trainer_options(parser, trainer_class):

@@ -3,7 +3,9 @@
 What runs on the driver when `train()` is called, and nothing that runs on an executor:
 
 - `trainer`, `sequential`, `asynchronous`: the trainer classes. Their constructors store
-  the arguments; nothing changes them afterwards.
+  the arguments; nothing changes them afterwards. `algorithm_trainers`: the trainers of
+  the registered algorithms (`algorithms.register`), derived from them; `compat`:
+  dist-keras's getters and setters, derived from the settings they read.
 - `settings`: the frozen settings one run resolves from them.
 - `run`: the state one run owns (history, validator, server, timings), and the
   `run.RunResults` it leaves; `results`: the getters that read them.
@@ -11,7 +13,8 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
   Spark job; `worker_setup`: what the workers are given, and the returned model's compile.
 - `plans` and one module per plan (`one_task`, `averaging`, `ensemble`,
   `parameter_server`): the Spark jobs and servers of a run, with their capabilities
-  declared; `serving`: the one owner of a server's lifecycle; `launch`: the Spark job;
+  declared; each is given its parts (worker and server factories) and never calls back
+  into the trainer; `serving`: the one owner of a server's lifecycle; `launch`: the Spark job;
   `shortfalls`: the warnings of a run that trained less than asked.
 - `validation_data`: the validation rows, held on the driver; `callbacks`: the checks of
   the Keras callbacks; `validator`: their per-epoch evaluation and calls.

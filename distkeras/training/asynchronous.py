@@ -1,15 +1,16 @@
 """The trainers with several workers, and those with a parameter server.
 
-`DistributedTrainer` (``num_workers`` replicas), `AsynchronousDistributedTrainer` (workers
-against a parameter server: the escape hatch's base), `AlgorithmTrainer` (an
-`algorithms.Algorithm`'s trainer) and `trainer_for`, which makes one. The parameter-server
-plan (`parameter_server.ParameterServerPlan`) trains them.
+`DistributedTrainer` (``num_workers`` replicas) and `AsynchronousDistributedTrainer`:
+workers against a parameter server, running an `algorithms.Algorithm` (its class's
+``algorithm``) or, without one, the worker and server its subclass allocates (the escape
+hatch). `trainer_for` makes the trainer class of an algorithm. The parameter-server plan
+(`parameter_server.ParameterServerPlan`) trains them.
 """
 
 import logging
 
-from distkeras import compat
 from distkeras.executor.windowed import WindowedWorker
+from distkeras.training import compat
 from distkeras.training.checks import check_communication_window, check_int, check_number, \
     uses_ema
 from distkeras.training.parameter_server import ParameterServerPlan
@@ -19,7 +20,7 @@ from distkeras.transport import parameter_servers
 logger = logging.getLogger(__name__)
 
 
-class DistributedTrainer(Trainer, compat.DistributedAccessors):
+class DistributedTrainer(Trainer):
     """A trainer that runs ``num_workers`` replicas, one Spark task each.
 
     Takes `Trainer`'s arguments as well; the ones below are its own.
@@ -61,13 +62,36 @@ class DistributedTrainer(Trainer, compat.DistributedAccessors):
     def num_partitions(self):
         return self.num_workers * self.parallelism_factor
 
+    get_num_workers = compat.getter("num_workers")
+    set_num_workers = compat.setter("num_workers", "the replicas trained in parallel")
+    get_parallelism_factor = compat.getter("parallelism_factor")
+    set_parallelism_factor = compat.setter("parallelism_factor",
+                                           "the partitions (Spark tasks) per worker")
 
-class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAccessors):
+
+class _FromAlgorithm:
+    """A class attribute of a trainer read from its ``algorithm`` (``default`` without
+    one); a subclass may still set its own."""
+
+    def __init__(self, default):
+        self.default = default
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner):
+        algorithm = owner.algorithm
+        return self.default if algorithm is None else getattr(algorithm, self.name)
+
+
+class AsynchronousDistributedTrainer(DistributedTrainer):
     """Workers train asynchronously against a parameter server on the driver.
 
-    An `algorithms.Algorithm`'s trainer is an `AlgorithmTrainer` (see `trainer_for`).
-    Otherwise (the escape hatch), subclasses define `allocate_worker()` and may define
-    `allocate_parameter_server()` (default: `DeltaParameterServer`, ``C += delta``).
+    A trainer whose class names an ``algorithm`` (an `algorithms.Algorithm` class; see
+    `trainer_for`) runs it: its workers and server are the framework's, and its
+    hyperparameters are constructor arguments too. Otherwise (the escape hatch),
+    subclasses define `allocate_worker()` and may define `allocate_parameter_server()`
+    (default: `DeltaParameterServer`, ``C += delta``).
 
     Takes `DistributedTrainer`'s arguments as well; the ones below are its own.
 
@@ -92,33 +116,65 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             worker and writes each new center into memory it used before
             (`AlgorithmServer`'s ``reuse_buffers``): the same centers bit for bit, for less
             server CPU per commit on large models (docs/scaling.md).
+        **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
+            not given take their declared defaults. The built-ins' trainers take theirs
+            by position too, after ``communication_window`` (`distkeras.trainers`).
     """
 
-    default_window = 5
+    # The algorithm the workers and the server run (an `Algorithm` class), or None.
+    algorithm = None
+    # The window when none is given: the algorithm's (`Algorithm.default_window_for`),
+    # else this (a subclass of the escape hatch may set its own).
+    default_window = _FromAlgorithm(5)
     # Whether `learning_rate` is the workers' Keras optimizer's (for rules without one).
-    sets_worker_learning_rate = False
+    sets_worker_learning_rate = _FromAlgorithm(False)
+    averages_weights = _FromAlgorithm(False)
     plan = ParameterServerPlan
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
-                 overlap_communication=False, reuse_server_buffers=False):
+                 overlap_communication=False, reuse_server_buffers=False, **hyperparameters):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
         self.communication_window = (self.default_window_for(num_workers)
                                      if communication_window is None else communication_window)
         self.master_port = master_port
-        self.learning_rate = learning_rate
         self.worker_timeout = worker_timeout
         self.overlap_communication = overlap_communication
         self.reuse_server_buffers = reuse_server_buffers
+        declared = {parameter.name: parameter.default for parameter in
+                    (self.algorithm.hyperparameters if self.algorithm else ())}
+        for name in hyperparameters:
+            if name not in declared or name == "learning_rate":
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected "
+                                f"keyword argument {name!r}")
+        if "learning_rate" in declared and learning_rate is None:
+            learning_rate = declared["learning_rate"]
+        self.learning_rate = learning_rate
+        for name, default in declared.items():
+            if name != "learning_rate":
+                setattr(self, name, hyperparameters.get(name, default))
 
     @classmethod
     def default_window_for(cls, num_workers):
         """The ``communication_window`` used when none is given, for ``num_workers``."""
-        return cls.default_window
+        if cls.algorithm is None:
+            return cls.default_window
+        return cls.algorithm.default_window_for(num_workers)
+
+    def hyperparameter_values(self):
+        """The algorithm's hyperparameters as given to this trainer, by name."""
+        return {parameter.name: getattr(self, parameter.name)
+                for parameter in (self.algorithm.hyperparameters if self.algorithm else ())}
+
+    def make_algorithm(self):
+        """The algorithm that the workers and the server run, with this trainer's
+        hyperparameters, those left to the run chosen for the workers' optimizer."""
+        algorithm = self.algorithm(**self.hyperparameter_values())
+        return algorithm.for_optimizer(self.compiled_settings()["worker_optimizer"])
 
     def get_config(self):
         config = super().get_config()
@@ -126,8 +182,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
                       master_port=self.master_port, learning_rate=self.learning_rate,
                       worker_timeout=self.worker_timeout,
                       overlap_communication=self.overlap_communication)
-        if self.reuse_server_buffers:  # only DOWNPOUR's and ADAG's constructors take it
+        if self.reuse_server_buffers:
             config.update(reuse_server_buffers=True)
+        config.update(self.hyperparameter_values())
         return config
 
     def check_settings(self, settings):
@@ -144,124 +201,67 @@ class AsynchronousDistributedTrainer(DistributedTrainer, compat.AsynchronousAcce
             if not isinstance(getattr(settings, name), bool):
                 raise ValueError(f"`{name}` must be True or False. Received: "
                                  f"{name}={getattr(settings, name)!r}")
+        if self.algorithm is not None:
+            self.algorithm(**{parameter.name: getattr(settings, parameter.name)
+                              for parameter in self.algorithm.hyperparameters}).validate()
+            if settings.reuse_server_buffers and not self.algorithm.adds_commits_as_sent:
+                raise ValueError(
+                    f"`reuse_server_buffers` is for rules that add commits as sent; "
+                    f"{type(self).__name__}'s does not. Leave it False.")
         return settings
 
+    def make_plan(self, run):
+        return self.plan(run, self.allocate_worker, self.allocate_parameter_server)
+
     def allocate_worker(self):
-        """Returns the worker that every task runs; subclasses define it."""
-        raise NotImplementedError(f"{type(self).__name__} must implement allocate_worker().")
+        """Returns the worker that every task runs: the algorithm's, or the subclass's."""
+        if self.algorithm is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement allocate_worker().")
+        return WindowedWorker(self.master_model, algorithm=self.make_algorithm())
 
     def allocate_parameter_server(self):
-        """Returns the parameter server; `DeltaParameterServer` unless overridden."""
-        return parameter_servers.DeltaParameterServer(
-            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
+        """Returns the parameter server: the algorithm's `AlgorithmServer`, else
+        `DeltaParameterServer` (``C += delta``) unless overridden."""
+        if self.algorithm is None:
+            return parameter_servers.DeltaParameterServer(
+                self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
+        return parameter_servers.AlgorithmServer(
+            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
+            algorithm=self.make_algorithm())
 
     def get_staleness(self):
         """Per commit, ``(worker_id, updates by others since that worker's pull)``."""
         return list(self._results.staleness)
 
+    def num_updates(self):
+        """The commits the parameter server applied in the last `train()` (0 before)."""
+        return self._results.num_updates
 
-def _algorithm_init(algorithm):
-    """A trainer's ``__init__`` for ``algorithm``: `AsynchronousDistributedTrainer`'s
-    arguments with the algorithm's hyperparameters after ``communication_window``, where
-    AEASGD, EAMSGD and Experimental always had theirs (an inspectable signature: the
-    command line's flags come from it)."""
-    import inspect
-
-    base = inspect.signature(AsynchronousDistributedTrainer.__init__).parameters
-    hyper = {parameter.name: parameter for parameter in algorithm.hyperparameters}
-    parameters = []
-    for name, parameter in base.items():
-        if name in hyper:
-            continue  # the algorithm's own, with its default, after communication_window
-        parameters.append(parameter)
-        if name == "communication_window":
-            parameters.extend(inspect.Parameter(name, parameter.kind, default=given.default)
-                              for name, given in hyper.items())
-    signature = inspect.Signature(parameters)
-
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        del values["self"]
-        own = {name: values.pop(name) for name in hyper if name != "learning_rate"}
-        AsynchronousDistributedTrainer.__init__(self, **values)
-        for name, value in own.items():
-            setattr(self, name, value)
-
-    __init__.__signature__ = signature
-    return __init__
+    get_learning_rate = compat.getter("learning_rate")
+    set_learning_rate = compat.setter(
+        "learning_rate", "the update rule's (AEASGD, EAMSGD, Experimental), or the "
+        "workers' Keras optimizer's (DOWNPOUR, ADAG, DynSGD)")
 
 
-class AlgorithmTrainer(AsynchronousDistributedTrainer):
-    """The trainer of an `Algorithm` (``algorithm``, a class): its workers and server run it.
-
-    Takes `AsynchronousDistributedTrainer`'s arguments and the algorithm's
-    hyperparameters (after ``communication_window``); `trainer_for` makes one.
-    """
-
-    algorithm = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        algorithm = vars(cls).get("algorithm")
-        if algorithm is None:
-            return
-        cls.default_window = algorithm.default_window
-        cls.sets_worker_learning_rate = algorithm.sets_worker_learning_rate
-        cls.averages_weights = algorithm.averages_weights
-        if "__init__" not in vars(cls):
-            cls.__init__ = _algorithm_init(algorithm)
-
-    @classmethod
-    def default_window_for(cls, num_workers):
-        return cls.algorithm.default_window_for(num_workers)
-
-    def hyperparameter_values(self):
-        """The algorithm's hyperparameters as given to this trainer, by name."""
-        return {parameter.name: getattr(self, parameter.name)
-                for parameter in self.algorithm.hyperparameters}
-
-    def make_algorithm(self):
-        """The algorithm that the workers and the server run, with this trainer's
-        hyperparameters."""
-        return self.algorithm(**self.hyperparameter_values())
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(self.hyperparameter_values())
-        return config
-
-    def check_settings(self, settings):
-        settings = super().check_settings(settings)
-        self.algorithm(**{parameter.name: getattr(settings, parameter.name)
-                          for parameter in self.algorithm.hyperparameters}).validate()
-        if settings.reuse_server_buffers and not self.algorithm.adds_commits_as_sent:
-            raise ValueError(
-                f"`reuse_server_buffers` is for rules that add commits as sent; "
-                f"{type(self).__name__}'s does not. Leave it False.")
-        return settings
-
-    def allocate_worker(self):
-        return WindowedWorker(self.master_model, algorithm=self.make_algorithm())
-
-    def allocate_parameter_server(self):
-        return parameter_servers.AlgorithmServer(
-            self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
-            algorithm=self.make_algorithm())
+# The trainer of an `Algorithm`: an `AsynchronousDistributedTrainer` whose class names one.
+AlgorithmTrainer = AsynchronousDistributedTrainer
 
 
-def trainer_for(algorithm, name=None):
-    """A trainer class (an `AlgorithmTrainer`) for an `Algorithm` class.
+def trainer_for(algorithm, name=None, module=None):
+    """A trainer class (an `AsynchronousDistributedTrainer`) for an `Algorithm` class.
 
     Args:
         algorithm: The `algorithms.Algorithm` subclass.
-        name: The class name (default: the algorithm's, plus ``Trainer``). Assign the
-            class to that name in the algorithm's module, so that it pickles.
+        name: The class name (default: the algorithm's, plus ``Trainer``).
+        module: The module the class is assigned in, under ``name``, so that it pickles
+            (default: the algorithm's).
 
     Returns:
-        The new trainer class, documented by the algorithm's docstring.
+        The new trainer class, documented by the algorithm's docstring. Its constructor
+        is `AsynchronousDistributedTrainer`'s, which takes the algorithm's
+        hyperparameters by name.
     """
-    return type(name or f"{algorithm.__name__}Trainer", (AlgorithmTrainer,),
+    return type(name or f"{algorithm.__name__}Trainer", (AsynchronousDistributedTrainer,),
                 {"algorithm": algorithm, "__doc__": algorithm.__doc__,
-                 "__module__": algorithm.__module__})
+                 "__module__": module or algorithm.__module__})

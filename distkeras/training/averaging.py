@@ -30,9 +30,19 @@ def next_iterations(records):
 
 
 class AveragingPlan(Plan):
-    """Model averaging, in one barrier job or a job per epoch."""
+    """Model averaging, in one barrier job or a job per epoch.
+
+    Args:
+        run: The `run.Run` to train.
+        make_worker: ``make_worker(model)``: the worker of one epoch's job.
+        make_averaging_worker: The worker of the one job that runs every epoch.
+    """
 
     follows_learning_rate_callbacks = True
+
+    def __init__(self, run, make_worker, make_averaging_worker):
+        super().__init__(run, make_worker)
+        self.make_averaging_worker = make_averaging_worker
 
     def num_partitions(self):
         return self.settings.num_workers * self.settings.parallelism_factor
@@ -76,7 +86,7 @@ class AveragingPlan(Plan):
                                                    self.num_partitions(), on_average=end_epoch)
         server.barrier.learning_rate = run.learning_rate_of_callbacks()
         self.run_epoch_server(
-            server, self.trainer.allocate_averaging_worker(), layout, self.num_partitions(),
+            server, self.make_averaging_worker(), layout, self.num_partitions(),
             label_shapes, f"distkeras {run.label} ({settings.num_workers} workers, "
             f"{settings.num_epoch} epochs)", Replay(settings.num_epoch, shuffle), failures,
             barrier=True)
@@ -91,7 +101,7 @@ class AveragingPlan(Plan):
             run.begin_epoch(epoch + 1)
             layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle,
                                           seed=None if not shuffle else epoch)
-            worker = self.trainer.allocate_worker(model)
+            worker = self.make_worker(model)
             self.configure_worker(worker)
             self.run_epoch_job(model, worker, layout, frame, label_shapes, epoch)
             # The last epoch: the returned model, at the end.

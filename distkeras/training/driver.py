@@ -38,9 +38,11 @@ def train(trainer, dataframe, options, overrides=None):
     run_id, label = begin_run(type(trainer).__name__)
     try:
         verbose = resolve_verbose(options["verbose"])
-        run = Run(trainer, trainer.settings(**(overrides or {})), label, verbose,
-                  options["checkpoint_dir"], options["checkpoint_every"], options["resume"])
-        return _train(trainer.plan(run), dataframe, options)
+        settings = trainer.settings(**(overrides or {}))
+        run = Run(settings, label, verbose, options["checkpoint_dir"],
+                  options["checkpoint_every"], options["resume"], name=type(trainer).__name__,
+                  workers_optimizer=worker_setup.workers_optimizer(trainer, settings))
+        return _train(trainer, trainer.make_plan(run), dataframe, options)
     finally:
         end_run(run_id)
 
@@ -51,7 +53,7 @@ def check_checkpointing(plan):
     if not plan.keeps_center:
         if run.checkpoint_dir is not None or run.resume:
             raise ValueError(
-                f"{type(run.trainer).__name__} keeps no center variable to checkpoint: "
+                f"{run.name} keeps no center variable to checkpoint: "
                 "checkpoint_dir and resume need a parameter-server trainer (ADAG, DOWNPOUR, "
                 "AEASGD, EAMSGD, DynSGD, Experimental or your own).")
         return
@@ -61,9 +63,9 @@ def check_checkpointing(plan):
         check_number("checkpoint_every", run.checkpoint_every)
 
 
-def _train(plan, dataframe, options):
+def _train(trainer, plan, dataframe, options):
     run, settings = plan.run, plan.settings
-    name = type(run.trainer).__name__
+    name = run.name
     check_checkpointing(plan)
     frame_checks.check_spark_dataframe(dataframe)
     callbacks = check_callbacks(
@@ -85,7 +87,8 @@ def _train(plan, dataframe, options):
         # Collecting and counting are Spark jobs of their own: done before the clock.
         run.validator = preparation.make_validator(
             run, validation_frame, callbacks,
-            lambda model: worker_setup.compile_returned(run.trainer, settings, model))
+            lambda model: worker_setup.compile_returned(run.workers_optimizer, settings,
+                                                        model))
         run.progress_total = plan.samples_for_progress(frame) \
             if run.verbose or run.validator else None
         if run.validator is not None and run.progress_total:
@@ -99,15 +102,15 @@ def _train(plan, dataframe, options):
         finally:
             run.training_time = time.time() - start
             run.history.sort(key=lambda r: (r["timestamp"], r["worker_id"], r["iteration"]))
-            results.keep(run.trainer, run)
+            results.keep(trainer, run)
         model = plan.compile(model)
-        if run.trainer.averages_weights:
+        if trainer.averages_weights:
             batch_statistics.measure_again(model, dataframe, settings.features_col,
                                            settings.label_col)
         validated = len(run.validation_history())
         validate_returned(plan, model)
         run.returned_records = run.returned_validation(validated)
-        results.keep(run.trainer, run)
+        results.keep(trainer, run)
         report_returned_validation(run.label, run.returned_records, run.verbose)
         return model
 

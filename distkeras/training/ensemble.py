@@ -21,7 +21,7 @@ class EnsemblePlan(Plan):
         run, settings = self.run, self.settings
         count = settings.num_ensembles
         layout = frame_layout.lay_out(frame, count, shuffle, seed=settings.seed)
-        worker = self.trainer.allocate_worker()
+        worker = self.make_worker()
         self.configure_worker(worker)
         description = f"{run.label} ({count} models)"
         job_group = self.new_job_group()

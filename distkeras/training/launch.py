@@ -16,9 +16,10 @@ from distkeras.training.spark_jobs import (UNRETRYABLE, arrow_training_job, feed
 from distkeras.transport import networking
 
 
-def new_job_group(trainer):
-    """A Spark job group of its own for one run of workers (to cancel them as one)."""
-    return f"distkeras-{id(trainer)}-{time.time_ns()}"
+def new_job_group(run):
+    """A Spark job group of its own for one Spark job of ``run`` (to cancel its tasks as
+    one)."""
+    return f"distkeras-{id(run)}-{time.time_ns()}"
 
 
 def slots_for_one_job(run, frame, num_tasks):

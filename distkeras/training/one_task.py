@@ -22,19 +22,30 @@ logger = logging.getLogger(__name__)
 
 
 class OneTaskPlan(Plan):
-    """One replica trained in one Spark task (or one per epoch), as `fit` would."""
+    """One replica trained in one Spark task (or one per epoch), as `fit` would.
+
+    Args:
+        run: The `run.Run` to train.
+        make_worker: Returns the worker of a task (a `SequentialWorker`).
+        make_epoch_worker: Returns the worker of the one task that runs every epoch when
+            the driver acts at epoch ends; None: each epoch is a task of its own.
+    """
 
     follows_learning_rate_callbacks = True
+
+    def __init__(self, run, make_worker, make_epoch_worker=None):
+        super().__init__(run, make_worker)
+        self.make_epoch_worker = make_epoch_worker
 
     def train(self, frame, label_shapes, shuffle):
         from distkeras.keras_io.archives import deserialize_model, serialize_model
 
-        run, settings, trainer = self.run, self.settings, self.trainer
+        run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
         lent_state = self.lent_optimizer_state()
         if run.validator is None:
             layout = frame_layout.lay_out(frame, 1, shuffle)
-            worker = trainer.allocate_worker()
+            worker = self.make_worker()
             if lent_state is not None:
                 worker.spec = worker.spec.replace(optimizer_state=lent_state)
             message = self.run_sequential(layout, worker, label_shapes, run.label,
@@ -44,7 +55,7 @@ class OneTaskPlan(Plan):
             return model
         if lent_state is not None:
             model_state.set_optimizer_state(run.validator.model, lent_state)
-        if settings.num_epoch > 1 and trainer.runs_epochs_in_one_task() \
+        if settings.num_epoch > 1 and self.make_epoch_worker is not None \
                 and self.slots_for_one_job(frame, 1):
             return self.train_in_one_task(frame, label_shapes, shuffle)
         with frame_layout.kept_for_epochs(frame, settings.num_epoch):
@@ -73,7 +84,7 @@ class OneTaskPlan(Plan):
             self.settings.master_model, model_state.get_optimizer_state(driver_model),
             on_epoch_end=end_epoch)
         self.run_epoch_server(
-            server, self.trainer.allocate_epoch_worker(),
+            server, self.make_epoch_worker(),
             frame_layout.lay_out(frame, 1, shuffle), 1, label_shapes,
             f"distkeras {run.label} ({num_epoch} epochs)", Replay(num_epoch, shuffle),
             failures)
@@ -147,9 +158,9 @@ class OneTaskPlan(Plan):
         for epoch in range(1, num_epoch + 1):
             run.begin_epoch(epoch)
             run.optimizer_state = model_state.get_optimizer_state(driver_model)
-            worker = self.trainer.allocate_worker()
+            worker = self.make_worker()
             if not isinstance(worker, SequentialWorker):
-                raise TypeError(f"{type(self.trainer).__name__}.allocate_worker() must return "
+                raise TypeError(f"{run.name}.allocate_worker() must return "
                                 f"a SequentialWorker. Received: {type(worker).__name__}")
             # This epoch's starting weights and optimizer state.
             worker.spec = worker.spec.replace(model_bytes=serialize_model(model),

@@ -1,9 +1,9 @@
 """The parameter-server plan: workers train asynchronously against a server on the driver.
 
 One Spark job of ``num_workers * parallelism_factor`` tasks, each replaying its partition
-for every epoch, exchanging with the trainer's parameter server (`allocate_parameter_server`)
-while a `TrainingMonitor` draws the progress, ends the epochs (validation, callbacks),
-saves checkpoints and stops workers that stall.
+for every epoch, exchanging with the parameter server the plan makes (its factory is the
+trainer's `allocate_parameter_server`) while a `TrainingMonitor` draws the progress, ends
+the epochs (validation, callbacks), saves checkpoints and stops workers that stall.
 """
 
 import logging
@@ -24,24 +24,36 @@ logger = logging.getLogger(__name__)
 
 
 class ParameterServerPlan(Plan):
-    """Asynchronous workers against a parameter server, in one Spark job."""
+    """Asynchronous workers against a parameter server, in one Spark job.
+
+    Args:
+        run: The `run.Run` to train.
+        make_worker: Returns the worker every task runs (the trainer's
+            ``allocate_worker``).
+        make_server: Returns the parameter server (the trainer's
+            ``allocate_parameter_server``).
+    """
 
     follows_learning_rate_callbacks = True
     keeps_center = True
+
+    def __init__(self, run, make_worker, make_server):
+        super().__init__(run, make_worker)
+        self.make_server = make_server
 
     def num_partitions(self):
         return self.settings.num_workers * self.settings.parallelism_factor
 
     def train(self, frame, label_shapes, shuffle):
-        run, settings, trainer = self.run, self.settings, self.trainer
+        run, settings = self.run, self.settings
         spark = frame.sparkSession
-        warn_if_speculative(spark.sparkContext, type(trainer).__name__)
+        warn_if_speculative(spark.sparkContext, run.name)
         layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle)
-        server = trainer.allocate_parameter_server()
+        server = self.make_server()
         run.worker_host = driver_address(spark)
         run.server = server
         if run.resume:
-            restore(server, run.checkpoint_dir, type(trainer).__name__)
+            restore(server, run.checkpoint_dir, run.name)
         job_group = self.new_job_group()
         run.begin_epoch(1)  # the monitor begins the later ones as the epochs end
         self.hand_learning_rate_to(server)
@@ -55,7 +67,7 @@ class ParameterServerPlan(Plan):
             with serving(server, run, spark, job_group, self.num_partitions(),
                          lambda server: self.monitor(server, spark, job_group),
                          cancel_on_error=True) as served:
-                worker = trainer.allocate_worker()
+                worker = self.make_worker()
                 worker_setup.configure_parameter_server_worker(run, worker)
                 self.run_workers(layout, self.num_partitions(), worker, label_shapes,
                                  f"distkeras {run.label} ({settings.num_workers} workers)",
@@ -88,11 +100,11 @@ class ParameterServerPlan(Plan):
         if errors:
             raise TrainingError(f"The parameter server failed: {errors[0]}")
         if run.checkpoint_dir is not None:
-            save_checkpoint(run.checkpoint_dir, server, type(trainer).__name__)
-        warn_if_nothing_committed(type(trainer).__name__, server.num_updates - updates_before,
+            save_checkpoint(run.checkpoint_dir, server, run.name)
+        warn_if_nothing_committed(run.name, server.num_updates - updates_before,
                                   server, worker, run.history)
         if monitor is None or not monitor.stopped_by_callback:
-            warn_if_trained_short(type(trainer).__name__, worker, run.history,
+            warn_if_trained_short(run.name, worker, run.history,
                                   run.progress_total, settings.num_epoch)
         return server.get_model()
 
@@ -101,7 +113,7 @@ class ParameterServerPlan(Plan):
         run, settings = self.run, self.settings
         return TrainingMonitor(server, spark.sparkContext, job_group, run.progress_total,
                                run.verbose, settings.worker_timeout,
-                               type(self.trainer).__name__, run.checkpoint_dir,
+                               run.name, run.checkpoint_dir,
                                run.checkpoint_every, validator=run.validator,
                                num_epoch=settings.num_epoch, num_tasks=self.num_partitions(),
                                label=run.label,
@@ -145,7 +157,7 @@ class ParameterServerPlan(Plan):
         if folder is None or server.num_updates == updates_before:
             return
         try:
-            updates = save_checkpoint(folder, server, type(self.trainer).__name__)
+            updates = save_checkpoint(folder, server, self.run.name)
         except Exception as error:  # the training's own error is the one to raise
             logger.warning("Could not write the last checkpoint to %s: %s", folder, error)
             return

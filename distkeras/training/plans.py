@@ -1,8 +1,10 @@
 """Execution plans: how one run trains, in Spark jobs and servers on the driver.
 
-A trainer class names its plan (``Trainer.plan``); `driver.train` makes one per run. A plan
-declares what it can do as class attributes, which the driver reads instead of testing the
-trainer's class:
+A trainer class names its plan (``Trainer.plan``) and makes one per run
+(`Trainer.make_plan`), giving it the parts it needs: a worker factory (and, for a
+parameter server, a server factory). A plan never calls back into the trainer. It
+declares what it can do as class attributes, which the driver reads instead of testing
+the trainer's class:
 
 - ``follows_learning_rate_callbacks``: a learning rate that ``ReduceLROnPlateau`` or
   ``LearningRateScheduler`` sets reaches the workers (for the next epoch).
@@ -29,16 +31,18 @@ class Plan:
 
     Args:
         run: The `run.Run` to train.
+        make_worker: Returns a new worker for the run's tasks (the trainer's
+            ``allocate_worker``).
     """
 
     follows_learning_rate_callbacks = False
     watches_one_model = True
     keeps_center = False
 
-    def __init__(self, run):
+    def __init__(self, run, make_worker=None):
         self.run = run
-        self.trainer = run.trainer
         self.settings = run.settings
+        self.make_worker = make_worker
 
     def train(self, frame, label_shapes, shuffle):
         """Trains on ``frame`` (laid out by the plan); returns the model(s), not compiled."""
@@ -50,7 +54,7 @@ class Plan:
 
     def compile(self, model):
         """Compiles the returned model (each of a list) as `worker_setup.compile_returned`."""
-        return worker_setup.compile_returned(self.trainer, self.settings, model)
+        return worker_setup.compile_returned(self.run.workers_optimizer, self.settings, model)
 
     def finalize_weights(self, model):
         """Gives the returned ``model`` the weights `fit` ends with, from its optimizer's
@@ -61,13 +65,13 @@ class Plan:
     # -- shared steps -------------------------------------------------------------------
 
     def new_job_group(self):
-        """A Spark job group of the run's own (the trainer's `Trainer.new_job_group`)."""
-        return self.trainer.new_job_group()
+        """A Spark job group of the run's own (`launch.new_job_group`)."""
+        return launch.new_job_group(self.run)
 
     def slots_for_one_job(self, frame, num_tasks):
-        """Whether one Spark job can hold ``num_tasks`` tasks waiting at epoch ends (the
-        trainer's `Trainer.slots_for_one_job`)."""
-        return self.trainer.slots_for_one_job(frame, num_tasks, self.run)
+        """Whether one Spark job can hold ``num_tasks`` tasks waiting at epoch ends
+        (`launch.slots_for_one_job`)."""
+        return launch.slots_for_one_job(self.run, frame, num_tasks)
 
     def run_workers(self, *args, **kwargs):
         """`launch.run_workers`."""

@@ -1,13 +1,15 @@
 """Trainer classes by name: the built-ins and plug-ins installed on this machine.
 
-A package can add its own trainer (for example a researcher's new optimizer installed on
-the cluster) with an entry point in the group ``distkeras.trainers``::
+The built-ins are the three sequential trainers and one trainer per registered algorithm
+(`algorithms.register`, `algorithm_trainers`). A package can add its own trainer (for
+example a researcher's new optimizer installed on the cluster) with an entry point in the
+group ``distkeras.trainers``::
 
     [project.entry-points."distkeras.trainers"]
     MyOptimizer = "my_package.optimizers:MyOptimizer"
 
 The entry point names a `Trainer` class, or an `algorithms.Algorithm` class, whose trainer
-(`trainers.trainer_for`) is then made here.
+(`asynchronous.trainer_for`) is then made here.
 
 Only registered classes can be run by name (the command line and the job server), so a
 name sent over the network never leads to importing arbitrary code.
@@ -17,18 +19,25 @@ import inspect
 import logging
 from importlib import metadata
 
+from distkeras import algorithms
+from distkeras.training.algorithm_trainers import builtin_trainers
+from distkeras.training.asynchronous import trainer_for
+from distkeras.training.sequential import AveragingTrainer, EnsembleTrainer, SingleTrainer
+from distkeras.training.trainer import Trainer
+
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "distkeras.trainers"
-BUILTIN_TRAINERS = ("SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR", "ADAG",
-                    "AEASGD", "EAMSGD", "DynSGD", "Experimental", "DiLoCo", "FedAdam")
+_SEQUENTIAL = {cls.__name__: cls for cls in (SingleTrainer, AveragingTrainer,
+                                              EnsembleTrainer)}
+# The built-ins' names when this module was imported (`trainer_classes` reads the
+# algorithms registered since too).
+BUILTIN_TRAINERS = (*_SEQUENTIAL, *algorithms.registered())
 
 
 def trainer_classes():
     """All runnable trainer classes by name: built-ins first, then installed plug-ins."""
-    from distkeras import algorithms, trainers
-
-    classes = {name: getattr(trainers, name) for name in BUILTIN_TRAINERS}
+    classes = dict(_SEQUENTIAL, **builtin_trainers())
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry_point.name in classes:
             logger.warning("Plug-in trainer %r ignored: a built-in has that name.",
@@ -40,8 +49,8 @@ def trainer_classes():
             logger.warning("Plug-in trainer %r could not be loaded: %s", entry_point.name, error)
             continue
         if inspect.isclass(loaded) and issubclass(loaded, algorithms.Algorithm):
-            loaded = trainers.trainer_for(loaded, entry_point.name)
-        if inspect.isclass(loaded) and issubclass(loaded, trainers.Trainer):
+            loaded = trainer_for(loaded, entry_point.name)
+        if inspect.isclass(loaded) and issubclass(loaded, Trainer):
             classes[entry_point.name] = loaded
         else:
             logger.warning("Plug-in %r is not a distkeras Trainer or Algorithm class; "

@@ -42,19 +42,24 @@ class Run:
     """The state of one `train()`; the plan (`plans.Plan`) trains through it.
 
     Args:
-        trainer: The trainer (its hooks: ``allocate_worker``, ...); never modified.
         settings: The run's `settings.Settings`.
         label: The run's name in its progress, Spark jobs and result lines.
         verbose: The resolved verbosity (0, 1 or 2).
         checkpoint_dir: As `train()` takes it.
         checkpoint_every: As `train()` takes it.
         resume: As `train()` takes it.
+        name: The trainer's class name, for messages and checkpoints.
+        workers_optimizer: The optimizer the workers train with and the returned model
+            is compiled with (`worker_setup.workers_optimizer`); None: the settings'
+            ``worker_optimizer``.
     """
 
-    def __init__(self, trainer, settings, label, verbose, checkpoint_dir=None,
-                 checkpoint_every=60.0, resume=False):
-        self.trainer = trainer
+    def __init__(self, settings, label, verbose, checkpoint_dir=None,
+                 checkpoint_every=60.0, resume=False, name="Trainer", workers_optimizer=None):
         self.settings = settings
+        self.name = name
+        self.workers_optimizer = settings.worker_optimizer if workers_optimizer is None \
+            else workers_optimizer
         self.label = label
         self.verbose = verbose
         self.checkpoint_dir = checkpoint_dir

@@ -42,6 +42,10 @@ class SingleTrainer(Trainer):
                          loss_weights=loss_weights, features_col=features_col,
                          label_col=label_col, batch_size=batch_size, num_epoch=num_epoch)
 
+    def make_plan(self, run):
+        return self.plan(run, self.allocate_worker, self.allocate_epoch_worker
+                         if self.runs_epochs_in_one_task() else None)
+
     def allocate_worker(self):
         return SequentialWorker(self.master_model)
 
@@ -87,6 +91,9 @@ class AveragingTrainer(DistributedTrainer):
                          features_col=features_col, label_col=label_col,
                          num_epoch=num_epoch, loss_weights=loss_weights,
                          parallelism_factor=parallelism_factor)
+
+    def make_plan(self, run):
+        return self.plan(run, self.allocate_worker, self.allocate_averaging_worker)
 
     def allocate_worker(self, model):
         """The worker of one epoch's job (each epoch a Spark job)."""
@@ -143,6 +150,9 @@ class EnsembleTrainer(DistributedTrainer):
             check_int("seed", settings.seed, minimum=0,
                       maximum=2**32 - settings.num_ensembles)
         return super().check_settings(settings.replace(num_workers=settings.num_ensembles))
+
+    def make_plan(self, run):
+        return self.plan(run, self.allocate_worker)
 
     def allocate_worker(self):
         return EnsembleWorker(self.master_model, seed=self.seed)

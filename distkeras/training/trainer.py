@@ -2,19 +2,20 @@
 
 The constructor stores the arguments and nothing changes them afterwards: `train()`
 resolves them into a frozen `settings.Settings`, makes a `run.Run` that owns the run's
-state and hands it to the class's execution plan (``plan``, see `plans`). The results are
-the last run's (`results.ResultAccessors`).
+state and hands it to the execution plan the trainer makes (`make_plan`: its class's
+``plan`` given the parts it needs, see `plans`). The getters read the last run's
+`run.RunResults` (`results`).
 """
 
-from distkeras import compat
+from distkeras.tools.history import average_history
+from distkeras.training import compat
 from distkeras.training import driver
-from distkeras.training import launch
+from distkeras.training import results
 from distkeras.training import settings as settings_module
-from distkeras.training.results import ResultAccessors
 from distkeras.training.worker_setup import compile_returned, workers_optimizer
 
 
-class Trainer(ResultAccessors, compat.TrainerAccessors):
+class Trainer:
     """Base of every trainer: stores the settings and reads the results of the last run.
 
     Args:
@@ -45,6 +46,7 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
     averages_weights = False
     # The execution plan of a run (a `plans.Plan` class); subclasses name theirs.
     plan = None
+    _results = results.NO_RESULTS
 
     def __init__(self, keras_model, worker_optimizer=None, loss=None, metrics=None,
                  loss_weights=None, features_col="features", label_col="label",
@@ -126,7 +128,7 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
         """Compiles ``model`` as `train()` compiles the model it returns (the workers'
         optimizer, the loss, the metrics, the given model's execution options); returns
         it."""
-        return compile_returned(self, self.settings(), model)
+        return compile_returned(self._workers_optimizer(), self.settings(), model)
 
     # -- training -----------------------------------------------------------------------
 
@@ -192,28 +194,82 @@ class Trainer(ResultAccessors, compat.TrainerAccessors):
                        validation_data=validation_data, callbacks=callbacks)
         return driver.train(self, dataframe, options, overrides)
 
-    # -- seams of the plans (tests and subclasses replace them) -------------------------
-
-    def new_job_group(self):
-        """A Spark job group of its own for one run of workers (to cancel them as one).
-
-        Returns:
-            The job group's name (`launch.new_job_group`).
-        """
-        return launch.new_job_group(self)
-
-    def slots_for_one_job(self, frame, num_tasks, run):
-        """Whether Spark can run ``num_tasks`` tasks of ``run`` at once
-        (`launch.slots_for_one_job`).
+    def make_plan(self, run):
+        """The execution plan of ``run`` (the class's ``plan``), given the parts it needs
+        (the trainer's workers, its server): the plan never calls back into the trainer.
 
         Args:
-            frame: The DataFrame the tasks train on, laid out for the workers.
-            num_tasks: The tasks that must run at once (waiting at each epoch's end).
-            run: The `run.Run` they belong to.
+            run: The `run.Run` to train.
         """
-        return launch.slots_for_one_job(run, frame, num_tasks)
+        raise NotImplementedError(f"{type(self).__name__} names no execution plan.")
 
     def _workers_optimizer(self):
         """The optimizer the workers train with, from the stored settings
         (`worker_setup.workers_optimizer`)."""
         return workers_optimizer(self, self)
+
+    # -- results of the last run (`results`) ---------------------------------------------
+
+    @property
+    def parameter_server(self):
+        """The server of the last `train()` in this process (None before one, or where
+        the run had none)."""
+        return results.last_server(self)
+
+    def get_training_time(self):
+        """Wall-clock seconds of the last `train()`."""
+        return self._results.training_time
+
+    def get_history(self):
+        """One record per training step of the last `train()`.
+
+        Returns:
+            A list of dicts with ``worker_id``, ``iteration``, ``timestamp``,
+            ``batch_size``, ``epoch``, the loss and the metrics.
+
+        Notes:
+            When Spark retried a worker's failed task, the records of its steps carry
+            ``attempt``: the worker's attempts in the order they started, from 0. Those of
+            the failed attempt's steps that the retry trained again carry
+            ``superseded=True``. Their commits were applied to the center, but they do not
+            count in the progress, the epochs' ends, `get_averaged_history` or
+            `get_executor_history`.
+        """
+        return list(self._results.history)
+
+    def get_averaged_history(self):
+        """The history averaged over workers, step by step within each epoch: a dict of
+        numpy arrays by name (``iteration``, ``epoch``, ``loss``, each metric, ...; see
+        `distkeras.utils.average_history`)."""
+        return average_history(self._results.history)
+
+    def get_executor_history(self, worker_id):
+        """The step records of one worker (its partition index), of its final attempt
+        where Spark retried it, as `get_history` gives them. An id without records (a
+        typo, or a worker whose partition had no rows) gives an empty list and a warning
+        naming the ids that have records."""
+        return results.executor_history(self._results.history, worker_id)
+
+    def get_validation_history(self):
+        """One record per evaluation of the validation data in the last `train()`: dicts
+        with ``epoch``, ``samples``, ``timestamp``, ``loss`` (the epoch's mean step loss,
+        where known), ``val_loss`` and ``val_<metric>``."""
+        return list(self._results.validation_history)
+
+    # -- dist-keras's getters and setters (`compat`) -------------------------------------
+
+    def set_model(self, model):
+        """Trains ``model`` (a `keras.Model`) from now on, as ``keras_model`` would."""
+        self.master_model = model
+
+    def has_history(self):
+        """Whether the last `train()` recorded any step."""
+        return len(self.get_history()) > 0
+
+    set_max_prefetch = compat.set_max_prefetch
+    get_features_column = compat.getter("features_col")
+    get_label_column = compat.getter("label_col")
+    get_minibatch_size = compat.getter("batch_size")
+    set_minibatch_size = compat.setter("batch_size", "the rows per minibatch")
+    get_num_epoch = compat.getter("num_epoch")
+    set_num_epoch = compat.setter("num_epoch", "the passes over the data")

@@ -70,17 +70,17 @@ def execution_options(model):
                                             "run_eagerly") if name in config}
 
 
-def compile_returned(trainer, settings, model):
-    """Compiles ``model`` as a run of ``trainer`` with ``settings`` returns it: with the
-    workers' optimizer, the loss, the metrics and the given model's execution options;
-    returns it."""
+def compile_returned(optimizer, settings, model):
+    """Compiles ``model`` as a run with ``settings`` returns it: with the workers'
+    ``optimizer`` (`workers_optimizer`), the loss, the metrics and the given model's
+    execution options; returns it."""
     from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
                                                    serialize_keras_object)
 
     # From configs, so the returned model never shares optimizer state with objects the
     # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
     model.compile(**compile_arguments(
-        optimizer_as_compiled(workers_optimizer(trainer, settings), settings.master_model),
+        optimizer_as_compiled(optimizer, settings.master_model),
         serialize_keras_object(settings.loss),
         serialize_keras_object(settings.metrics), settings.loss_weights,
         serialize_keras_object(settings.weighted_metrics), model=model),
@@ -99,8 +99,7 @@ def configure_worker(run, worker):
 
     settings = run.settings
     defaults = {
-        "optimizer": optimizer_as_compiled(workers_optimizer(run.trainer, settings),
-                                           settings.master_model),
+        "optimizer": optimizer_as_compiled(run.workers_optimizer, settings.master_model),
         "loss": settings.loss,
         "loss_weights": settings.loss_weights, "metrics": settings.metrics,
         "features_col": settings.features_col, "label_col": settings.label_col,

@@ -9,6 +9,7 @@ from conftest import build_mlp
 from distkeras.networking import recv_data
 from distkeras.parameter_servers import SocketParameterServer
 from distkeras.trainers import AsynchronousDistributedTrainer
+from distkeras.training import launch
 from distkeras.workers import NetworkWorker
 
 
@@ -256,7 +257,8 @@ class TypoParameterServer(SocketParameterServer):
             self.center_variable = self.center_variable + data["deltaa"]  # a typo
 
 
-def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_train):
+def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_train,
+                                                                     monkeypatch):
     """The workers saw only their closed connection ("PeerClosedError"), and Spark
     retried each of them, the handler raising again each time."""
     from distkeras.trainers import TrainingError
@@ -270,7 +272,7 @@ def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_tr
 
     trainer = Typo(keras_model=build_mlp(16), worker_optimizer="adam",
                    loss="categorical_crossentropy", num_workers=2, communication_window=2)
-    trainer.new_job_group = lambda: "distkeras-test-typo-server"
+    monkeypatch.setattr(launch, "new_job_group", lambda run: "distkeras-test-typo-server")
     with pytest.raises(TrainingError,
                        match=r"The TypoParameterServer failed: KeyError: 'deltaa'"):
         trainer.train(fashion_train.limit(256), verbose=0)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from distkeras.training import launch
+
 
 def _two_tower_model():
     import keras
@@ -491,7 +493,8 @@ def _task_attempts(spark, job_group):
     return failed, launched
 
 
-def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(spark):
+def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(spark,
+                                                                               monkeypatch):
     """On `local[2,4]` (a cluster's 4 attempts) a task that failed on a NaN would run
     4 times, each training again up to the same row, before the same error."""
     import keras
@@ -504,7 +507,7 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
     frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target")
-    trainer.new_job_group = lambda: "distkeras-test-invalid-rows-single"
+    monkeypatch.setattr(launch, "new_job_group", lambda run: "distkeras-test-invalid-rows-single")
     with pytest.raises(TrainingError, match=r"partition 0 failed: InvalidDataError: Column "
                                             r"'target' holds 1 NaN or infinite") as caught:
         trainer.train(frame, verbose=0)
@@ -514,7 +517,8 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap):
+def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap,
+                                                                  monkeypatch):
     """ADAG: the worker whose partition holds a null tells the driver, which stops the
     other worker (which would otherwise train its 3,000 epochs) and names the rows; with
     overlapped communication too, whose exchange in flight shares the socket."""
@@ -535,7 +539,8 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
     trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
                    num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2,
                    overlap_communication=overlap)
-    trainer.new_job_group = lambda: f"distkeras-test-invalid-rows-adag-{overlap}"
+    monkeypatch.setattr(launch, "new_job_group",
+                        lambda run: f"distkeras-test-invalid-rows-adag-{overlap}")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
     try:
         with pytest.raises(TrainingError, match=r"partition \d failed: InvalidDataError: "

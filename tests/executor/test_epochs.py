@@ -89,12 +89,20 @@ def _row_recording_trainer():
             return message
 
     class RowRecordingPlan(EnsemblePlan):
+        def __init__(self, run, make_worker, messages):
+            super().__init__(run, make_worker)
+            self.messages = messages
+
         def run_workers(self, *args, **kwargs):
-            self.trainer.messages = super().run_workers(*args, **kwargs)
-            return self.trainer.messages
+            self.messages[:] = super().run_workers(*args, **kwargs)
+            return self.messages
 
     class RowRecordingEnsemble(EnsembleTrainer):
         plan = RowRecordingPlan
+
+        def make_plan(self, run):
+            self.messages = []
+            return self.plan(run, self.allocate_worker, self.messages)
 
         def allocate_worker(self):
             return RowRecordingWorker(self.master_model, seed=self.seed)

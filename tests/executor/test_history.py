@@ -7,6 +7,7 @@ from conftest import build_mlp
 
 from distkeras.transport import networking
 from distkeras.executor import step_history
+from distkeras.training import launch
 
 
 def test_long_history_travels_in_one_frame():
@@ -88,7 +89,7 @@ def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
                                                        fashion_train.schema)
     trainer = AveragingTrainer(build_mlp(16), "adam", "categorical_crossentropy",
                                num_workers=2, num_epoch=3)
-    monkeypatch.setattr(trainer, "slots_for_one_job", lambda *args: False)
+    monkeypatch.setattr(launch, "slots_for_one_job", lambda *args: False)
     trainer.train(frame, verbose=0)
 
     for worker, steps in ((0, 10), (1, 6)):

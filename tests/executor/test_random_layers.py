@@ -10,6 +10,8 @@ equal masks.
 import numpy as np
 import pytest
 
+from distkeras.training import launch
+
 DIM = 16
 ROWS = 64  # per worker
 
@@ -71,7 +73,7 @@ def test_a_job_per_epoch_draws_new_masks_every_epoch(ones, monkeypatch):
 
     trainer = trainers.AveragingTrainer(_model(seed=42), num_workers=2, num_epoch=2,
                                         **_settings())
-    monkeypatch.setattr(trainer, "slots_for_one_job", lambda *args: False)
+    monkeypatch.setattr(launch, "slots_for_one_job", lambda *args: False)
     trainer.train(ones)
     assert _losses(trainer, 0, epoch=0) != _losses(trainer, 0, epoch=1)
 

@@ -59,7 +59,7 @@ def test_a_dist_keras_script_trains_as_written(fashion_train, fashion_test, capl
     trainer.set_parallelism_factor(2)
     trainer.set_minibatch_size(20)
     trainer.set_num_epoch(2)
-    with caplog.at_level(logging.WARNING, logger="distkeras.compat"):
+    with caplog.at_level(logging.WARNING, logger="distkeras.training.compat"):
         trainer.set_max_prefetch(100)
     assert any("no effect" in record.getMessage() for record in caplog.records)
     trained = trainer.train(dataset, verbose=0)

@@ -138,12 +138,12 @@ def test_stated_defaults_match_the_code():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
             if window.startswith("workers, at most "):  # ADAG's: min(num_workers, N)
-                assert int(window.split()[-1]) == cls.default_window, name
+                assert int(window.split()[-1]) == cls.default_window_for(10**6), name
                 assert [cls.default_window_for(n) for n in (1, 2, 40)] == \
-                    [1, 2, cls.default_window], name
+                    [1, 2, cls.default_window_for(10**6)], name
             else:
-                assert int(window) == cls.default_window, name
-                assert cls.default_window_for(40) == cls.default_window, name
+                assert int(window) == cls.default_window_for(10**6), name
+                assert cls.default_window_for(40) == cls.default_window_for(10**6), name
         _check_defaults(cls, others, name)
 
 
@@ -156,7 +156,7 @@ def _check_defaults(cls, text, where):
     for key, value in stated:
         if key == "communication_window":
             assert issubclass(cls, trainers.AsynchronousDistributedTrainer), where
-            assert int(value) == cls.default_window, where
+            assert int(value) == cls.default_window_for(10**6), where
         else:
             assert key in parameters, (where, key)
             assert repr(parameters[key].default) == value, (where, key)

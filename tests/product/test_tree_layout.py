@@ -67,10 +67,10 @@ FACES = {
 }
 # Top-level modules that are not faces, each for a reason: the package itself, the
 # exception hierarchy and the Spark session every script starts with (imported by the
-# package, below every subpackage), dist-keras's trainer accessors (`compat`), and the
+# package, below every subpackage), and the
 # trainers: dist-keras's trainer classes by their dist-keras names (declarations of the
 # built-in algorithms' trainers over `distkeras.training`), the module users import.
-NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
+NOT_FACES = {"__init__", "errors", "session", "trainers"}
 # A face checked elsewhere: tests/data/test_data_layout.py (complete, as documented).
 OTHER_FACES = {"distkeras.datasets"}
 # dist-keras's aliases, defined by the face itself.

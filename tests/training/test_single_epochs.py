@@ -11,6 +11,8 @@ from conftest import build_mlp
 from ps_support import Client, assert_weights_equal, expect_closed_by_server, layers
 from test_validation import _frame
 
+from distkeras.training import launch
+
 
 # -- the server ----------------------------------------------------------------------------
 
@@ -280,7 +282,7 @@ def test_a_task_per_epoch_retried_numbers_its_steps_on(spark, fashion_test, monk
         def allocate_worker(self):
             return FailingOnceWorker(self.master_model)
 
-    monkeypatch.setattr(trainers.SingleTrainer, "slots_for_one_job", lambda *args: False)
+    monkeypatch.setattr(launch, "slots_for_one_job", lambda *args: False)
     images, labels = fashion_test
     frame = _frame(spark, images[:320], labels[:320])
     trainer = FailingOnceSingle(build_mlp(16), "adam", "categorical_crossentropy",

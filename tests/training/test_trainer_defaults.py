@@ -66,11 +66,11 @@ def test_eamsgd_adds_its_momentum_only_to_optimizers_without_their_own(optimizer
                  "OPTIMIZER_RMSPROP_MOMENTUM": keras.optimizers.RMSprop(momentum=0.3),
                  }.get(optimizer, optimizer) if isinstance(optimizer, str) else optimizer
     trainer = EAMSGD(build_mlp(), worker_optimizer=optimizer, loss="mse")
-    assert trainer.local_momentum() == momentum
-    assert trainer.allocate_worker().momentum == momentum
+    assert trainer.make_algorithm().momentum == momentum
+    assert trainer.allocate_worker().algorithm.momentum == momentum
     assert trainer.get_config()["momentum"] is None  # what was passed, untouched
     assert EAMSGD(build_mlp(), worker_optimizer=optimizer, loss="mse",
-                  momentum=0.7).local_momentum() == 0.7
+                  momentum=0.7).make_algorithm().momentum == 0.7
 
 
 @pytest.mark.parametrize("name, averages", [

@@ -12,7 +12,7 @@ from layout_checks import private_names_taken_from_other_modules
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 TRAINING_PATH = sorted(glob.glob(os.path.join(ROOT, "distkeras", "training", "*.py"))) + [
     os.path.join(ROOT, "distkeras", name) for name in
-    ("trainers.py", "compat.py", os.path.join("executor", "epochs.py"),
+    ("trainers.py", os.path.join("executor", "epochs.py"),
      os.path.join("ml", "estimators.py"))]
 IDS = [os.path.relpath(path, ROOT) for path in TRAINING_PATH]
 

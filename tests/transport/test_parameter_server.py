@@ -665,7 +665,7 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     conf = SimpleNamespace(get=lambda key, default=None: default)
     spark = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
     trainer = AveragingTrainer(make_model(), "sgd", "mse")
-    run = Run(trainer, trainer.settings(), "test", verbose=0)
+    run = Run(trainer.settings(), "test", verbose=0)
     worker = SimpleNamespace(spec=TaskSpec())  # the driver sets its spec's address
     with Plan(run).progress(spark, worker, None, "test", "group", num_tasks=200):
         pass
