@@ -3,7 +3,7 @@
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.aeasgd import AEASGD
 from distkeras.algorithms.base import Hyperparameter
-from distkeras.training.checks import check_fraction
+from distkeras.algorithms.arguments import check_fraction
 
 
 def _check_momentum(name, value):

@@ -2,7 +2,7 @@
 
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter, staleness_discount_factor
-from distkeras.training.checks import check_fraction, check_number
+from distkeras.algorithms.arguments import check_fraction, check_number
 
 
 class FedAdam(Algorithm):

@@ -20,13 +20,12 @@ import logging
 
 import numpy as np
 
+from distkeras.transport.history_messages import INDEX_FIELD, VALUES_FIELD
+
 # Its former module's logger (`distkeras.epoch_metrics`): logging configurations that name
 # it still see its records.
 logger = logging.getLogger("distkeras.epoch_metrics")
 
-# Message fields of a report (next to a worker's step records).
-INDEX_FIELD = "metric_state_index"
-VALUES_FIELD = "metric_state_values"
 # A metric with a larger state (a MeanIoU over thousands of classes) keeps the steps' mean:
 # its reports would outgrow the frames the driver's server accepts.
 MAX_STATE_VALUES = 1 << 15

@@ -4,7 +4,8 @@
 import logging
 
 from distkeras.executor.failures import send_failure
-from distkeras.executor.step_history import ProgressReporter, pack_history
+from distkeras.executor.step_history import ProgressReporter
+from distkeras.transport.history_messages import pack_history
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
 from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_state, seed_states,

@@ -9,11 +9,11 @@ import logging
 
 from distkeras.data import dataframes
 from distkeras.data import parquet_source
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
-from distkeras.training import epoch_metrics
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
+from distkeras.transport.history_messages import (history_records, unpack_history,
+                                                  unpack_metric_states)
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -133,9 +133,9 @@ class AveragingPlan(Plan):
                 weights_array(message["weights"]) for message in trained)))
         epoch_records.extend(
             record for message in messages for record in
-            step_history.history_records(step_history.unpack_history(message)))
+            history_records(unpack_history(message)))
         for message in messages:
-            run.metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
+            run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))
         for record in epoch_records + run.metric_states[states_before:]:
             record["epoch"] = epoch
         run.history.extend(epoch_records)

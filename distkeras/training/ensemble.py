@@ -3,9 +3,9 @@
 import logging
 
 from distkeras.data import dataframes
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.training.plans import Plan
+from distkeras.transport.history_messages import history_records, unpack_history
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -39,7 +39,7 @@ class EnsemblePlan(Plan):
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
             run.history.extend(
-                step_history.history_records(step_history.unpack_history(message)))
+                history_records(unpack_history(message)))
             member = deserialize_model(serialize_model(settings.master_model))
             member.set_weights(list(message["weights"]))
             models.append(member)

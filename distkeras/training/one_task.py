@@ -9,14 +9,14 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 import logging
 
 from distkeras.data import dataframes
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.executor.sequential import SequentialWorker
 from distkeras.keras_io import model_state
-from distkeras.training import epoch_metrics
 from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
+from distkeras.transport.history_messages import (history_records, unpack_history,
+                                                  unpack_metric_states)
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -107,8 +107,8 @@ class OneTaskPlan(Plan):
             (message,) = self.run_workers(layout, 1, worker, label_shapes,
                                           f"distkeras {description}", job_group, replay)
         run.history.extend(reported)
-        run.history.extend(step_history.history_records(step_history.unpack_history(message)))
-        run.metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
+        run.history.extend(history_records(unpack_history(message)))
+        run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))
         if message.get("optimizer_state") is not None:
             run.optimizer_state = list(message["optimizer_state"])
         return message

@@ -40,16 +40,18 @@ FACES = {
     "distkeras.validation": ["distkeras.training.validation_data",
                              "distkeras.training.callbacks", "distkeras.training.validator"],
     "distkeras.monitor": ["distkeras.training.monitor"],
-    "distkeras.training_checks": ["distkeras.training.checks"],
+    "distkeras.training_checks": ["distkeras.training.checks", "distkeras.algorithms.arguments"],
     "distkeras.training_jobs": ["distkeras.training.spark_jobs"],
     "distkeras.train_options": ["distkeras.training.options"],
     "distkeras.checkpoints": ["distkeras.training.checkpoints"],
     "distkeras.batch_statistics": ["distkeras.training.batch_statistics"],
     "distkeras.epoch_metrics": ["distkeras.executor.metric_sums",
-                                "distkeras.training.epoch_metrics"],
+                                "distkeras.training.epoch_metrics",
+                                "distkeras.transport.history_messages"],
     "distkeras.registry": ["distkeras.training.registry"],
     "distkeras.epochs": ["distkeras.executor.epochs"],
-    "distkeras.step_history": ["distkeras.executor.step_history"],
+    "distkeras.step_history": ["distkeras.executor.step_history",
+                               "distkeras.transport.history_messages"],
     "distkeras.update_rules": ["distkeras.algorithms.update_rules"],
     "distkeras.storage": ["distkeras.data.storage"],
     "distkeras.executor_backend": ["distkeras.executor.backend"],
@@ -73,7 +75,12 @@ NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
                                        "BINARY_LOSSES"},
                    "distkeras.predictors": {"prediction_udf", "avoid_columnar_udf_input"},
-                   "distkeras.ml.evaluators": {"LossSpec", "loss_text", "resolve_loss"}}
+                   "distkeras.ml.evaluators": {"LossSpec", "loss_text", "resolve_loss"},
+                   "distkeras.step_history": {"INTEGRAL_FIELDS", "INDEX_FIELD", "VALUES_FIELD",
+                                              "unpack_metric_states"},
+                   "distkeras.epoch_metrics": {"INTEGRAL_FIELDS", "pack_history",
+                                               "unpack_history", "history_records",
+                                               "unpack_metric_states"}}
 # Names the face keeps for scripts and plug-ins written against it, outside its __all__.
 FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
                                              "_check_number": "check_number",
@@ -83,7 +90,8 @@ FACE_EXTRAS = {"distkeras.training_checks": {"_check_int": "check_int",
                    "_enable_compilation_cache": "enable_compilation_cache"}}
 # dist-keras's aliases, defined by the face itself.
 FACE_ALIASES = {"distkeras.utils": {"serialize_keras_model": "serialize_model",
-                                    "deserialize_keras_model": "deserialize_model"}}
+                                    "deserialize_keras_model": "deserialize_model"},
+                "distkeras.epoch_metrics": {"unpack": "unpack_metric_states"}}
 
 
 def _modules(package):
