@@ -21,11 +21,11 @@ from distkeras.punchcard.protocol import SECRET_HEADER
 
 # The server's names, by the `distkeras.punchcard` module that defines each.
 _SERVER_NAMES = {
-    "BadRequest": "submissions", "SubmissionInProgress": "submissions",
+    "BadRequest": "refusals", "SubmissionInProgress": "submissions",
     "validate_submission": "submissions", "JOB_NAME_PATTERN": "submissions",
     "MAX_WORKERS": "submissions", "MAX_PARALLELISM_FACTOR": "submissions",
-    "MAX_JSON_DEPTH": "submissions", "MAX_ARCHIVE_EXPANSION": "submissions",
-    "ARCHIVE_EXPANSION_FLOOR": "submissions",
+    "MAX_JSON_DEPTH": "submissions", "MAX_ARCHIVE_EXPANSION": "refusals",
+    "ARCHIVE_EXPANSION_FLOOR": "refusals",
     "check_keras_parts": "keras_checks",
     "ModelChecker": "model_check",
     "Punchcard": "service",

@@ -3,7 +3,7 @@ compile configuration as it travels, the step history, and DataFrame helpers.
 
 A thin face: the names live in `distkeras.keras_io.archives` (a model's bytes and files),
 `distkeras.keras_io.compile_config` (optimizers, losses and metrics as configs, and their
-checks), `distkeras.tools.history` (the step history), `distkeras.tools.dataframes`
+checks), `distkeras.training.history` (the step history), `distkeras.tools.dataframes`
 (`shuffle`, `precache`) and `distkeras.tools.legacy_utils` (dist-keras's small helpers).
 """
 
@@ -14,7 +14,7 @@ from distkeras.keras_io.compile_config import (check_compile_arguments,
                                                compile_arguments, optimizer_as_compiled,
                                                optimizer_config, serialize_keras_object)
 from distkeras.tools.dataframes import precache, shuffle
-from distkeras.tools.history import average_history, load_history, save_history
+from distkeras.training.history import average_history, load_history, save_history
 from distkeras.tools.legacy_utils import (get_os_username, history_executor,
                                           history_executors_average, json_to_dataframe_row,
                                           new_dataframe_row, pickle_object,

@@ -5,12 +5,13 @@ import logging
 
 from distkeras.executor.failures import send_failure
 from distkeras.executor.step_history import ProgressReporter
-from distkeras.transport.history_messages import pack_history
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
+from distkeras.keras_io.archives import tensorflow_only_once_imported
 from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_state, seed_states,
                                             set_optimizer_state)
 from distkeras.transport import networking
+from distkeras.transport.history_messages import pack_history
 
 # The workers' logger, as before the executor's modules moved out of `distkeras.workers`.
 logger = logging.getLogger("distkeras.workers")
@@ -97,8 +98,6 @@ class EnsembleWorker(SequentialWorker):
 
     def build_model(self):
         import keras
-
-        from distkeras.keras_io.archives import tensorflow_only_once_imported
 
         model = super().build_model()
         # On the executor: seeding an installed but unused TensorFlow would import it.

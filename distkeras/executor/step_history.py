@@ -109,7 +109,7 @@ class _BlockItem:
 
 def to_float(value):
     """A step's logged value as a Python float (JAX is imported only when needed)."""
-    from distkeras.executor import jax_steps
+    from distkeras.executor import jax_steps  # imports JAX: only once a step is logged
 
     return jax_steps.to_float(value)
 

@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+from distkeras.training.history import average_history
+
 logger = logging.getLogger(__name__)
 
 
@@ -174,8 +176,6 @@ def history_executors_average(history):
         `distkeras.utils.average_history`); dist-keras returned a list of
         ``[loss, accuracy]`` arrays: ``loss`` and ``accuracy`` are keys here.
     """
-    from distkeras.tools.history import average_history
-
     return average_history(history)
 
 

@@ -7,13 +7,17 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
+from distkeras.algorithms import update_rules
 from distkeras.data import dataframes
 from distkeras.data import parquet_source
 from distkeras.executor.epochs import Replay
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import optimizer_config
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
 from distkeras.transport.history_messages import (history_records, unpack_history,
                                                   unpack_metric_states)
+from distkeras.transport.networking import weights_array
 
 # The trainers' logger, as before this plan moved out of `distkeras.trainers`.
 logger = logging.getLogger("distkeras.trainers")
@@ -84,8 +88,6 @@ class AveragingPlan(Plan):
         return server.get_model()
 
     def train_epoch_by_epoch(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
         for epoch in range(settings.num_epoch):
@@ -105,10 +107,6 @@ class AveragingPlan(Plan):
     def run_epoch_job(self, model, worker, layout, frame, label_shapes, epoch):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
-        from distkeras.algorithms import update_rules
-        from distkeras.keras_io.compile_config import optimizer_config
-        from distkeras.transport.networking import weights_array
-
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:
             # The driver's optimizer: the worker's config, at the rate a callback set.

@@ -10,6 +10,8 @@ import numpy as np
 # until they import them from their home.
 from distkeras.algorithms.arguments import (  # noqa: F401
     check_communication_window, check_fraction, check_int, check_number)
+from distkeras.keras_io import compile_config
+from distkeras.keras_io.compile_config import serialize_keras_object
 
 
 def is_classification_loss(loss):
@@ -46,8 +48,6 @@ def compiled_without_loss(model):
 def binary_loss_logits(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) is a binary
     cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.keras_io.compile_config import BINARY_LOSSES
-
     if isinstance(loss, dict):
         name = str(loss.get("class_name", ""))
         config = loss.get("config") or {}
@@ -55,7 +55,7 @@ def binary_loss_logits(loss):
         name = loss if isinstance(loss, str) else \
             getattr(loss, "__name__", None) or type(loss).__name__
         config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return name.lower() in BINARY_LOSSES, bool(config.get("from_logits", False))
+    return name.lower() in compile_config.BINARY_LOSSES, bool(config.get("from_logits", False))
 
 
 def default_metrics(loss, model):
@@ -68,8 +68,6 @@ def default_metrics(loss, model):
     thresholded where the loss puts probability 0.5, still logged as ``accuracy``.
     """
     import keras
-
-    from distkeras.keras_io.compile_config import serialize_keras_object
 
     binary, from_logits = binary_loss_logits(loss)
     units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \

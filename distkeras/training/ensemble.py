@@ -4,6 +4,7 @@ import logging
 
 from distkeras.data import dataframes
 from distkeras.executor.epochs import Replay
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.plans import Plan
 from distkeras.transport.history_messages import history_records, unpack_history
 
@@ -17,8 +18,6 @@ class EnsemblePlan(Plan):
     watches_one_model = False  # each member is its own model: no callbacks
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings = self.run, self.settings
         count = settings.num_ensembles
         layout = dataframes.lay_out(frame, count, shuffle, seed=settings.seed)

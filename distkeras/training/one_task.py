@@ -12,6 +12,7 @@ from distkeras.data import dataframes
 from distkeras.executor.epochs import Replay
 from distkeras.executor.sequential import SequentialWorker
 from distkeras.keras_io import model_state
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
@@ -28,8 +29,6 @@ class OneTaskPlan(Plan):
     follows_learning_rate_callbacks = True
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings, trainer = self.run, self.settings, self.trainer
         model = deserialize_model(serialize_model(settings.master_model))
         lent_state = self.lent_optimizer_state()
@@ -141,8 +140,6 @@ class OneTaskPlan(Plan):
         The validator's model holds the optimizer's state between epochs, so the callbacks
         see it (``ModelCheckpoint`` saves it) and may change its learning rate.
         """
-        from distkeras.keras_io.archives import serialize_model
-
         run, num_epoch = self.run, self.settings.num_epoch
         driver_model = run.validator.model
         for epoch in range(1, num_epoch + 1):

@@ -9,7 +9,7 @@ with its results (history, validation history, staleness) but without that serve
 import logging
 import weakref
 
-from distkeras.tools.history import average_history
+from distkeras.training.history import average_history
 from distkeras.training.run import RunResults
 
 # The trainers' logger, as before these getters moved out of `distkeras.trainers`.

@@ -32,7 +32,7 @@ FACES = {
     "distkeras.custom_objects": ["distkeras.keras_io.custom_objects"],
     "distkeras.model_state": ["distkeras.keras_io.model_state"],
     "distkeras.utils": ["distkeras.keras_io.archives", "distkeras.keras_io.compile_config",
-                        "distkeras.tools.history", "distkeras.tools.dataframes",
+                        "distkeras.training.history", "distkeras.tools.dataframes",
                         "distkeras.tools.legacy_utils"],
     "distkeras.experiments": ["distkeras.tools.experiments"],
     "distkeras.plotting": ["distkeras.tools.plotting"],
@@ -73,7 +73,7 @@ FACES = {
 NOT_FACES = {"__init__", "errors", "session", "compat", "trainers"}
 # Public in the package for its own modules, never names of the old module.
 NOT_IN_THE_FACE = {"distkeras.utils": {"defer_tensorflow_import", "check_keras_archive",
-                                       "BINARY_LOSSES"},
+                                       "BINARY_LOSSES", "with_learning_rate"},
                    "distkeras.predictors": {"prediction_udf", "avoid_columnar_udf_input"},
                    "distkeras.ml.evaluators": {"LossSpec", "loss_text", "resolve_loss"},
                    "distkeras.step_history": {"INTEGRAL_FIELDS", "INDEX_FIELD", "VALUES_FIELD",
