@@ -29,6 +29,7 @@ _EXPORTS = {
 
 def _exports():
     """`_EXPORTS` and the registered algorithms' trainers: ``{name: module}``."""
+    # Late: importing the package must not load numpy, Keras or JAX (Spark starts first).
     from distkeras.algorithms import registered
 
     return dict(_EXPORTS, **{name: "distkeras.trainers" for name in registered()})

@@ -26,6 +26,7 @@ def __getattr__(name):
     """`Punchcard`, imported when first asked for (PEP 562)."""
     if name != "Punchcard":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # The server's modules load Flask and waitress, which a client never needs.
     return importlib.import_module("distkeras.punchcard.service").Punchcard
 
 

@@ -2,7 +2,7 @@
 saved on any Hadoop path.
 
 A thin face: a model's bytes and files live in `distkeras.keras_io.archives`, the step
-history in `distkeras.tools.history`, `shuffle` and `precache` in
+history in `distkeras.training.history`, `shuffle` and `precache` in
 `distkeras.tools.dataframes`, and dist-keras's small helpers in
 `distkeras.tools.legacy_utils` (see there).
 """
@@ -10,7 +10,7 @@ history in `distkeras.tools.history`, `shuffle` and `precache` in
 from distkeras.keras_io.archives import (deserialize_model, load_model, save_model,
                                          serialize_model)
 from distkeras.tools.dataframes import precache, shuffle
-from distkeras.tools.history import load_history, save_history
+from distkeras.training.history import load_history, save_history
 from distkeras.tools.legacy_utils import (get_os_username, history_executor,
                                           history_executors_average, json_to_dataframe_row,
                                           new_dataframe_row, pickle_object,

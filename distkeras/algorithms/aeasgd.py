@@ -2,7 +2,7 @@
 
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter, register
-from distkeras.training.checks import check_number
+from distkeras.algorithms.arguments import check_number
 
 
 @register

@@ -3,7 +3,7 @@
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import (Algorithm, Hyperparameter, register,
                                        staleness_discount_factor)
-from distkeras.training.checks import check_fraction, check_number
+from distkeras.algorithms.arguments import check_fraction, check_number
 
 
 @register

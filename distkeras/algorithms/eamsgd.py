@@ -6,7 +6,7 @@ import logging
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.aeasgd import AEASGD
 from distkeras.algorithms.base import Hyperparameter, register
-from distkeras.training.checks import check_fraction
+from distkeras.algorithms.arguments import check_fraction
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from distkeras.algorithms import update_rules
 from distkeras.algorithms.base import Algorithm, Hyperparameter, register, \
     window_up_to_workers
-from distkeras.training.checks import check_number
+from distkeras.algorithms.arguments import check_number
 
 
 @register

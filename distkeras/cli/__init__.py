@@ -30,7 +30,7 @@ COMMANDS = {
 
 def _extra_commands():
     commands = dict(COMMANDS)
-    try:
+    try:  # Punchcard's commands, where this install has Punchcard (an optional part)
         from distkeras.punchcard.commands import CLI_COMMANDS
     except ImportError:
         return commands

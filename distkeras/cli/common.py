@@ -7,6 +7,7 @@ import os
 import re
 
 from distkeras.errors import DistkerasError
+from distkeras.session import local_spark_session
 
 
 class CommandError(DistkerasError):
@@ -47,8 +48,6 @@ def add_conf_option(parser):
 
 def spark_session(master, conf=()):
     """The run's SparkSession, with the ``(key, value)`` settings of ``conf``."""
-    from distkeras.session import local_spark_session
-
     conf = dict(conf)
     if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit
         from pyspark.sql import SparkSession
@@ -100,6 +99,8 @@ def java_root_cause(error):
 
 def load_model(path):
     """The compiled model of the ``.keras`` archive at ``path``, or a `CommandError`."""
+    # numpy, pyarrow and pyspark wait for a command to run: `distkeras --help` and the
+    # arguments' mistakes answer at once (the same below in this package).
     from distkeras.keras_io import archives
 
     try:

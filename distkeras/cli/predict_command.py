@@ -9,6 +9,7 @@ import time
 from distkeras.cli import common
 from distkeras.cli.common import (CommandError, HelpFormatter, add_conf_option,
                                   column_names, load_model, read_parquet)
+from distkeras.data.storage import HadoopFS
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,11 @@ def command_predict(argv):
     add_conf_option(parser)
     args = parser.parse_args(argv)
     spark = common.spark_session(args.master, args.spark_conf)
+    # Here, not above: pyspark.ml and pyarrow wait for the arguments to be read.
     from distkeras.ml.predictors import ModelPredictor
 
     if not args.overwrite:
-        from distkeras.data.datasets import check_not_there
+        from distkeras.data.datasets import check_not_there  # pyarrow: as above
 
         try:
             check_not_there(spark, args.output, "error")
@@ -64,8 +66,6 @@ def _write_then_replace(spark, dataframe, path):
     and the output may be the data read (Spark refuses to overwrite a path it reads)."""
     import uuid
 
-    from distkeras.data.storage import HadoopFS
-
     output = HadoopFS(spark, path)
     target = path
     if output.fs.exists(output.path):
@@ -84,8 +84,6 @@ def _write_then_replace(spark, dataframe, path):
 
 
 def _remove_quietly(spark, path):
-    from distkeras.data.storage import HadoopFS
-
     try:
         filesystem = HadoopFS(spark, path)
         filesystem.fs.delete(filesystem.path, True)

@@ -7,8 +7,9 @@ import inspect
 import json
 import os
 
-from distkeras.training import options as train_options
 from distkeras.cli.common import CommandError, HelpFormatter, add_conf_option, column_names
+from distkeras.data import storage
+from distkeras.training import options as train_options
 
 
 # Trainer arguments that have their own options below; every other constructor argument of
@@ -252,8 +253,6 @@ def check_distinct_outputs(args):
 def check_outputs(args):
     """Refuses output paths that are folders, or under a file, before the training they
     would lose."""
-    from distkeras.data import storage
-
     for flag, path in _output_flags(args):
         try:
             storage.check_writable(path)

@@ -8,11 +8,13 @@ import sys
 import threading
 import time
 
-from distkeras.training import options as train_options
 from distkeras.cli import common
 from distkeras.cli.common import CommandError, error_message, load_model, read_parquet
 from distkeras.cli.train_args import (build_trainer, check_arguments, check_distinct_outputs,
                                       check_outputs, options_from_args, train_parser)
+from distkeras.data.storage import replacing_local_file
+from distkeras.session import warm_up_executors
+from distkeras.training import options as train_options
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +26,6 @@ def write_status(path, state, **details):
         CommandError: Naming ``--status`` and its path (not the temporary file's), when
             the file cannot be written.
     """
-    from distkeras.data.storage import replacing_local_file
-
     if path is None:
         return
     try:
@@ -38,8 +38,6 @@ def write_status(path, state, **details):
 
 
 def _warm_up(spark):
-    from distkeras.session import warm_up_executors
-
     try:
         warm_up_executors(spark)
     except Exception as error:  # only an optimization: training reports real problems
@@ -57,11 +55,13 @@ def _trainer_from_config(trainer_class, model, path):
 
 def command_train(argv):
     """Runs ``distkeras train`` with the arguments ``argv``; returns the exit status."""
-    from distkeras.training.registry import get_trainer_class
-
     # --trainer decides which other options exist, so read it first.
     first, _ = train_parser(add_help=False).parse_known_args(argv)
     try:
+        # The registry loads every trainer (numpy, pyarrow, pyspark): only once a command
+        # runs, so that `--help` and the arguments' mistakes answer at once.
+        from distkeras.training.registry import get_trainer_class
+
         trainer_class = get_trainer_class(first.trainer)
     except ValueError as error:
         raise CommandError(str(error)) from error
@@ -81,7 +81,8 @@ def command_train(argv):
 def _check_one_model(trainer_class):
     """Refuses, before Spark starts, a trainer whose result is several models: ``--output``
     holds one, and an ensemble trained for nothing would be lost."""
-    from distkeras.trainers import EnsembleTrainer
+    # Here, not above: the trainers import pyspark, which waits for a command to run.
+    from distkeras.training.sequential import EnsembleTrainer
 
     if issubclass(trainer_class, EnsembleTrainer):
         raise CommandError(f"{trainer_class.__name__} returns several models and --output "
@@ -101,8 +102,9 @@ def _train(trainer_class, args):
     # model and reads the data's schema: seconds saved on every job.
     warm_up = threading.Thread(target=_warm_up, args=(spark,), daemon=True)
     warm_up.start()
+    # Here, not above: numpy waits for a command to run (`distkeras --help` answers at once).
     from distkeras.keras_io import archives
-    from distkeras.tools.history import save_history
+    from distkeras.training.history import save_history
 
     try:
         check_outputs(args)

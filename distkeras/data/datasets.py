@@ -8,6 +8,9 @@ import zlib
 
 import numpy as np
 
+from distkeras.data.storage import HadoopFS, replacing_local_file
+from distkeras.data.tensors import pack_rows
+
 logger = logging.getLogger(__name__)
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -185,8 +188,6 @@ def to_arrow_table(images, labels, num_classes=10, packed=False):
     """
     import pyarrow as pa
 
-    from distkeras.data.tensors import pack_rows
-
     count = len(images)
     features = images.reshape(count, -1).astype(np.float32) / 255.0
     one_hot = np.zeros((count, num_classes), dtype=np.float32)
@@ -211,8 +212,6 @@ def write_parquet(table, path, row_group_size=2048, compression="none"):
     file splits hold the same number of rows (balanced workers).
     """
     import pyarrow.parquet as pq
-
-    from distkeras.data.storage import replacing_local_file
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with replacing_local_file(path) as temporary:
@@ -305,8 +304,6 @@ def check_not_there(spark, path, mode):
     Raises:
         FileExistsError: ``path`` exists and ``mode`` refuses that.
     """
-    from distkeras.data.storage import HadoopFS
-
     if mode not in ("error", "errorifexists"):
         return
     filesystem = HadoopFS(spark, path)
@@ -403,8 +400,6 @@ def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
         FileExistsError: When ``path`` exists and ``mode`` is ``"error"``.
     """
     import pyarrow as pa
-
-    from distkeras.data.tensors import pack_rows
 
     x, y = _numeric("x", x), _numeric("y", y)
     if len(x) != len(y):

@@ -4,7 +4,7 @@ column per input (and output), in the model's order, and a first row that fits."
 
 import numpy as np
 
-from distkeras.data.feed import integer_dtype, padding_hint
+from distkeras.data.feed import input_names, integer_dtype, output_names, padding_hint
 from distkeras.data.frame_columns import as_column_list, column, training_column
 from distkeras.data.tensors import packed_size
 
@@ -193,8 +193,6 @@ def columns_by_name(value, model, what, parameter):
 
 def model_names(model, what):
     """The names of a model's inputs or outputs (``what``), in the order of its tensors."""
-    from distkeras.data.feed import input_names, output_names
-
     if what == "inputs":
         return input_names(model) or [tensor.name for tensor in model.inputs]
     return output_names(model)

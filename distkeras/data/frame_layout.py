@@ -10,7 +10,7 @@ from pyspark import StorageLevel
 from pyspark.ml.linalg import SparseVector, VectorUDT
 from pyspark.sql import functions as F
 
-from distkeras.data import parquet_source
+from distkeras.data import feed, parquet_source
 from distkeras.data.feed import arrow_name
 from distkeras.data.frame_columns import as_column_list, column, training_column
 
@@ -103,10 +103,8 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
 
 def _feed_batch_rows(spark):
     """Rows per record batch the workers get: the session's Arrow setting, else the
-    trainers' (`training_jobs.FEED_RECORDS_PER_BATCH`)."""
-    from distkeras.training.spark_jobs import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH
-
-    return int(spark.conf.get(ARROW_BATCH_KEY, None) or FEED_RECORDS_PER_BATCH)
+    trainers' (`feed.FEED_RECORDS_PER_BATCH`)."""
+    return int(spark.conf.get(feed.ARROW_BATCH_KEY, None) or feed.FEED_RECORDS_PER_BATCH)
 
 
 def barrier_compatible(dataframe, num_partitions):

@@ -169,6 +169,7 @@ def pack_udf(name=None):
     from pyspark.sql import types as T
 
     def pack(batches: typing.Iterator[pa.Array]) -> typing.Iterator[pa.Array]:
+        # Spark pickles this closure: it imports the packing where the task runs.
         from distkeras.data.tensors import pack_arrow_column
 
         for column in batches:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distkeras.data.sample_weights import fit_data
+from distkeras.executor.metric_sums import EpochMetricSums
 
 
 class CallLength:
@@ -269,8 +270,6 @@ class JaxTrainStep:
 def _summed_metric_positions(model):
     """The positions in ``model.metrics_variables`` of the variables whose per-step values
     the worker adds up for the epoch's logs (`metric_sums.EpochMetricSums`)."""
-    from distkeras.executor.metric_sums import EpochMetricSums
-
     sums = EpochMetricSums()
     sums.bind(model)
     return frozenset(sums.positions)

@@ -20,11 +20,10 @@ import logging
 
 import numpy as np
 
+from distkeras.transport.history_messages import INDEX_FIELD, VALUES_FIELD
+
 logger = logging.getLogger(__name__)
 
-# Message fields of a report (next to a worker's step records).
-INDEX_FIELD = "metric_state_index"
-VALUES_FIELD = "metric_state_values"
 # A metric with a larger state (a MeanIoU over thousands of classes) keeps the steps' mean:
 # its reports would outgrow the frames the driver's server accepts.
 MAX_STATE_VALUES = 1 << 15

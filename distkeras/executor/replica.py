@@ -1,6 +1,7 @@
 """The worker's Keras model on an executor: `ModelReplica`, and how its steps run as
 `fit` runs them."""
 
+from distkeras.data.sample_weights import fit_data
 from distkeras.executor.step_history import to_float
 from distkeras.keras_io.model_state import set_optimizer_state
 from distkeras.transport.networking import weights_array
@@ -34,8 +35,6 @@ def pack_train_function_as_fit(model):
     Args:
         model: A compiled `keras.Model`.
     """
-    from distkeras.data.sample_weights import fit_data
-
     model.make_train_function()
     train_function = model.train_function
     if getattr(train_function, "packs_as_fit", False):
@@ -72,6 +71,7 @@ class ModelReplica:
     """
 
     def __init__(self, model, on_batch, on_window=None):
+        # Imports JAX: on the executor, once Keras has its backend (`ensure_backend`).
         from distkeras.executor.jax_steps import JaxTrainStep
 
         self.keras_model = model

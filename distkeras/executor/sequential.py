@@ -4,12 +4,14 @@
 import logging
 
 from distkeras.executor.failures import send_failure
-from distkeras.executor.step_history import ProgressReporter, pack_history
+from distkeras.executor.step_history import ProgressReporter
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
+from distkeras.keras_io.archives import tensorflow_only_once_imported
 from distkeras.keras_io.model_state import (finalize_weights, get_optimizer_state, seed_states,
                                             set_optimizer_state)
 from distkeras.transport import networking
+from distkeras.transport.history_messages import pack_history
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +97,6 @@ class EnsembleWorker(SequentialWorker):
 
     def build_model(self):
         import keras
-
-        from distkeras.keras_io.archives import tensorflow_only_once_imported
 
         model = super().build_model()
         # On the executor: seeding an installed but unused TensorFlow would import it.

@@ -1,8 +1,8 @@
 """A worker's per-step training records, on their way to the driver.
 
-Kept as columns (`HistoryLog`), packed into the task's reply (`pack_history`, read back with
-`unpack_history` and `history_records`) and sent to the driver's server while the worker
-trains (`send_history_columns`, `ProgressReporter`).
+Kept as columns (`HistoryLog`), packed into the task's reply
+(`distkeras.transport.history_messages.pack_history`) and sent to the driver's server while
+the worker trains (`send_history_columns`, `ProgressReporter`).
 """
 
 import logging
@@ -107,52 +107,9 @@ class _BlockItem:
 
 def to_float(value):
     """A step's logged value as a Python float (JAX is imported only when needed)."""
-    from distkeras.executor import jax_steps
+    from distkeras.executor import jax_steps  # imports JAX: only once a step is logged
 
     return jax_steps.to_float(value)
-
-
-def pack_history(columns):
-    """History columns as message fields whose numbers travel as arrays, not JSON.
-
-    A run of many steps would otherwise outgrow the frame's JSON header. Missing values
-    travel as NaN with a mask, so a loss that became NaN stays NaN.
-    """
-    keys = sorted(columns)
-    if not keys:
-        return {"history_keys": []}
-    arrays, missing = [], []
-    for key in keys:
-        values = columns[key]
-        missing.append(np.fromiter((value is None for value in values), dtype=np.uint8,
-                                   count=len(values)))
-        arrays.append(np.asarray([np.nan if value is None else value for value in values],
-                                 dtype=np.float64))
-    return {"history_keys": keys, "history_columns": arrays, "history_missing": missing}
-
-
-def unpack_history(message):
-    """Inverse of `pack_history` (counters back to ints)."""
-    keys = message.get("history_keys") or []
-    arrays = message.get("history_columns", [])
-    masks = message.get("history_missing", [])
-    columns = {}
-    for key, array, mask in zip(keys, arrays, masks):
-        integral = key in ("worker_id", "iteration", "batch_size", "epoch")
-        columns[key] = [None if absent else (int(value) if integral else float(value))
-                        for value, absent in zip(array.tolist(), mask.tolist())]
-    return columns
-
-
-def history_records(columns):
-    """Turns history columns back into a list of per-step dicts."""
-    if not columns:
-        return []
-    size = len(next(iter(columns.values())))
-    return [
-        {key: column[index] for key, column in columns.items() if column[index] is not None}
-        for index in range(size)
-    ]
 
 
 # The numbers of a history message travel as JSON in its frame's header, which may hold

@@ -19,6 +19,9 @@ from distkeras.executor.failures import unretryable_error
 from distkeras.executor.replica import ModelReplica, batch_size_of
 from distkeras.executor.step_history import HistoryLog
 from distkeras.executor.task_spec import SpecSetting, TaskSpec
+from distkeras.keras_io import custom_objects
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import compile_arguments, serialize_keras_object
 from distkeras.keras_io.model_state import seed_states, seed_worker_generators
 
 
@@ -126,9 +129,6 @@ class Worker:
     def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
                  features_col=None, label_col=None, batch_size=None, num_epoch=None,
                  learning_rate=None):
-        from distkeras.keras_io.archives import serialize_model
-        from distkeras.keras_io.compile_config import serialize_keras_object
-
         self.spec = TaskSpec(
             model_bytes=model if isinstance(model, (bytes, bytearray))
             else serialize_model(model),
@@ -174,8 +174,6 @@ class Worker:
         spec = self.spec
         ensure_backend(spec.backend)
         enable_compilation_cache()
-        from distkeras.keras_io import custom_objects
-        from distkeras.keras_io.compile_config import compile_arguments
 
         with custom_objects.scope(spec.custom_objects):
             model = self.build_model()
@@ -196,8 +194,6 @@ class Worker:
 
     def build_model(self):
         """The uncompiled Keras model this worker trains."""
-        from distkeras.keras_io.archives import deserialize_model
-
         return deserialize_model(bytes(self.spec.model_bytes))
 
     def initial_seed_states(self, model):

@@ -10,6 +10,8 @@ import tempfile
 
 import numpy as np
 
+from distkeras.data import storage
+
 
 class _TensorflowOnceImported:
     """Keras's lazy ``tensorflow`` module, "available" only once TensorFlow is imported.
@@ -168,8 +170,6 @@ def save_model(model, path):
 
     The write is atomic: readers see the old model or the new one, never half of one.
     """
-    from distkeras.data import storage
-
     storage.write_bytes(path, serialize_model(model))
 
 
@@ -180,8 +180,6 @@ def load_model(path, compile=True, custom_objects=None):
         FileNotFoundError: Naming the path, when it does not exist.
         ValueError: When the file is no `.keras` archive (cut short, or another format).
     """
-    from distkeras.data import storage
-
     data = storage.read_bytes(path)
     check_keras_archive(data)
     return deserialize_model(data, compile=compile, custom_objects=custom_objects)

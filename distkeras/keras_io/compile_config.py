@@ -3,6 +3,7 @@ JSON-able configs, rebuilt on the executors, and the driver's checks of what wou
 in every executor's ``compile``.
 """
 
+import copy
 import numbers
 
 import numpy as np
@@ -64,8 +65,6 @@ def compile_arguments(optimizer, loss, metrics, loss_weights=None, weighted_metr
     with the weight decay exclusions that `optimizer_config` put in its config, for
     ``model`` (the model it will train; without one, only the exclusions by name).
     """
-    import copy
-
     import keras
 
     def resolve(getter, config):
@@ -113,8 +112,6 @@ def optimizer_as_compiled(optimizer, model):
         optimizer: A name, an optimizer or its config.
         model: The Keras model the optimizer trains.
     """
-    import copy
-
     import keras
 
     config = optimizer_config(optimizer, model)
@@ -164,6 +161,24 @@ def optimizer_config(optimizer, model):
     return {**config, _DECAY_EXCLUSIONS: {
         "var_names": None if pattern is None else pattern.pattern,
         "trainable_positions": positions}}
+
+
+def with_learning_rate(optimizer, learning_rate, model):
+    """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
+    new object: the given optimizer stays as it was. Its weight decay exclusions (of
+    ``model``'s weights) stay too (see `optimizer_config`)."""
+    import keras
+
+    if isinstance(optimizer, (str, dict)):
+        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))  # `get` edits a dict
+    config = copy.deepcopy(optimizer_config(optimizer, model))
+    # A LossScaleOptimizer (a mixed_float16 model's) takes no learning rate: the optimizer
+    # it wraps does.
+    settings = config["config"]
+    if config.get("class_name") == "LossScaleOptimizer":
+        settings = settings["inner_optimizer"]["config"]
+    settings["learning_rate"] = learning_rate
+    return config
 
 
 def _exclude_from_weight_decay(optimizer, exclusions, model):

@@ -14,6 +14,9 @@ import contextlib
 import logging
 import sys
 
+from distkeras.keras_io.archives import deserialize_model
+from distkeras.keras_io.compile_config import compile_arguments, serialize_keras_object
+
 logger = logging.getLogger(__name__)
 
 _HOW_TO_FIX = (
@@ -98,8 +101,6 @@ def find(model, compile_objects=()):
     """
     import keras
 
-    from distkeras.keras_io.compile_config import serialize_keras_object
-
     names = set()
     _referenced_names(serialize_keras_object(model), names)
     for obj in compile_objects:
@@ -175,8 +176,6 @@ def holds_python_code(model):
     """Whether ``model``'s config holds Python code (a `Lambda` layer's lambda, a
     `TorchModuleWrapper`'s module), which executors refuse to load: distkeras rebuilds
     models with ``safe_mode=True``, whatever the driver's `keras.config` says."""
-    from distkeras.keras_io.compile_config import serialize_keras_object
-
     def search(config):
         if isinstance(config, (list, tuple)):
             return any(search(item) for item in config)
@@ -202,9 +201,6 @@ def check_rebuildable(model_bytes, compile_config, objects, unresolved=()):
     Raises:
         ValueError: Naming what Keras could not find and how to make it findable.
     """
-    from distkeras.keras_io.archives import deserialize_model
-    from distkeras.keras_io.compile_config import compile_arguments
-
     how_to_fix = (f"Not found on the driver: {', '.join(unresolved)}. " if unresolved
                   else "") + _HOW_TO_FIX
     with scope(objects):

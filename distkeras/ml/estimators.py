@@ -30,9 +30,12 @@ from pyspark.ml.util import (DefaultParamsReader, DefaultParamsWriter, MLReadabl
                              MLWritable, MLWriter)
 
 from distkeras.data import frame_checks
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import serialize_keras_object, with_learning_rate
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
 from distkeras.ml.predictors import ModelPredictor, check_batch_size
 from distkeras.training.callbacks import as_callback_list
+from distkeras.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -70,32 +73,6 @@ def _to_optimizer_name(value):
     return value
 
 
-def optimizer_config(optimizer, learning_rate, model):
-    """The config of ``optimizer`` (a name, instance or config) with ``learning_rate``, a
-    new object: the trainer's own optimizer stays as it was. Its weight decay exclusions
-    (of ``model``'s weights) stay too (see `keras_io.compile_config.optimizer_config`)."""
-    import copy
-
-    import keras
-
-    from distkeras.keras_io.compile_config import optimizer_config
-
-    if optimizer is None:
-        raise ValueError("`learningRate` sets the learning rate of the trainer's "
-                         "worker_optimizer, and the trainer has none: give the trainer "
-                         "worker_optimizer=..., or set the estimator's workerOptimizer.")
-    if isinstance(optimizer, (str, dict)):
-        optimizer = keras.optimizers.get(copy.deepcopy(optimizer))  # `get` edits a dict
-    config = copy.deepcopy(optimizer_config(optimizer, model))
-    # A LossScaleOptimizer (a mixed_float16 model's) takes no learning rate: the optimizer
-    # it wraps does.
-    settings = config["config"]
-    if config.get("class_name") == "LossScaleOptimizer":
-        settings = settings["inner_optimizer"]["config"]
-    settings["learning_rate"] = learning_rate
-    return config
-
-
 def _write_bytes(spark, path, data):
     """Writes ``data`` to a new file at ``path`` on any Hadoop file system Spark can reach."""
     jvm = spark.sparkContext._jvm
@@ -123,8 +100,6 @@ def _model_path(path):
 def _load_keras_model(spark, path, compile=False):
     """The Keras model saved in the stage folder ``path``, or an error that says how to
     load one that needs custom objects (Keras's own names neither the path nor the fix)."""
-    from distkeras.keras_io.archives import deserialize_model
-
     data = _read_bytes(spark, _model_path(path))
     try:
         return deserialize_model(data, compile=compile)
@@ -204,8 +179,6 @@ class _KerasModelWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path):
-        from distkeras.keras_io.archives import serialize_model
-
         if self.instance.keras_model is None:
             raise ValueError("Cannot save a KerasModel that holds no Keras model.")
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
@@ -334,8 +307,13 @@ class KerasEstimator(Estimator, _HasKerasParams, HasWeightCol, MLReadable, MLWri
         if self.isDefined(self.learningRate):
             if optimizer is None:  # a compiled model lends its own
                 optimizer = self.trainer.compiled_settings()["worker_optimizer"]
-            optimizer = optimizer_config(optimizer, self.getOrDefault(self.learningRate),
-                                          self.trainer.master_model)
+            if optimizer is None:
+                raise ValueError("`learningRate` sets the learning rate of the trainer's "
+                                 "worker_optimizer, and the trainer has none: give the "
+                                 "trainer worker_optimizer=..., or set the estimator's "
+                                 "workerOptimizer.")
+            optimizer = with_learning_rate(optimizer, self.getOrDefault(self.learningRate),
+                                           self.trainer.master_model)
             if getattr(self.trainer, "sets_worker_learning_rate", False):
                 settings["learning_rate"] = None  # the trainer's would replace this one
         if optimizer is not None:
@@ -390,8 +368,6 @@ class _KerasEstimatorWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path):
-        from distkeras.keras_io.archives import serialize_model
-
         trainer = self.instance.trainer
         if trainer is None:
             raise ValueError("Cannot save a KerasEstimator without a trainer.")
@@ -408,8 +384,6 @@ class _KerasEstimatorWriter(MLWriter):
 
 def _serialized(settings):
     """``settings`` (Keras objects by name) as a trainer's `get_config` writes them."""
-    from distkeras.keras_io.compile_config import serialize_keras_object
-
     return {name: value if name == "loss_weights" else serialize_keras_object(value)
             for name, value in settings.items()}
 
@@ -438,8 +412,6 @@ class _KerasEstimatorReader(MLReader):
         self.cls = cls
 
     def load(self, path):
-        from distkeras.trainers import Trainer
-
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         trainer_class = _trainer_class(metadata["trainer"]["class"], path)
         if not (isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)):

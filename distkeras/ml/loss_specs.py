@@ -5,6 +5,8 @@ compute it as Keras's ``evaluate`` does."""
 import collections
 import json
 
+from distkeras.keras_io.compile_config import serialize_keras_object
+
 LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy",
           "binary_crossentropy", "mse", "mean_squared_error", "mae", "mean_absolute_error",
           "huber", "log_cosh")
@@ -34,7 +36,6 @@ def loss_text(value):
     saves and copies as Spark's do and the loss is rebuilt with all its arguments."""
     if isinstance(value, str):
         return value
-    from distkeras.keras_io.compile_config import serialize_keras_object
 
     try:
         return json.dumps(serialize_keras_object(value))

@@ -5,6 +5,7 @@ column with the predictions; Spark's row-to-Arrow conversion was most of the cos
 
 import logging
 
+from distkeras.data import parquet_source
 from distkeras.ml.prediction_tasks import model_key
 
 logger = logging.getLogger(__name__)
@@ -14,8 +15,6 @@ def direct_source(dataframe):
     """A `parquet_source.ParquetSource` of ``dataframe`` over its scan's own partitions,
     in Arrow batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; None where
     it is not a plain Parquet scan (or a stream)."""
-    from distkeras.data import parquet_source
-
     if dataframe.isStreaming:
         return None
     batch_rows = int(dataframe.sparkSession.conf.get(
@@ -30,8 +29,6 @@ def first_parquet_row(source, names):
     import dataclasses
 
     import pyarrow as pa
-
-    from distkeras.data import parquet_source
 
     pieces = [pieces[0] for pieces in source.partitions if pieces]
     if not pieces:
@@ -58,8 +55,6 @@ def read_in_workers(source, dataframe, outputs, settings):
         settings: `prediction_udf`'s arguments.
     """
     from pyspark.sql import types as T
-
-    from distkeras.data import parquet_source
 
     model_bytes, backend, names, input_shapes, batch_size, objects, fields, dtypes = settings
     key = model_key(model_bytes)

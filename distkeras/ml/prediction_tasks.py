@@ -13,6 +13,11 @@ import zipfile
 import numpy as np
 
 from distkeras import errors
+from distkeras.data.datasets import float_lists
+from distkeras.data.feed import column_rows, input_names, model_inputs
+from distkeras.executor.backend import ensure_backend
+from distkeras.keras_io import custom_objects
+from distkeras.keras_io.archives import deserialize_model
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +56,6 @@ def cached_model(key, model_bytes, objects=None):
     """
     if _CACHE.get("key") == key:
         return _CACHE["model"]
-    from distkeras.keras_io import custom_objects
-    from distkeras.keras_io.archives import deserialize_model
 
     builds = _CACHE.get("builds", 0)
     if _CACHE:
@@ -102,8 +105,6 @@ def predict_in_chunks(model, inputs, batch_size):
     """
     import keras
 
-    from distkeras.data.feed import input_names, model_inputs
-
     rows = len(inputs[0])
     batch_size = call_size(rows, batch_size)
     chunks = []  # per call, the list of its outputs
@@ -128,8 +129,6 @@ def input_arrays(columns, names, input_shapes, dtypes):
     before any model is loaded: inputs typed as integers (token ids, ``dtypes``) are fed as
     such, others as float32. Sparse vectors stay sparse here: `predict_in_chunks`
     densifies a chunk at a time."""
-    from distkeras.data.feed import column_rows
-
     return [column_rows(column, shape, name, dtype or np.float32)
             for column, name, shape, dtype in zip(columns, names, input_shapes, dtypes)]
 
@@ -138,8 +137,6 @@ def predict_arrays(model, arrays, batch_size, output_fields=None):
     """Predictions for one batch of `input_arrays`: a ``list<float>`` array, or for
     several outputs a struct of them named ``output_fields``."""
     import pyarrow as pa
-
-    from distkeras.data.datasets import float_lists
 
     outputs = [float_lists(matrix) for matrix in predict_in_chunks(model, arrays, batch_size)]
     if output_fields is None:
@@ -207,8 +204,6 @@ def predict_batches(batches, key, model_bytes, backend, names, input_shapes, bat
     size) are remembered for the task's retries (`_remember_failure`).
     """
     import pyarrow as pa
-
-    from distkeras.executor.backend import ensure_backend
 
     _raise_remembered_failure(key)
     model = None

@@ -30,10 +30,12 @@ from distkeras.data.frame_checks import (check_column_order, check_first_row,
                                          check_spark_dataframe, columns_by_name)
 from distkeras.data.frame_columns import check_output_column_free, column, vector_values
 from distkeras.data.frame_layout import sparse_vector_columns
+from distkeras.keras_io import custom_objects
+from distkeras.keras_io.archives import serialize_model
 from distkeras.ml.columns import as_output_type, column_kind
+from distkeras.ml.params import OUTPUT_TYPES
 from distkeras.ml.parquet_predictions import (direct_source, first_parquet_row,
                                               read_in_workers)
-from distkeras.ml.params import OUTPUT_TYPES
 from distkeras.ml.prediction_udf import avoid_columnar_udf_input, prediction_udf
 from distkeras.training.spark_jobs import check_executor_python
 
@@ -170,9 +172,6 @@ class ModelPredictor:
         """
         import keras
         from pyspark.sql import functions as F
-
-        from distkeras.keras_io import custom_objects
-        from distkeras.keras_io.archives import serialize_model
 
         features, kinds, outputs, first_row, source = self._validate(dataframe)
         check_executor_python(dataframe.sparkSession.sparkContext)

@@ -9,6 +9,7 @@ from pyspark.ml.param import Param, Params
 from pyspark.sql import functions as F
 
 from distkeras.data.frame_columns import column, vector_values
+from distkeras.data.tensors import pack_udf
 from distkeras.ml.column_stage import ColumnTransformer
 from distkeras.ml.columns import FLOAT_ARRAY, column_kind, double_array, fail, null_or
 from distkeras.ml.params import getter, require, set_given, setter, to_ints
@@ -96,8 +97,6 @@ class PackedTensorTransformer(ColumnTransformer):
         set_given(self, inputCol=input_col, outputCol=output_col)
 
     def _expression(self, dataset, input_col):
-        from distkeras.data.tensors import pack_udf
-
         kind = column_kind(dataset, input_col, nested=True)
         if kind == "scalar":
             raise TypeError(

@@ -9,7 +9,8 @@ The modules, by where they run and what they may touch:
   routes), `service` (`Punchcard`: submissions, job states), `scheduler` (which job
   starts when), `processes` (each job's process), `job_files` (each job's folder),
   `store` (the SQLite job table), `secrets_file`, `audit` (the audit log),
-  `submissions` (the checks a submission passes: the security boundary), `data_roots`
+  `submissions` (the checks a submission passes: the security boundary, with `refusals`,
+  the checks the child process makes too), `data_roots`
   (what data a job may read) and `config_scan` (a Keras configuration read as JSON).
 - In a short-lived child process under resource limits: `model_check`, which runs
   `keras_checks` (what Keras builds of a submission).

@@ -8,7 +8,8 @@ successful look at a state is written to the audit log. Run in the server's proc
 from distkeras.punchcard.config_scan import ConfigRefused, loads_bounded
 from distkeras.punchcard.front import make_front
 from distkeras.punchcard.protocol import CANCEL, DESTROY, RESULT, SECRET_HEADER, STATE, SUBMIT
-from distkeras.punchcard.submissions import BadRequest, SubmissionInProgress
+from distkeras.punchcard.refusals import BadRequest
+from distkeras.punchcard.submissions import SubmissionInProgress
 
 
 def create_app(punchcard, max_request_bytes=256 << 20):

@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 
 from distkeras.errors import DistkerasError
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.model_state import get_optimizer_state, set_optimizer_state
 from distkeras.punchcard.protocol import CANCEL, DESTROY, RESULT, SECRET_HEADER, STATE, SUBMIT
 
 logger = logging.getLogger(__name__)
@@ -125,8 +127,6 @@ class Job:
 
     def payload(self):
         """The submission: names, numbers, the trainer's class and JSON config, the model."""
-        from distkeras.keras_io.archives import serialize_model
-
         if self.trainer is None:
             raise JobError(f"Job {self.job_name!r} has no trainer to send: give one (ADAG(...), "
                            "...) to Job(...); trainer=None only follows a job already sent, "
@@ -309,7 +309,6 @@ class Job:
         """
         if self.model_bytes is None:
             raise JobError("No model yet: call wait_completion() first.")
-        from distkeras.keras_io.archives import deserialize_model
 
         if self.trainer is None:
             return deserialize_model(self.model_bytes, compile=True)
@@ -333,9 +332,6 @@ class Job:
 def _restore_optimizer_state(model, model_bytes):
     """Gives ``model``'s optimizer the state saved in the server's archive: recompiling
     it from the trainer alone would start the optimizer afresh (step 0, no moments)."""
-    from distkeras.keras_io.archives import deserialize_model
-    from distkeras.keras_io.model_state import get_optimizer_state, set_optimizer_state
-
     try:
         saved = deserialize_model(model_bytes, compile=True)
         set_optimizer_state(model, get_optimizer_state(saved))

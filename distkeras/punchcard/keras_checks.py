@@ -7,9 +7,11 @@ loading a model allocates what the client's configuration declares.
 import re
 import tempfile
 
-from distkeras.punchcard.submissions import (ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION,
-                                             BadRequest, decode_model, registered_trainer_class,
-                                             scan_configs, unpack_limit)
+from distkeras.keras_io.archives import declared_weight_bytes, deserialize_model
+from distkeras.keras_io.compile_config import check_compile_arguments
+from distkeras.punchcard.refusals import (ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION,
+                                          BadRequest, decode_model, registered_trainer_class,
+                                          scan_configs, unpack_limit)
 
 
 def check_keras_parts(model_text, trainer_class_name, config, workers):
@@ -33,9 +35,6 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
         BadRequest: Saying what was wrong.
     """
     import keras
-
-    from distkeras.keras_io.archives import deserialize_model
-    from distkeras.keras_io.compile_config import check_compile_arguments
 
     model_bytes = decode_model(model_text)
     scan_configs(model_bytes, config, frozenset(keras.saving.get_custom_objects()))
@@ -73,8 +72,6 @@ def _check_declared_weights(data):
     archive's files may unpack to: an archive that ``keras.saving.save_model`` wrote
     holds every weight, uncompressed.
     """
-    from distkeras.keras_io.archives import declared_weight_bytes
-
     try:
         values, nbytes = declared_weight_bytes(data)
     except Exception as error:  # any failure to build is the client's archive's fault

@@ -20,6 +20,10 @@ import sys
 import threading
 
 from distkeras.errors import DistkerasError
+from distkeras.keras_io.archives import serialize_model
+from distkeras.punchcard.keras_checks import check_keras_parts
+from distkeras.punchcard.refusals import BadRequest
+from distkeras.training.registry import get_trainer_class
 
 logger = logging.getLogger(__name__)
 
@@ -150,13 +154,10 @@ def _warm_up():
 
     import keras
 
-    from distkeras.keras_io.archives import serialize_model
-    from distkeras.punchcard.keras_checks import check_keras_parts
-    from distkeras.trainers import ADAG
-
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
-    trainer = ADAG(keras_model=model, worker_optimizer="adam",
-                   loss="categorical_crossentropy", metrics=["accuracy"], num_workers=1)
+    trainer = get_trainer_class("ADAG")(
+        keras_model=model, worker_optimizer="adam", loss="categorical_crossentropy",
+        metrics=["accuracy"], num_workers=1)
     check_keras_parts(base64.b64encode(serialize_model(model)).decode(), "ADAG",
                       trainer.get_config(), 1)
 
@@ -168,8 +169,6 @@ def main(argv=None):
     # The answer goes to the original stdout; anything Keras prints, to stderr.
     answer_fd = os.dup(1)
     os.dup2(2, 1)
-    from distkeras.punchcard.keras_checks import check_keras_parts
-    from distkeras.punchcard.submissions import BadRequest
 
     _warm_up()
     try:

@@ -16,9 +16,10 @@ import uuid
 from distkeras.punchcard import data_roots, job_files, processes, scheduler
 from distkeras.punchcard.audit import AuditLog
 from distkeras.punchcard.model_check import CheckFailed, ModelChecker
+from distkeras.punchcard.refusals import BadRequest
 from distkeras.punchcard.secrets_file import SecretsFile
 from distkeras.punchcard.store import JobStore
-from distkeras.punchcard.submissions import BadRequest, SubmissionInProgress, validate_submission
+from distkeras.punchcard.submissions import SubmissionInProgress, validate_submission
 
 logger = logging.getLogger(__name__)
 

@@ -2,17 +2,17 @@
 
 Run in the server's request thread. Nothing a client sends is executed: the fields are
 checked as data (names, counts, paths under the allowed data roots), the model archive's
-size and configuration as JSON (`config_scan`); what Keras builds of it is checked by
-`keras_checks.check_keras_parts`, in a `model_check` child process.
+size and configuration as JSON (`refusals`, `config_scan`); what Keras builds of it is
+checked by `keras_checks.check_keras_parts`, in a `model_check` child process.
 """
 
-import base64
-import io
 import re
-import zipfile
 
 from distkeras.errors import DistkerasError
-from distkeras.punchcard import config_scan, data_roots
+from distkeras.punchcard import data_roots
+from distkeras.punchcard.keras_checks import check_keras_parts
+from distkeras.punchcard.refusals import (BadRequest, decode_model, registered_trainer_class,
+                                          scan_configs)
 from distkeras.training import options as train_options
 
 # Matched with fullmatch: a pattern ending in `$` would accept a trailing newline.
@@ -27,10 +27,6 @@ MAX_JSON_DEPTH = 100
 # lists: Spark expands them when it reads, so a path made of them could name files outside
 # the allowed roots whatever its literal prefix is.
 _GLOB_CHARACTERS = set("{}[]*?\\,")
-
-
-class BadRequest(DistkerasError, ValueError):
-    """A malformed submission (HTTP 400)."""
 
 
 class SubmissionInProgress(DistkerasError, RuntimeError):
@@ -157,80 +153,6 @@ def validate_submission(body, allowed_roots=(), check=None, any_local_path=True)
         raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
                          f"multiplies the {workers} workers' partitions). Received: {factor}")
     if check is None:
-        from distkeras.punchcard.keras_checks import check_keras_parts as check
+        check = check_keras_parts
     config = check(body["model"], trainer["class_name"], config, workers)
     return fields, trainer["class_name"], config, model_bytes
-
-
-def registered_trainer_class(name):
-    """The registered trainer class ``name``, refused if unknown or an ensemble."""
-    from distkeras.training.registry import get_trainer_class
-    from distkeras.trainers import EnsembleTrainer
-
-    try:
-        trainer_class = get_trainer_class(name)
-    except ValueError as error:
-        raise BadRequest(str(error)) from error
-    if issubclass(trainer_class, EnsembleTrainer):
-        raise BadRequest(f"{name} trains several models, and a Punchcard job "
-                         "returns one: train an ensemble from Python with your own Spark "
-                         "session, or submit another trainer.")
-    return trainer_class
-
-
-def scan_configs(model_bytes, trainer_config, registered=None):
-    """Refuses code references and oversized state in the archive's config.json and the
-    trainer's config (`config_scan`), before Keras reads either."""
-    try:
-        config_scan.scan(config_scan.read_config(model_bytes), registered)
-    except config_scan.ConfigRefused as error:
-        raise BadRequest(f"The model archive was refused: {error}") from error
-    for field, value in trainer_config.items():
-        try:
-            config_scan.scan(value, registered, f"'{field}'")
-        except config_scan.ConfigRefused as error:
-            raise BadRequest(f"Bad trainer configuration: {error}") from error
-
-
-def decode_model(text):
-    """The model archive of a submission's ``model`` field."""
-    if not text:
-        raise BadRequest("'model' is required: a base64 .keras archive.")
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (ValueError, TypeError) as error:
-        raise BadRequest("'model' must be a base64 .keras archive: it is not valid "
-                         "base64.") from error
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise BadRequest("'model' must be a base64 .keras archive: it decodes to "
-                         f"{len(data)} bytes that are not a zip file.")
-    _check_unpacked_size(data)
-    return data
-
-
-# Keras stores an archive's files uncompressed: what they unpack to is about what travelled.
-# More than this many times the archive (past a floor) is a decompression bomb, which Keras
-# would read into this server's memory as it loads the model (its own guard starts at 4 GiB).
-MAX_ARCHIVE_EXPANSION = 10
-ARCHIVE_EXPANSION_FLOOR = 64 << 20
-
-
-def unpack_limit(data):
-    """The most bytes this server unpacks, or builds weights of, for the archive ``data``."""
-    return max(ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION * len(data))
-
-
-def _check_unpacked_size(data):
-    """Refuses an archive whose files declare far more bytes than it holds."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            unpacked = sum(info.file_size for info in archive.infolist())
-    except (zipfile.BadZipFile, ValueError) as error:
-        raise BadRequest(f"'model' must be a base64 .keras archive: {error}") from error
-    limit = unpack_limit(data)
-    if unpacked > limit:
-        raise BadRequest(
-            f"The model archive was refused: its {len(data)} bytes declare {unpacked} bytes "
-            f"of files, more than this server unpacks ({limit}). Send the archive as "
-            "keras.saving.save_model writes it.")
-

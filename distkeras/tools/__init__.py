@@ -3,7 +3,6 @@
 - `experiments`: sweeps of trainers, workers and windows (``python -m
   distkeras.tools.experiments``), measured and plotted.
 - `plotting`: plots of a run's history and of a sweep (matplotlib, no display).
-- `history`: a run's step history averaged over the workers, saved and loaded.
 - `dataframes`: dist-keras's `shuffle` and `precache`.
 - `schemes`: dist-keras's `Emperor`, training in rounds with a falling learning rate.
 - `legacy_utils`: dist-keras's small helpers, for scripts written for it.

@@ -29,6 +29,12 @@ import time
 
 import numpy as np
 
+from distkeras.data.datasets import load_fashion_mnist, load_fashion_mnist_numpy
+from distkeras.data.storage import replacing_local_file
+from distkeras.session import local_spark_session, warm_up_executors
+from distkeras.tools.plotting import plot_comparison
+from distkeras.training import registry
+
 logger = logging.getLogger(__name__)
 
 COLUMNS = ("trainer", "workers", "window", "epochs", "wall_time_s", "samples_per_s",
@@ -49,8 +55,6 @@ def build_mlp(input_dim=784, hidden=(500, 500), num_classes=10):
 
 
 def _load_fashion_mnist(spark, limit=None, test_limit=None):
-    from distkeras.data.datasets import load_fashion_mnist, load_fashion_mnist_numpy
-
     # Packed features: the same values, handed to the workers faster (`distkeras.data.tensors`).
     train = load_fashion_mnist(spark, "train", limit=limit, packed=True).cache()
     images, labels = load_fashion_mnist_numpy("test")
@@ -99,8 +103,6 @@ def resolve_trainers(trainers):
     Raises:
         ValueError: For an unknown name, listing the available trainers.
     """
-    from distkeras.training import registry
-
     if isinstance(trainers, str) or inspect.isclass(trainers):
         trainers = [trainers]
     resolved = {}
@@ -231,8 +233,6 @@ def _cell(column, value):
 
 def write_csv(results, path):
     """Writes results (dicts with the `COLUMNS`) to ``path`` atomically."""
-    from distkeras.data.storage import replacing_local_file
-
     with replacing_local_file(path) as temporary, \
             open(temporary, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -279,8 +279,6 @@ def format_table(results):
 
 def plot_results(results, output_dir, title=None):
     """Writes ``by_workers.png`` and ``by_window.png``; returns their paths."""
-    from distkeras.tools.plotting import plot_comparison
-
     paths = []
     for by in ("workers", "window"):
         path = os.path.join(output_dir, f"by_{by}.png")
@@ -484,8 +482,6 @@ def _run_sweep(args):
     package_logger.addHandler(handler)
     package_logger.setLevel(args.log_level)
 
-    from distkeras.session import local_spark_session
-
     master = args.master or f"local[{max(args.workers)}]"
     from pyspark.sql import SparkSession
 
@@ -493,8 +489,6 @@ def _run_sweep(args):
     spark = local_spark_session(master, app_name="distkeras-experiments")
     try:
         # Keras (and JAX) are imported from here on, after Spark has started.
-        from distkeras.session import warm_up_executors
-
         needed = max(count for _, _, count, _ in plan(trainer_classes, args.workers, [1]))
         warm_up_executors(spark, min(needed, spark.sparkContext.defaultParallelism))
         results = sweep(spark, trainers=list(trainer_classes), workers=args.workers,

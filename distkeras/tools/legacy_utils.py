@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+from distkeras.training.history import average_history
+
 logger = logging.getLogger(__name__)
 
 
@@ -171,11 +173,9 @@ def history_executors_average(history):
 
     Returns:
         A dict of numpy arrays, one entry per averaged step (see
-        `distkeras.tools.history.average_history`); dist-keras returned a list of
+        `distkeras.training.history.average_history`); dist-keras returned a list of
         ``[loss, accuracy]`` arrays: ``loss`` and ``accuracy`` are keys here.
     """
-    from distkeras.tools.history import average_history
-
     return average_history(history)
 
 

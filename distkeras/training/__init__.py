@@ -24,7 +24,8 @@ What runs on the driver when `train()` is called, and nothing that runs on an ex
   chunks, the driver's address); `monitor`: the progress bar and the stall watch;
   `checkpoints`: the center variable saved and restored; `epoch_metrics`: the epoch's
   exact metric values from the workers' reports; `batch_statistics`: BatchNormalization
-  statistics measured again for averaged weights.
+  statistics measured again for averaged weights; `history`: a run's step history
+  averaged over the workers, saved and loaded.
 
 `distkeras.trainers` is the public face: import the trainers from there.
 """

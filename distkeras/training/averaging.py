@@ -7,13 +7,17 @@ otherwise each epoch is a Spark job of its own and the driver averages the resul
 
 import logging
 
+from distkeras.algorithms import update_rules
 from distkeras.data import frame_layout
 from distkeras.data import parquet_source
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
-from distkeras.training import epoch_metrics
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import optimizer_config
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
+from distkeras.transport.history_messages import (history_records, unpack_history,
+                                                  unpack_metric_states)
+from distkeras.transport.networking import weights_array
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +97,6 @@ class AveragingPlan(Plan):
         return server.get_model()
 
     def train_epoch_by_epoch(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
         for epoch in range(settings.num_epoch):
@@ -114,10 +116,6 @@ class AveragingPlan(Plan):
     def run_epoch_job(self, model, worker, layout, frame, label_shapes, epoch):
         """Runs ``epoch`` (0-based) as one Spark job of configured ``worker``s and sets
         ``model``'s weights to their mean; adds the epoch's records to the run's."""
-        from distkeras.algorithms import update_rules
-        from distkeras.keras_io.compile_config import optimizer_config
-        from distkeras.transport.networking import weights_array
-
         run, settings = self.run, self.settings
         if run.learning_rate_of_callbacks() is not None:
             # The driver's optimizer: the worker's config, at the rate a callback set.
@@ -142,9 +140,9 @@ class AveragingPlan(Plan):
                 weights_array(message["weights"]) for message in trained)))
         epoch_records.extend(
             record for message in messages for record in
-            step_history.history_records(step_history.unpack_history(message)))
+            history_records(unpack_history(message)))
         for message in messages:
-            run.metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
+            run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))
         for record in epoch_records + run.metric_states[states_before:]:
             record["epoch"] = epoch
         run.history.extend(epoch_records)

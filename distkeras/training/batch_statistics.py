@@ -11,6 +11,8 @@ the same in the exact mean.
 
 import logging
 
+from distkeras.training import validation_data
+
 logger = logging.getLogger(__name__)
 
 # Rows of the training data read on the driver for the new statistics: 2,048 rows give
@@ -71,8 +73,6 @@ def recompute(model, x, batch_size=256):
 
 def sample_inputs(dataframe, model, features_col, label_col, rows=SAMPLE_ROWS):
     """Up to ``rows`` of ``dataframe``'s features, on the driver, shaped for ``model``."""
-    from distkeras.training import validation_data
-
     x, _, _ = validation_data.collect(dataframe.limit(rows), model, features_col, label_col)
     return x
 

@@ -1,37 +1,17 @@
 """Checks of a trainer's settings, made on the driver before any Spark job.
 
-Argument ranges and column names, and the loss, metrics and optimizer a trainer takes from
-a compiled model (what its `fit` would train with).
+Column names, and the loss, metrics and optimizer a trainer takes from a compiled model
+(what its `fit` would train with). The checks of numbers are `distkeras.algorithms.arguments`.
 """
 
 import numpy as np
 
-
-def check_int(name, value, minimum=1, maximum=None):
-    """A ValueError naming ``name`` unless ``value`` is an integer (not a bool) in
-    ``[minimum, maximum]`` (no upper bound where ``maximum`` is None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
-            value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"`{name}` must be an integer {allowed}. Received: {name}={value!r}")
-
-
-def check_communication_window(value):
-    """`check_int` for ``communication_window``, naming dist-keras's README order when the
-    value looks like a learning rate (its DOWNPOUR line put learning_rate before it)."""
-    if isinstance(value, (float, np.floating)) and 0 < value < 1:
-        raise ValueError(
-            f"`communication_window` must be an integer >= 1. Received: "
-            f"communication_window={value!r}, a learning rate? dist-keras's README lists "
-            "DOWNPOUR(..., num_epoch, learning_rate, communication_window), an order its "
-            "code did not take (nor does this one): pass learning_rate=... by name.")
-    check_int("communication_window", value)
-
-
-def check_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or \
-            not np.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
+# Imported from here by the trainers' modules (training/asynchronous.py, sequential.py)
+# until they import them from their home.
+from distkeras.algorithms.arguments import (  # noqa: F401
+    check_communication_window, check_fraction, check_int, check_number)
+from distkeras.keras_io import compile_config
+from distkeras.keras_io.compile_config import serialize_keras_object
 
 
 def is_classification_loss(loss):
@@ -68,8 +48,6 @@ def compiled_without_loss(model):
 def binary_loss_logits(loss):
     """Whether a loss (a name, a Keras loss or function, or its config) is a binary
     cross-entropy (focal or not), and whether it reads logits: ``(is_binary, from_logits)``."""
-    from distkeras.keras_io.compile_config import BINARY_LOSSES
-
     if isinstance(loss, dict):
         name = str(loss.get("class_name", ""))
         config = loss.get("config") or {}
@@ -77,7 +55,7 @@ def binary_loss_logits(loss):
         name = loss if isinstance(loss, str) else \
             getattr(loss, "__name__", None) or type(loss).__name__
         config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return name.lower() in BINARY_LOSSES, bool(config.get("from_logits", False))
+    return name.lower() in compile_config.BINARY_LOSSES, bool(config.get("from_logits", False))
 
 
 def default_metrics(loss, model):
@@ -90,8 +68,6 @@ def default_metrics(loss, model):
     thresholded where the loss puts probability 0.5, still logged as ``accuracy``.
     """
     import keras
-
-    from distkeras.keras_io.compile_config import serialize_keras_object
 
     binary, from_logits = binary_loss_logits(loss)
     units = (tuple(model.outputs[0].shape) or (1,))[-1] if getattr(model, "outputs", None) \
@@ -153,11 +129,3 @@ def check_columns(name, value):
         raise TypeError(f"`{name}` must be a column name, a list of column names (one per "
                         "model input or output, in the model's order) or a dict keyed by the "
                         f"model's input or output names{none}. Received: {name}={value!r}")
-
-
-def check_fraction(name, value):
-    """A ValueError naming ``name`` unless ``value`` is a number in [0, 1) (a momentum)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
-            or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
-

@@ -9,6 +9,7 @@ run's results on the trainer (`results.keep`), also when the run failed.
 import math
 import time
 
+from distkeras.algorithms.arguments import check_number
 from distkeras.data import frame_checks, frame_layout
 from distkeras.keras_io import custom_objects
 from distkeras.training import batch_statistics
@@ -17,7 +18,6 @@ from distkeras.training import results
 from distkeras.training import validation_data
 from distkeras.training import worker_setup
 from distkeras.training.callbacks import check_callbacks
-from distkeras.training.checks import check_number
 from distkeras.training.monitor import report_returned_validation, resolve_verbose
 from distkeras.training.run import Run
 from distkeras.training.spark_jobs import begin_run, end_run

@@ -3,9 +3,10 @@
 import logging
 
 from distkeras.data import frame_layout
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.plans import Plan
+from distkeras.transport.history_messages import history_records, unpack_history
 
 logger = logging.getLogger(__name__)
 
@@ -16,8 +17,6 @@ class EnsemblePlan(Plan):
     watches_one_model = False  # each member is its own model: no callbacks
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings = self.run, self.settings
         count = settings.num_ensembles
         layout = frame_layout.lay_out(frame, count, shuffle, seed=settings.seed)
@@ -38,7 +37,7 @@ class EnsemblePlan(Plan):
         models = []
         for message in sorted(messages, key=lambda m: m["worker_id"]):
             run.history.extend(
-                step_history.history_records(step_history.unpack_history(message)))
+                history_records(unpack_history(message)))
             member = deserialize_model(serialize_model(settings.master_model))
             member.set_weights(list(message["weights"]))
             models.append(member)

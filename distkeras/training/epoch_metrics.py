@@ -3,64 +3,18 @@ computed on the driver.
 
 Each worker sends the metric state it added up per epoch with its step records
 (`distkeras.executor.metric_sums.EpochMetricSums`); the driver reads the reports off the
-messages (`unpack`), adds the reports of an epoch over its workers and computes each
-metric's result from the sum (`exact_logs`), in place of the steps' mean.
+messages (`distkeras.transport.history_messages.unpack_metric_states`), adds the reports
+of an epoch over its workers and computes each metric's result from the sum
+(`exact_logs`), in place of the steps' mean.
 """
 
 import logging
-import math
 
 import numpy as np
 
-from distkeras.executor.metric_sums import INDEX_FIELD, VALUES_FIELD
+from distkeras.transport.history_messages import INDEX_FIELD, VALUES_FIELD
 
 logger = logging.getLogger(__name__)
-
-
-def unpack(message, worker_id):
-    """The reports a message carries (see `EpochMetricSums.drain`), as dicts with
-    ``worker_id``, ``epoch``, ``name``, ``spec`` and ``state`` (a list of arrays).
-
-    Raises:
-        ProtocolError: When the fields do not describe the values.
-    """
-    from distkeras.transport.networking import ProtocolError
-
-    index = message.get(INDEX_FIELD)
-    if index is None:
-        return []
-    values = message.get(VALUES_FIELD)
-    if not isinstance(index, list) or not isinstance(values, np.ndarray) or values.ndim != 1:
-        raise ProtocolError("A metric state report must carry an index and a 1-D array.")
-    reports, offset = [], 0
-    for entry in index:
-        try:
-            epoch, name, spec = int(entry["epoch"]), str(entry["name"]), dict(entry["spec"])
-            shapes = [tuple(int(size) for size in shape) for shape in entry["shapes"]]
-        # OverflowError: int() of an Infinity that JSON as Python reads it may hold.
-        except (KeyError, TypeError, ValueError, OverflowError) as error:
-            raise ProtocolError(f"Bad metric state entry: {error}") from error
-        if any(size < 0 for shape in shapes for size in shape):
-            raise ProtocolError("A metric state report names a negative dimension.")
-        state = []
-        for shape in shapes:
-            # Python's integers: an int64 product wraps (2**62 * 4 is 0), and reshape
-            # then failed as a bug of the server's rather than a bad report.
-            size = math.prod(shape)
-            if offset + size > len(values):
-                raise ProtocolError("A metric state report holds fewer values than it says.")
-            try:
-                state.append(values[offset:offset + size].reshape(shape))
-            # An empty state whose other dimensions overflow (numpy's int64, or C's long).
-            except (ValueError, OverflowError) as error:
-                raise ProtocolError(f"Bad metric state shape {list(shape)}: {error}") \
-                    from error
-            offset += size
-        reports.append({"worker_id": worker_id, "epoch": epoch, "name": name, "spec": spec,
-                        "state": state})
-    if offset != len(values):
-        raise ProtocolError("A metric state report holds more values than it says.")
-    return reports
 
 
 def of_epoch(reports, epoch):

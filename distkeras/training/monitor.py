@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from distkeras.training.checkpoints import save_checkpoint
 from distkeras.training.epoch_metrics import of_epoch
 from distkeras.training.validator import epoch_logs
 
@@ -376,8 +377,6 @@ class TrainingMonitor(threading.Thread):
         self._done.set()
 
     def _checkpoint(self):
-        from distkeras.training.checkpoints import save_checkpoint
-
         if self.server.num_updates == self._checkpointed_updates:
             return  # nothing new since the last one
         try:

@@ -9,14 +9,15 @@ Spark task of its own, going on from the last one's weights and optimizer state.
 import logging
 
 from distkeras.data import frame_layout
-from distkeras.executor import step_history
 from distkeras.executor.epochs import Replay
 from distkeras.executor.sequential import SequentialWorker
 from distkeras.keras_io import model_state
-from distkeras.training import epoch_metrics
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 from distkeras.training.plans import Plan
 from distkeras.transport import parameter_servers
+from distkeras.transport.history_messages import (history_records, unpack_history,
+                                                  unpack_metric_states)
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ class OneTaskPlan(Plan):
         self.make_epoch_worker = make_epoch_worker
 
     def train(self, frame, label_shapes, shuffle):
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         run, settings = self.run, self.settings
         model = deserialize_model(serialize_model(settings.master_model))
         lent_state = self.lent_optimizer_state()
@@ -117,8 +116,8 @@ class OneTaskPlan(Plan):
             (message,) = self.run_workers(layout, 1, worker, label_shapes,
                                           f"distkeras {description}", job_group, replay)
         run.history.extend(reported)
-        run.history.extend(step_history.history_records(step_history.unpack_history(message)))
-        run.metric_states.extend(epoch_metrics.unpack(message, message["worker_id"]))
+        run.history.extend(history_records(unpack_history(message)))
+        run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))
         if message.get("optimizer_state") is not None:
             run.optimizer_state = list(message["optimizer_state"])
         return message
@@ -151,8 +150,6 @@ class OneTaskPlan(Plan):
         The validator's model holds the optimizer's state between epochs, so the callbacks
         see it (``ModelCheckpoint`` saves it) and may change its learning rate.
         """
-        from distkeras.keras_io.archives import serialize_model
-
         run, num_epoch = self.run, self.settings.num_epoch
         driver_model = run.validator.model
         for epoch in range(1, num_epoch + 1):

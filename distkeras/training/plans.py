@@ -19,10 +19,12 @@ The plans: `one_task.OneTaskPlan` (SingleTrainer: one task, or a task per epoch)
 
 import contextlib
 
+from distkeras.errors import TrainingError
 from distkeras.training import launch
 from distkeras.training import worker_setup
 from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.serving import serving
+from distkeras.training.spark_jobs import driver_address
 from distkeras.transport import parameter_servers
 
 
@@ -123,9 +125,6 @@ class Plan:
             TrainingError: A worker's error, the driver's end of an epoch (kept in
                 ``failures``) or the server's.
         """
-        from distkeras.errors import TrainingError
-        from distkeras.training.spark_jobs import driver_address
-
         run = self.run
         spark = layout.sparkSession
         run.server = server

@@ -9,7 +9,8 @@ on every executor.
 from distkeras.data import frame_columns
 from distkeras.data import sample_weights
 from distkeras.keras_io import custom_objects
-from distkeras.keras_io.compile_config import check_compile_arguments
+from distkeras.keras_io.archives import deserialize_model, serialize_model
+from distkeras.keras_io.compile_config import check_compile_arguments, serialize_keras_object
 from distkeras.training import validation_data
 from distkeras.training import validator
 from distkeras.training.callbacks import warn_of_step_mean_metrics
@@ -39,9 +40,6 @@ def check_run(run, dataframe, label_shapes, sample_weight_col, class_weight):
 
 def find_custom_objects(settings):
     """The user's own layers, losses, metrics the executors need; checked here first."""
-    from distkeras.keras_io.archives import serialize_model
-    from distkeras.keras_io.compile_config import serialize_keras_object
-
     model = settings.master_model
     compile_objects = (settings.worker_optimizer, settings.loss, settings.metrics)
     found, unresolved = custom_objects.find(
@@ -69,7 +67,6 @@ def make_validator(run, validation_frame, callbacks, compile_model):
     """
     if validation_frame is None and not callbacks:
         return None
-    from distkeras.keras_io.archives import deserialize_model, serialize_model
 
     settings = run.settings
     if callbacks:

@@ -10,8 +10,9 @@ trainer keeps what the user gave, so its `get_config()` is the same before and a
 
 import types
 
+from distkeras.algorithms.arguments import check_int
 from distkeras.data import frame_checks
-from distkeras.training.checks import (check_columns, check_int, compiled_with,
+from distkeras.training.checks import (check_columns, compiled_with,
                                        compiled_without_loss, default_metrics,
                                        is_classification_loss)
 

@@ -13,18 +13,12 @@ import socket
 import sys
 import threading
 
-from distkeras.errors import TrainingError
+from distkeras.data.feed import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH
+from distkeras.errors import ExecutorEnvironmentError, TrainingError
 from distkeras.executor import failures
 from distkeras.transport import networking
 
 logger = logging.getLogger(__name__)
-
-
-ARROW_BATCH_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
-# Rows per Arrow record batch in the training job, unless the session sets its own. Spark's
-# default (10,000) makes a worker wait for the JVM to convert 10,000 rows (0.17 s for
-# Fashion-MNIST) before its first step; smaller batches reach the same throughput.
-FEED_RECORDS_PER_BATCH = 2048
 
 
 # The trainings in this process that set the rows per Arrow batch on a session and have not
@@ -211,8 +205,6 @@ def check_executor_python(spark_context):
         distkeras.errors.ExecutorEnvironmentError: When it cannot, naming the Python to
             give the executors (``spark.pyspark.python`` or ``PYSPARK_PYTHON``).
     """
-    from distkeras.errors import ExecutorEnvironmentError
-
     application = spark_context.applicationId
     if application in _EXECUTOR_PYTHON_CHECKED:
         return

@@ -7,12 +7,13 @@ state and hands it to the execution plan the trainer makes (`make_plan`: its cla
 `run.RunResults` (`results`).
 """
 
-from distkeras.tools.history import average_history
+from distkeras.training.history import average_history
 from distkeras.training import compat
 from distkeras.training import driver
 from distkeras.training import results
 from distkeras.training import settings as settings_module
 from distkeras.training.worker_setup import compile_returned, workers_optimizer
+from distkeras.keras_io.compile_config import serialize_keras_object
 
 
 class Trainer:
@@ -65,8 +66,6 @@ class Trainer:
 
     def get_config(self):
         """The trainer's settings as a JSON-able dict (the model is not included)."""
-        from distkeras.keras_io.compile_config import serialize_keras_object
-
         return {
             "worker_optimizer": serialize_keras_object(self.worker_optimizer),
             "loss": serialize_keras_object(self.loss),

@@ -12,8 +12,8 @@ import numbers
 import numpy as np
 
 from distkeras.data import frame_checks, frame_columns, frame_layout
-from distkeras.data.feed import (arrow_name, column_to_numpy, input_names, integer_dtype,
-                                 model_inputs, output_names)
+from distkeras.data.feed import (arrow_name, check_class_indices, column_to_numpy, input_names,
+                                 integer_dtype, model_inputs, output_names)
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,6 @@ def from_arrays(data, model):
     Raises:
         ValueError: Naming what does not fit the model.
     """
-    from distkeras.data.feed import check_class_indices
-
     if len(data) not in (1, 2, 3):
         raise ValueError(
             "`validation_data` as arrays must be a tuple (x, y) or (x, y, sample_weight), "

@@ -14,6 +14,7 @@ import numpy as np
 from distkeras.data import sample_weights
 from distkeras.data.feed import model_outputs, output_keys
 from distkeras.training.callbacks import LEARNING_RATE_CALLBACKS, keras_callback_list
+from distkeras.training.epoch_metrics import exact_logs
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ def epoch_logs(records, metric_states=()):
     its ``batch_size`` (1 where a record has none): an epoch's smaller last batch counts for
     its rows. A value that is NaN in one step is NaN. Steps of a failed task that Spark's
     retry trained again (``superseded``) do not count."""
-    from distkeras.training.epoch_metrics import exact_logs
-
     logs = _step_means(records)
     logs.update(exact_logs(metric_states))
     return logs

@@ -9,6 +9,8 @@ moved as they were, with ``self.<setting>`` read from ``run.settings`` and
 """
 
 from distkeras.keras_io import model_state
+from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
+                                               serialize_keras_object, with_learning_rate)
 from distkeras.training.spark_jobs import register_user_module
 
 # With validation or callbacks, workers report (and the monitor looks) this often, so that
@@ -28,12 +30,10 @@ def workers_optimizer(trainer, settings):
         settings: Anything with ``worker_optimizer``, ``learning_rate`` (where the class
             has one) and ``master_model``: a run's `Settings`, or the trainer itself.
     """
-    from distkeras.ml.estimators import optimizer_config
-
     learning_rate = getattr(settings, "learning_rate", None)
     if getattr(trainer, "sets_worker_learning_rate", False) and learning_rate is not None:
-        return optimizer_config(settings.worker_optimizer, learning_rate,
-                                settings.master_model)
+        return with_learning_rate(settings.worker_optimizer, learning_rate,
+                                  settings.master_model)
     algorithm = getattr(trainer, "algorithm", None)
     factor = 1.0 if algorithm is None else \
         algorithm.worker_learning_rate_factor(settings.communication_window,
@@ -41,7 +41,7 @@ def workers_optimizer(trainer, settings):
     rate = None if factor == 1.0 else default_learning_rate(settings.worker_optimizer)
     if rate is None:
         return settings.worker_optimizer
-    return optimizer_config(settings.worker_optimizer, rate * factor, settings.master_model)
+    return with_learning_rate(settings.worker_optimizer, rate * factor, settings.master_model)
 
 
 def default_learning_rate(optimizer):
@@ -74,9 +74,6 @@ def compile_returned(optimizer, settings, model):
     """Compiles ``model`` as a run with ``settings`` returns it: with the workers'
     ``optimizer`` (`workers_optimizer`), the loss, the metrics and the given model's
     execution options; returns it."""
-    from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
-                                                   serialize_keras_object)
-
     # From configs, so the returned model never shares optimizer state with objects the
     # user passed in; the optimizer as the workers had it (see `optimizer_as_compiled`).
     model.compile(**compile_arguments(
@@ -94,8 +91,6 @@ def compile_returned(optimizer, settings, model):
 def configure_worker(run, worker):
     """Fills the worker's unset settings from the run's (was ``Trainer._configure_worker``)."""
     import keras
-
-    from distkeras.keras_io.compile_config import optimizer_as_compiled, serialize_keras_object
 
     settings = run.settings
     defaults = {

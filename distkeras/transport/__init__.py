@@ -9,6 +9,8 @@ frames, connections and a worker's checks run on both ends.
 - `socket_transport`: the server's socket part: accept, handshake, eviction, one thread
   per connection, the dispatch of actions (driver).
 - `center`: the center variable, its lock, and the pull and commit exchanges (driver).
+- `history_messages`: the step records and metric states as a worker's messages carry
+  them (executor writes, driver reads).
 - `history_sink`: the workers' step records, failures, goodbyes, task retries and epoch
   ends (driver).
 - `epoch_barrier`: workers wait at each epoch's end while the driver ends it (driver).

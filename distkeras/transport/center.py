@@ -22,6 +22,7 @@ import numpy as np
 from distkeras.errors import DistkerasError
 from distkeras.transport import networking
 from distkeras.transport.networking import send_data, weights_array
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 
 
 class RefusedUpdate(DistkerasError):
@@ -74,8 +75,6 @@ class CenterVariable:
 
     def get_model(self):
         """Returns a copy of the master model holding the center variable."""
-        from distkeras.keras_io.archives import deserialize_model, serialize_model
-
         model = deserialize_model(serialize_model(self.model))
         with self.mutex:
             model.set_weights(list(self.center_variable))

@@ -8,15 +8,10 @@ and the ``center_variable`` it holds as each epoch ends).
 
 import logging
 
-from distkeras.transport import networking
+from distkeras.transport import history_messages, networking
 from distkeras.transport.networking import recv_data
 
 logger = logging.getLogger(__name__)
-
-
-# Step record fields the server and the driver's monitor count with (`int()` of them):
-# whole numbers, as a worker's `_record_step` writes them.
-_INTEGRAL_HISTORY_FIELDS = frozenset({"worker_id", "iteration", "batch_size", "epoch"})
 
 
 def _history_records(columns):
@@ -29,12 +24,10 @@ def _history_records(columns):
     Raises:
         ProtocolError: If the columns are not such lists.
     """
-    from distkeras.executor.step_history import history_records
-
     if not isinstance(columns, dict):
         raise networking.ProtocolError("A history message must carry a dict of columns.")
     for key, column in columns.items():
-        integral = key in _INTEGRAL_HISTORY_FIELDS
+        integral = key in history_messages.INTEGRAL_FIELDS
         if not isinstance(column, list) or not all(
                 value is None or (isinstance(value, int) and not isinstance(value, bool)
                                   if integral else isinstance(value, (int, float)))
@@ -44,7 +37,7 @@ def _history_records(columns):
                 f"{'integers' if integral else 'numbers'} or None.")
     if len({len(column) for column in columns.values()}) > 1:
         raise networking.ProtocolError("A history message's columns differ in length.")
-    return history_records(columns)
+    return history_messages.history_records(columns)
 
 
 
@@ -66,7 +59,7 @@ class HistorySink:
         self.center = center
         self.supersede_on_retry = supersede_on_retry
         self.history = []
-        # The workers' reports of their metric state per epoch (`epoch_metrics.unpack`),
+        # The workers' reports of their metric state per epoch (`history_messages.unpack_metric_states`),
         # superseded with the records of the same steps.
         self.metric_states = []
         # Goes up each time records are marked ``superseded`` (a retried task's): a reader
@@ -208,12 +201,10 @@ class HistorySink:
     def handle_history(self, conn, addr):
         """Receives a worker's per-step records."""
         data = recv_data(conn)
-        from distkeras.training.epoch_metrics import unpack
-
         # Both checked before anything is kept: a malformed report closes the connection
         # and leaves the history as it was.
         records = _history_records(data.get("history"))
-        reports = unpack(data, conn.worker_id)
+        reports = history_messages.unpack_metric_states(data, conn.worker_id)
         attempt = getattr(conn, "attempt", 0)
         index = getattr(conn, "attempt_index", 0)
         with self.lock:

@@ -8,6 +8,7 @@ from conftest import build_mlp
 from distkeras.transport import networking
 from distkeras.executor import step_history
 from distkeras.training import launch
+from distkeras.transport import history_messages
 
 
 def test_long_history_travels_in_one_frame():
@@ -18,9 +19,9 @@ def test_long_history_travels_in_one_frame():
         if step % 2:
             record["accuracy"] = 0.5
         log.append(record)
-    message = {"worker_id": 3, **step_history.pack_history(log.drain())}
+    message = {"worker_id": 3, **history_messages.pack_history(log.drain())}
     decoded = networking.decode_message(networking.encode_message(message))
-    records = step_history.history_records(step_history.unpack_history(decoded))
+    records = history_messages.history_records(history_messages.unpack_history(decoded))
     assert len(records) == 50_000
     assert records[0] == {"worker_id": 3, "iteration": 1, "timestamp": 1.5e9,
                           "batch_size": 32, "loss": 1.0}
@@ -31,8 +32,8 @@ def test_long_history_travels_in_one_frame():
 
 def test_empty_history_round_trips():
     decoded = networking.decode_message(networking.encode_message(
-        {"worker_id": 0, **step_history.pack_history({})}))
-    assert step_history.history_records(step_history.unpack_history(decoded)) == []
+        {"worker_id": 0, **history_messages.pack_history({})}))
+    assert history_messages.history_records(history_messages.unpack_history(decoded)) == []
 
 
 def test_a_loss_that_became_nan_stays_nan_and_a_missing_metric_stays_missing():
@@ -42,8 +43,8 @@ def test_a_loss_that_became_nan_stays_nan_and_a_missing_metric_stays_missing():
                 "accuracy": 0.25})
     log.append({"worker_id": 0, "iteration": 2, "batch_size": 32, "loss": float("nan")})
     decoded = networking.decode_message(networking.encode_message(
-        {"worker_id": 0, **step_history.pack_history(log.drain())}))
-    first, second = step_history.history_records(step_history.unpack_history(decoded))
+        {"worker_id": 0, **history_messages.pack_history(log.drain())}))
+    first, second = history_messages.history_records(history_messages.unpack_history(decoded))
     assert first["loss"] == 2.5 and first["accuracy"] == 0.25
     assert math.isnan(second["loss"]) and "accuracy" not in second
 
@@ -102,7 +103,7 @@ def test_averaging_epoch_by_epoch_numbers_each_workers_steps_on_from_its_own(
 def test_averaged_history_of_records_without_epochs_goes_by_iteration():
     """Records of a worker of one's own, without ``epoch``: each worker's k-th step, as
     dist-keras averaged them."""
-    from distkeras.tools.history import average_history
+    from distkeras.training.history import average_history
 
     records = [{"worker_id": worker, "iteration": step, "timestamp": float(step),
                 "loss": float(worker + step)}

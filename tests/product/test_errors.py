@@ -49,7 +49,7 @@ def test_every_error_distkeras_defines_derives_from_one_base():
     ("distkeras.errors.ExecutorEnvironmentError", ImportError),
     ("distkeras.errors.DataSourceError", OSError),
     ("distkeras.transport.networking.PeerClosedError", ConnectionError),
-    ("distkeras.punchcard.submissions.BadRequest", ValueError),
+    ("distkeras.punchcard.refusals.BadRequest", ValueError),
     ("distkeras.punchcard.client.JobError", RuntimeError),
 ])
 def test_each_error_keeps_its_builtin_kind(path, kind):

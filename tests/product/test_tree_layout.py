@@ -50,7 +50,7 @@ FACES = {
          # docs/guide/clusters-backends-checkpoints.md: models and histories on any path.
          "serialize_model", "deserialize_model", "save_model", "load_model", "save_history",
          "load_history"},
-        ["distkeras.keras_io.archives", "distkeras.tools.history",
+        ["distkeras.keras_io.archives", "distkeras.training.history",
          "distkeras.tools.dataframes", "distkeras.tools.legacy_utils"]),
     "distkeras.transformers": (
         {"MinMaxTransformer", "BinaryLabelTransformer", "StandardTransformer",

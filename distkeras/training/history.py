@@ -1,7 +1,11 @@
 """A training's step history, averaged over the workers, and saved to or loaded from
 any Hadoop path (the driver)."""
 
+import json
+
 import numpy as np
+
+from distkeras.data import storage
 
 
 def average_history(records):
@@ -61,18 +65,10 @@ def _steps_by_worker_epoch(records):
 
 def save_history(history, path):
     """Saves a trainer's history (a list of records) as JSON at ``path``, atomically."""
-    import json
-
-    from distkeras.data import storage
-
     storage.write_bytes(path, json.dumps(list(history)).encode("utf-8"))
 
 
 def load_history(path):
     """Loads a history saved by `save_history`."""
-    import json
-
-    from distkeras.data import storage
-
     return json.loads(storage.read_bytes(path).decode("utf-8"))
 
