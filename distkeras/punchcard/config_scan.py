@@ -3,11 +3,15 @@
 Keras's ``safe_mode`` refuses a `Lambda` layer's lambda, but not a reference to one of
 Keras's own exported functions (``{"class_name": "function", "module":
 "keras.distribution", "config": "set_distribution"}``), which a layer then calls with
-arguments of the client's choosing. So Punchcard walks the configuration first: functions
-only from an allow-list (activations, losses, metrics, `keras.ops` math, or functions
-registered on the server), classes only from Keras's modelling modules, no `Lambda` or
-other code-holding layer, and metric state (AUC's ``num_thresholds``, MeanIoU's
-``num_classes``) counted against a limit. Nothing here imports Keras.
+arguments of the client's choosing. So Punchcard walks the configuration first: class
+and function names are single Python names (Keras looks ``module + "." + class_name`` up,
+so ``"layers.Lambda"`` after ``"keras"`` reached any exported symbol), functions only from
+an allow-list (activations, losses, metrics, `keras.ops` math, or functions registered on
+the server), classes only from Keras's modelling modules, no `Lambda` or other
+code-holding layer, no operation that calls a function, a functional graph's nodes called
+on its tensors only, and metric state (AUC's ``num_thresholds``, MeanIoU's
+``num_classes``) counted against a limit. Nothing here imports Keras: what Keras resolves
+the names to is checked again where it lives (`keras_checks.resolution_checked`).
 """
 
 import io

@@ -22,6 +22,9 @@ def limit_memory(memory_bytes):
         reservations of memory they never touch.
     """
     if memory_bytes:
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        if hard != resource.RLIM_INFINITY:
+            memory_bytes = min(memory_bytes, hard)  # a lower limit of the server's stays
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MEMORY_BYTES = 4 << 30
 DEFAULT_CPU_SECONDS = 300
 DEFAULT_TIMEOUT = 300
-RETRY_AFTER_SECONDS = 10
+RETRY_AFTER_SECONDS = 5
 
 
 class CheckFailed(DistkerasError, ValueError):
@@ -55,7 +55,8 @@ class ModelChecker:
         timeout: Seconds a check may take, from the request sent to the answer.
         max_concurrent: Checks running at once; more are refused (`ChecksBusy`).
         activation_bytes: The most memory a model's activations for one batch may take
-            (`keras_checks.check_activation_bytes`); None: no limit.
+            (`keras_checks.check_activations`): a job process's memory limit; None: the
+            default one (`processes.default_job_memory_bytes`), 0: no limit.
     """
 
     def __init__(self, memory_bytes=DEFAULT_MEMORY_BYTES, cpu_seconds=DEFAULT_CPU_SECONDS,
@@ -64,6 +65,10 @@ class ModelChecker:
         self.cpu_seconds = cpu_seconds
         self.timeout = timeout
         self.max_concurrent = max_concurrent
+        if activation_bytes is None:
+            from distkeras.punchcard.processes import default_job_memory_bytes
+
+            activation_bytes = default_job_memory_bytes()
         self.activation_bytes = activation_bytes
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._owners = set()  # identities with a check running
