@@ -58,6 +58,9 @@ _CLASS_MODULES = frozenset({"layers", "models", "optimizers", "losses", "metrics
                             "initializers", "regularizers", "constraints", "activations",
                             "dtype_policies", "quantizers", "random"})
 _NOT_MODELLING = frozenset({"get", "serialize", "deserialize"})
+# Settings a lookup layer takes as values or as the path of a file to read (StringLookup,
+# IntegerLookup, TextVectorization): a path would put a server's file in the model.
+_FILE_SETTINGS = ("vocabulary", "idf_weights")
 # keras.ops functions a configuration may name: element-wise and reduction math.
 OPS_MATH = frozenset({
     "abs", "absolute", "add", "subtract", "multiply", "divide", "negative", "square",
@@ -297,6 +300,11 @@ def _check_state(item, where):
         raise ConfigRefused(
             f"{where} sets num_thresholds x num_labels = {item['num_thresholds'] * labels}, "
             f"more than this server allocates (at most {MAX_THRESHOLD_STATE}).")
+    for key in _FILE_SETTINGS:
+        if isinstance(item.get(key), str):
+            raise ConfigRefused(
+                f"{where} sets {key} to {_short(item[key])!r}, a file Keras would read on "
+                "this server: give the values themselves (a list).")
     thresholds = item.get("thresholds")
     if isinstance(thresholds, list) and len(thresholds) > MAX_THRESHOLDS:
         raise ConfigRefused(f"{where} sets {len(thresholds)} thresholds, more than this "

@@ -296,16 +296,16 @@ def check_resolved(found, spelled, custom_objects=None):
                 issubclass(found, tuple(layer for layer in code if layer is not None)) or \
                 (section == "ops" and name in config_scan.CALLING_OPS):
             raise ObjectRefused(
-                f"it names {where}, which this server does "
-                "not build: only Keras's layers, models, optimizers, losses, metrics and "
+                f"it names {where}, which this server does not build: only Keras's layers, models, optimizers, losses, metrics and "
                 "their parts (no Lambda or other layer that runs code).")
         return
     if isinstance(found, types.FunctionType) and name not in _NOT_MODELLING and (
             section in _FUNCTION_HOMES or (section == "ops" and name in config_scan.OPS_MATH)):
         return
     raise ObjectRefused(
-        f"it names {where}, which this server does not call: only activations, losses, metrics and keras.ops math, or functions "
-        "registered in a package installed on the server.")
+        f"it names {where}, which this server does not call: only activations, losses, "
+        "metrics and keras.ops math, or functions registered in a package installed on "
+        "the server.")
 
 
 _CODE_LAYER_CLASSES = ("Lambda", "TorchModuleWrapper", "TFSMLayer", "JaxLayer", "FlaxLayer")
