@@ -7,6 +7,7 @@ successful look at a state is written to the audit log. Run in the server's proc
 
 from distkeras.punchcard.config_scan import ConfigRefused, loads_bounded
 from distkeras.punchcard.front import make_front
+from distkeras.punchcard.model_check import ChecksBusy
 from distkeras.punchcard.protocol import CANCEL, DESTROY, RESULT, SECRET_HEADER, STATE, SUBMIT
 from distkeras.punchcard.refusals import BadRequest
 from distkeras.punchcard.submissions import SubmissionInProgress
@@ -88,6 +89,10 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             return error(400, str(bad))
         except SubmissionInProgress as in_progress:
             return error(403, str(in_progress))
+        except ChecksBusy as busy_checks:
+            response = error(503, str(busy_checks))
+            response.headers["Retry-After"] = str(busy_checks.retry_after)
+            return response
         if state is None:
             return busy(who[0])
         job = punchcard.job_of(who[0])

@@ -44,6 +44,14 @@ class JobError(DistkerasError, RuntimeError):
         self.status = status
 
 
+def _retry_after(error, default=5.0):
+    """The seconds a 503's Retry-After asks for (at most a minute)."""
+    try:
+        return min(60.0, max(0.0, float(getattr(error, "retry_after", None) or default)))
+    except ValueError:
+        return default
+
+
 class ServerUnreachable(JobError):
     """The server could not be reached (down, restarting, or a network problem)."""
 
@@ -102,8 +110,10 @@ class Job:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as error:
-            raise JobError(f"Punchcard answered {error.code}: {_error_message(error)}",
-                           status=error.code) from error
+            refused = JobError(f"Punchcard answered {error.code}: {_error_message(error)}",
+                               status=error.code)
+            refused.retry_after = error.headers.get("Retry-After")
+            raise refused from error
         # HTTPException: the connection was cut mid-answer (IncompleteRead), as in a
         # restart: transient, as an unreachable server is (wait_completion polls on).
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
@@ -160,8 +170,9 @@ class Job:
         """
         self.url = url
         payload = self.payload()
+        deadline = time.monotonic() + timeout
         try:
-            answer = self._request("POST", SUBMIT, payload, timeout=timeout)
+            answer = self._submit_when_checked(payload, deadline)
         except ServerUnreachable as error:
             if _timed_out(error):
                 raise JobError(
@@ -183,6 +194,19 @@ class Job:
                 "administrator to raise the limit, or send a smaller model.") from error
         self.state = answer.get("state")
         return answer
+
+    def _submit_when_checked(self, payload, deadline):
+        """POSTs the job, again after the server's Retry-After while it answers 503 (its
+        model checks all busy) and ``deadline`` allows."""
+        while True:
+            try:
+                return self._request("POST", SUBMIT, payload,
+                                     timeout=max(1.0, deadline - time.monotonic()))
+            except JobError as error:
+                wait = _retry_after(error)
+                if error.status != 503 or time.monotonic() + wait > deadline:
+                    raise
+                time.sleep(wait)
 
     def _probe_status(self):
         """The status of a small request (200, or the refusal's), None if unreachable."""

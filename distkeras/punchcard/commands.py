@@ -20,10 +20,13 @@ def exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
     mean to: said once, at start-up."""
     warnings = []
     if not allowed_data_roots and not allow_any_data_path:
+        from distkeras.punchcard.data_roots import CLUSTER_SCHEMES
+
         warnings.append(
-            "No --allowed-data-root: jobs may read paths of cluster file systems "
-            "(hdfs://, s3a://) only, and local paths are refused. Give the folders that "
-            "hold training data.")
+            "No --allowed-data-root: jobs may read paths of the cluster's file systems "
+            f"({', '.join(s + '://' for s in CLUSTER_SCHEMES)}; hdfs:/// of the default name "
+            "node only) and local paths are refused, in any spelling (file:, FILE:, local:, "
+            "jar:file:). Give the folders that hold training data.")
     elif not allowed_data_roots:
         warnings.append(
             "No --allowed-data-root: a job may train on any path this server's user can "
@@ -43,7 +46,12 @@ _LIMIT_FLAGS = (
      "address space of the child process that checks a submitted model (RLIMIT_AS)"),
     ("--check-seconds", int, 300,
      "CPU time (RLIMIT_CPU) and wall-clock time of a model's check"),
-    ("--max-concurrent-checks", int, 2, "model checks running at once (each a child process)"),
+    ("--max-concurrent-checks", int, 2,
+     "model checks running at once (each a child process; one per identity at a time)"),
+    ("--job-memory-mb", int, None,
+     "memory (RLIMIT_DATA) each process of a job may write: its driver, Spark's JVM and "
+     "Python workers; a model whose activations for one batch exceed it is refused at "
+     "its check (default: half of this machine's memory)"),
     ("--connection-limit", int, 1000,
      "connections held at once; past it, the oldest connection still sending its headers "
      "is closed for a new one"),
@@ -95,6 +103,10 @@ def serve(argv=None, prog="punchcard"):
     for flag, kind, default, text in _LIMIT_FLAGS:
         parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args(argv)
+    from distkeras.punchcard.processes import default_job_memory_bytes
+
+    job_memory = (args.job_memory_mb << 20) if args.job_memory_mb else \
+        default_job_memory_bytes()
     # force: `distkeras punchcard` runs after the CLI configured WARNING, which dropped
     # this server's INFO lines (jobs queued, started, reloads).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
@@ -106,9 +118,11 @@ def serve(argv=None, prog="punchcard"):
                               allow_any_data_path=args.allow_any_data_path,
                               max_job_seconds=args.max_job_minutes * 60 or None,
                               max_epochs=args.max_epochs, audit_log=audit_log,
+                              job_memory_bytes=job_memory,
                               model_checker=ModelChecker(
                                   args.check_memory_mb << 20, args.check_seconds,
-                                  args.check_seconds, args.max_concurrent_checks))
+                                  args.check_seconds, args.max_concurrent_checks,
+                                  activation_bytes=job_memory))
     except (OSError, ValueError) as error:
         sys.stderr.write(f"punchcard: error: {error}\n")
         return 1

@@ -29,17 +29,53 @@ class OutsideRoots(DistkerasError, ValueError):
     """A path that resolves outside the allowed roots (its message says which entry)."""
 
 
+# Without allowed roots, the file systems a job may read: a cluster's (Hadoop reads
+# schemes in any case). An object store's bucket is no host to connect to (its endpoint is
+# the cluster's setting); HDFS names its name node, so only the default one (hdfs:///).
+CLUSTER_SCHEMES = ("hdfs", "s3a", "gs")
+_HOSTLESS_SCHEMES = frozenset({"hdfs"})
+
+
+def scheme(path):
+    """The URL scheme of ``path`` in lower case (``"file"``, ``"hdfs"``), or None."""
+    match = _SCHEME.match(path)
+    return match.group(0)[:-1].lower() if match else None
+
+
 def local_path(path):
     """The local file system path that ``path`` names, or None for another file system.
 
     Args:
         path: A path as Spark reads it: ``/a/b``, ``file:///a/b``, ``hdfs://nn/a``.
     """
-    if path.startswith("file:"):
+    named = scheme(path)
+    if named == "file":
         return urllib.parse.unquote(urllib.parse.urlparse(path).path)
-    if _SCHEME.match(path):
+    if named is not None:
         return None
     return path
+
+
+def check_cluster_path(path):
+    """Refuses a path that is not of a cluster file system `CLUSTER_SCHEMES` names (for
+    a server with no allowed roots): local paths (no scheme, ``file:``, ``local:``,
+    ``jar:file:``, in any case) and other schemes (``ftp:``, ``webhdfs:``, ``http:``),
+    and an HDFS path naming a name node (Spark would connect to any host it names).
+
+    Raises:
+        OutsideRoots: Saying what this server reads.
+    """
+    named = scheme(path)
+    accepted = (f"This server reads {', '.join(s + '://' for s in CLUSTER_SCHEMES)} paths "
+                "only (hdfs:/// of the cluster's own name node): this server reads no "
+                "local path, as its administrator named no folder of training data "
+                "(punchcard --allowed-data-root, which may also name another name node).")
+    if named not in CLUSTER_SCHEMES:
+        raise OutsideRoots(f"{path!r} is not a path of the cluster's file system. "
+                           + accepted)
+    if named in _HOSTLESS_SCHEMES and urllib.parse.urlparse(path).netloc:
+        raise OutsideRoots(f"{path!r} names the host "
+                           f"{urllib.parse.urlparse(path).netloc!r}. " + accepted)
 
 
 def local_roots(roots):

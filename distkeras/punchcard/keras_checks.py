@@ -4,8 +4,10 @@ Run in a `model_check` child process under resource limits, never in the server'
 loading a model allocates what the client's configuration declares.
 """
 
+import contextlib
 import re
 import tempfile
+import types
 
 from distkeras.keras_io.archives import declared_weight_bytes, deserialize_model
 from distkeras.keras_io.compile_config import check_compile_arguments
@@ -14,7 +16,7 @@ from distkeras.punchcard.refusals import (ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_E
                                           scan_configs, unpack_limit)
 
 
-def check_keras_parts(model_text, trainer_class_name, config, workers):
+def check_keras_parts(model_text, trainer_class_name, config, workers, activation_bytes=None):
     """Checks what Keras builds of a submission: the model archive and the trainer.
 
     The configurations are scanned as JSON first (`config_scan`: no code references, no
@@ -27,6 +29,8 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
         trainer_class_name: The registered trainer class's name.
         config: The trainer's JSON config.
         workers: The job's number of workers.
+        activation_bytes: The most memory the model's activations for one batch may take
+            (`check_activations`); None: no limit.
 
     Returns:
         The trainer config to run (``num_workers`` set to ``workers``).
@@ -39,6 +43,11 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
     model_bytes = decode_model(model_text)
     scan_configs(model_bytes, config, frozenset(keras.saving.get_custom_objects()))
     trainer_class = registered_trainer_class(trainer_class_name)
+    with resolution_checked():
+        return _check_built(model_bytes, trainer_class, config, workers, activation_bytes)
+
+
+def _check_built(model_bytes, trainer_class, config, workers, activation_bytes):
     _check_declared_weights(model_bytes)
     try:
         # Compiled, as the job's process loads it (`cli`): a model compiled with
@@ -59,7 +68,46 @@ def check_keras_parts(model_text, trainer_class_name, config, workers):
         check_compile_arguments(settings.worker_optimizer, settings.loss, settings.metrics)
     except (TypeError, ValueError) as error:
         raise BadRequest(f"Bad trainer configuration: {error}") from error
+    if activation_bytes:
+        check_activations(model, built.get_config().get("batch_size", 32), activation_bytes)
     return config
+
+
+def activation_estimate(model, batch_size):
+    """The bytes of every output of the model's layers and operations for one batch of
+    ``batch_size`` rows (nested models' too): what one training step holds for its
+    backward pass, at the least. A dimension the model leaves open (a sequence's length)
+    counts as 1."""
+    import math
+
+    import numpy as np
+
+    total, pending, seen = 0, [model], set()
+    while pending:
+        operation = pending.pop()
+        if id(operation) in seen:
+            continue
+        seen.add(id(operation))
+        pending.extend(getattr(operation, "operations", None) or
+                       getattr(operation, "layers", None) or [])
+        for node in getattr(operation, "_inbound_nodes", []):
+            for tensor in node.outputs:
+                dtype = str(tensor.dtype)
+                size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+                total += math.prod(d or 1 for d in tensor.shape[1:]) * size
+    return total * batch_size
+
+
+def check_activations(model, batch_size, limit):
+    """Refuses a model whose activations for one batch (`activation_estimate`) take more
+    than ``limit`` bytes: its job could not train it in the memory it is given."""
+    needed = activation_estimate(model, batch_size)
+    if needed > limit:
+        raise BadRequest(
+            f"The model's activations for one batch of {batch_size} rows take about "
+            f"{needed / 2**30:,.1f} GiB (its layers' outputs x batch_size, in their dtypes), "
+            f"more than a job of this server may use ({limit / 2**30:,.1f} GiB, punchcard "
+            "--job-memory-mb). Use a smaller batch_size or smaller layers.")
 
 
 def _check_declared_weights(data):
@@ -95,6 +143,8 @@ _UNKNOWN_OBJECT = re.compile(r"Could not locate (\w+) '([^']+)'")
 def _archive_error(error):
     """Why an archive did not load, in a few lines: Keras's errors for an unknown class
     hold the whole model's configuration, twice, around the one name that matters."""
+    if isinstance(error, ObjectRefused):
+        return str(error)
     unknown = _UNKNOWN_OBJECT.search(str(error))
     if unknown:
         kind, name = unknown.groups()
@@ -164,3 +214,95 @@ def _config_leaves(value):
     if isinstance(value, dict) and "class_name" not in value:  # one entry per output
         return [leaf for item in value.values() for leaf in _config_leaves(item)]
     return [value]
+
+
+class ObjectRefused(BadRequest):
+    """An object a configuration names that this server does not build or call."""
+
+
+# Where Keras's classes a model may be built of live (keras.src.<section>...), and its
+# functions a configuration may name. Operations (keras.ops) are checked by name too.
+_CLASS_HOMES = ("layers", "models", "optimizers", "losses", "metrics", "initializers",
+                "regularizers", "constraints", "dtype_policies", "quantizers", "random",
+                "ops")
+_FUNCTION_HOMES = ("activations", "losses", "metrics")
+_NOT_MODELLING = frozenset({"get", "serialize", "deserialize"})
+
+
+@contextlib.contextmanager
+def resolution_checked():
+    """Within it, every class or function Keras resolves from a configuration
+    (``serialization_lib._retrieve_class_or_fn``, which every ``module``/``class_name``
+    pair goes through) is checked where it lives (`check_resolved`) before Keras builds
+    or calls it.
+
+    Notes:
+        The JSON scan (`config_scan`) refuses what it can see by name; this checks the
+        object Keras found, whatever the spelling that led to it. Not thread-safe: the
+        check child and the job's process load one model at a time.
+    """
+    # Not public: Keras's one resolver of configuration names.
+    from keras.src.saving import serialization_lib
+
+    original = serialization_lib._retrieve_class_or_fn
+
+    def checked(name, registered_name, module, obj_type, full_config, custom_objects=None):
+        found = original(name, registered_name, module, obj_type, full_config,
+                         custom_objects=custom_objects)
+        check_resolved(found, f"{module}.{name}", custom_objects)
+        return found
+
+    serialization_lib._retrieve_class_or_fn = checked
+    try:
+        yield
+    finally:
+        serialization_lib._retrieve_class_or_fn = original
+
+
+def check_resolved(found, spelled, custom_objects=None):
+    """Refuses an object Keras resolved from a configuration unless this server builds it.
+
+    Built: Keras's layers, models, optimizers, losses, metrics and their parts (by the
+    module the class is defined in), other than code-holding layers and operations that
+    call functions; called: activations, losses, metrics, `config_scan`'s keras.ops math.
+    Objects registered on this server (``custom_objects``, Keras's global registry) pass.
+
+    Args:
+        found: The class or function.
+        spelled: How the configuration named it, for the message.
+        custom_objects: The objects registered for this load.
+
+    Raises:
+        ObjectRefused: Naming it and where it lives.
+    """
+    import keras
+
+    from distkeras.punchcard import config_scan
+
+    registered = list((custom_objects or {}).values()) + \
+        list(keras.saving.get_custom_objects().values())
+    if any(found is value for value in registered):
+        return
+    home = getattr(found, "__module__", None) or ""
+    section = home[len("keras.src."):].split(".")[0] if home.startswith("keras.src.") else None
+    name = getattr(found, "__name__", "")
+    where = f"{_short(spelled, 100)} ({home}.{name})"
+    if isinstance(found, type):
+        code = tuple(getattr(keras.layers, layer, None) for layer in _CODE_LAYER_CLASSES)
+        if section not in _CLASS_HOMES or \
+                issubclass(found, tuple(layer for layer in code if layer is not None)) or \
+                (section == "ops" and name in config_scan.CALLING_OPS):
+            raise ObjectRefused(
+                f"it names {where}, which this server does not build: only Keras's layers, models, optimizers, losses, metrics and "
+                "their parts (no Lambda or other layer that runs code).")
+        return
+    if isinstance(found, types.FunctionType) and name not in _NOT_MODELLING and (
+            section in _FUNCTION_HOMES or (section == "ops" and name in config_scan.OPS_MATH)):
+        return
+    raise ObjectRefused(
+        f"it names {where}, which this server does not call: only activations, losses, "
+        "metrics and keras.ops math, or functions registered in a package installed on "
+        "the server.")
+
+
+_CODE_LAYER_CLASSES = ("Lambda", "TorchModuleWrapper", "TFSMLayer", "JaxLayer", "FlaxLayer")

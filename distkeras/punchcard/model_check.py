@@ -9,6 +9,10 @@ and exits. What comes back is data only.
 
 A child importing Keras takes seconds, so one child is kept ready ("warm") ahead of the
 next check: it imports Keras, then waits for its request. Each child serves one check.
+
+Checks take a few slots, and never a request thread's wait: one identity has one check at
+a time, and a check that finds no free slot is refused at once (`ChecksBusy`, HTTP 503
+with Retry-After), so a client submitting endless models holds one slot, not the server.
 """
 
 import json
@@ -30,10 +34,20 @@ logger = logging.getLogger(__name__)
 DEFAULT_MEMORY_BYTES = 4 << 30
 DEFAULT_CPU_SECONDS = 300
 DEFAULT_TIMEOUT = 300
+RETRY_AFTER_SECONDS = 5
 
 
 class CheckFailed(DistkerasError, ValueError):
     """The check did not end with an answer: it ran out of memory, CPU time or time."""
+
+
+class ChecksBusy(DistkerasError, RuntimeError):
+    """No check can start now (HTTP 503): every slot is taken, or this identity's other
+    submission is being checked. ``retry_after``: seconds to wait before trying again."""
+
+    def __init__(self, message, retry_after=RETRY_AFTER_SECONDS):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ModelChecker:
@@ -43,22 +57,33 @@ class ModelChecker:
         memory_bytes: The child's address-space limit (RLIMIT_AS).
         cpu_seconds: The child's CPU-time limit (RLIMIT_CPU), its Keras import included.
         timeout: Seconds a check may take, from the request sent to the answer.
-        max_concurrent: Checks running at once; more wait their turn.
+        max_concurrent: Checks running at once; more are refused (`ChecksBusy`).
+        activation_bytes: The most memory a model's activations for one batch may take
+            (`keras_checks.check_activations`): a job process's memory limit; None: the
+            default one (`processes.default_job_memory_bytes`), 0: no limit.
     """
 
     def __init__(self, memory_bytes=DEFAULT_MEMORY_BYTES, cpu_seconds=DEFAULT_CPU_SECONDS,
-                 timeout=DEFAULT_TIMEOUT, max_concurrent=2):
+                 timeout=DEFAULT_TIMEOUT, max_concurrent=2, activation_bytes=None):
         self.memory_bytes = memory_bytes
         self.cpu_seconds = cpu_seconds
         self.timeout = timeout
+        self.max_concurrent = max_concurrent
+        if activation_bytes is None:
+            from distkeras.punchcard.processes import default_job_memory_bytes
+
+            activation_bytes = default_job_memory_bytes()
+        self.activation_bytes = activation_bytes
         self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._owners = set()  # identities with a check running
         self._lock = threading.Lock()
         self._spare = None
         self._closed = False
 
     def _spawn(self):
         limits = json.dumps({"memory_bytes": self.memory_bytes,
-                             "cpu_seconds": self.cpu_seconds})
+                             "cpu_seconds": self.cpu_seconds,
+                             "activation_bytes": self.activation_bytes})
         # Fewer malloc arenas: each thread's reserves 64 MiB of address space otherwise.
         env = dict(os.environ, MALLOC_ARENA_MAX="2", TF_CPP_MIN_LOG_LEVEL="2")
         env.pop("PYSPARK_GATEWAY_PORT", None)
@@ -79,21 +104,40 @@ class ModelChecker:
             return spare
         return self._spawn()
 
-    def check(self, request):
+    def check(self, request, owner=None):
         """The child's answer to ``request`` (a JSON-able dict).
+
+        Args:
+            request: The model, trainer and workers to check.
+            owner: Who asks (an identity): one check at a time each; None: not counted.
 
         Returns:
             The answer: ``{"ok": True, "config": ...}`` or ``{"ok": False, "error": ...}``.
 
         Raises:
+            ChecksBusy: ``owner`` has a check running, or every slot is taken.
             CheckFailed: The child exceeded a limit, or ended without an answer.
         """
-        with self._slots:
+        with self._lock:
+            if owner is not None and owner in self._owners:
+                raise ChecksBusy("Another submission of yours is being checked: this server "
+                                 "checks one at a time for each user. Try again when it "
+                                 "has its answer.")
+            if not self._slots.acquire(blocking=False):
+                raise ChecksBusy(f"All {self.max_concurrent} of this server's model checks "
+                                 "are busy: try again in a few seconds.")
+            if owner is not None:
+                self._owners.add(owner)
+        try:
             process = self._take()
             try:
                 return self._run(process, json.dumps(request).encode("utf-8"))
             finally:
                 self.prestart()  # the next check's child imports Keras meanwhile
+        finally:
+            with self._lock:
+                self._owners.discard(owner)
+                self._slots.release()
 
     def _run(self, process, request):
         try:
@@ -165,7 +209,8 @@ def _warm_up():
 def main(argv=None):
     """The child: limits itself, imports Keras, answers one request, exits."""
     argv = sys.argv[1:] if argv is None else argv
-    _limit_resources(json.loads(argv[0]))
+    limits = json.loads(argv[0])
+    _limit_resources(limits)
     # The answer goes to the original stdout; anything Keras prints, to stderr.
     answer_fd = os.dup(1)
     os.dup2(2, 1)
@@ -175,7 +220,7 @@ def main(argv=None):
         request = json.loads(sys.stdin.buffer.read())
         config = check_keras_parts(
             request["model"], request["trainer_class"], request["config"],
-            request["workers"])
+            request["workers"], limits.get("activation_bytes"))
         answer = {"ok": True, "config": config}
     except BadRequest as error:
         answer = {"ok": False, "error": str(error)}

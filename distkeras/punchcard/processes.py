@@ -5,6 +5,7 @@ Each job runs as its own process and Spark application (``python -m distkeras.cl
 that stopping it stops Spark's JVM and Python workers too. Run in the server.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -14,14 +15,26 @@ import time
 from distkeras.punchcard import job_files
 
 
-def job_command(job, master):
-    """The job's command line: the same entry point as a user's own run.
+def default_job_memory_bytes():
+    """Half of this machine's memory: what one process of a job may write by default."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):  # no such setting on this system
+        return 16 << 30
+
+
+def job_command(job, master, memory_bytes=None):
+    """The job's command line: ``distkeras train``, the same entry point as a user's own
+    run, started by `job_process` (its memory limit, its checks).
 
     Args:
         job: The job's row (`store.JobStore`).
         master: The Spark master it runs on.
+        memory_bytes: The data-segment limit (RLIMIT_DATA) of each of the job's processes
+            (Spark's JVM and Python workers inherit it); None: `default_job_memory_bytes`.
     """
-    return [sys.executable, "-m", "distkeras.cli", "train",
+    limits = json.dumps({"memory_bytes": memory_bytes or default_job_memory_bytes()})
+    return [sys.executable, "-m", "distkeras.punchcard.job_process", limits, "train",
             "--data", job["data_path"],
             "--model", job_files.path(job, job_files.MODEL),
             "--trainer", job["trainer_class"],

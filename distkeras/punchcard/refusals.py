@@ -35,7 +35,7 @@ def scan_configs(model_bytes, trainer_config, registered=None):
     """Refuses code references and oversized state in the archive's config.json and the
     trainer's config (`config_scan`), before Keras reads either."""
     try:
-        config_scan.scan(config_scan.read_config(model_bytes), registered)
+        config_scan.scan(config_scan.read_config(model_bytes), registered, archive=True)
     except config_scan.ConfigRefused as error:
         raise BadRequest(f"The model archive was refused: {error}") from error
     for field, value in trainer_config.items():

@@ -126,6 +126,18 @@ class SecretChecker:
         return found
 
 
+def warn_if_readable_by_others(path):
+    """Logs a warning when the secrets file may be read by other users of this machine
+    (group or world permissions): they would hold every client's secret, or its hash."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return  # loading it says why
+    if mode & 0o077:
+        logger.warning("The secrets file %s may be read or changed by other users of this "
+                       "machine (mode %o): chmod 600 it.", path, mode)
+
+
 class SecretsFile:
     """The secrets of a file, read again when it changes: `SecretChecker.identify`'s.
 
@@ -147,6 +159,7 @@ class SecretsFile:
 
         self.path = path
         self.check_interval = check_interval
+        warn_if_readable_by_others(path)
         self._clock = time.monotonic
         self._stamp = self._file_stamp()
         self._checker = SecretChecker(load_secrets(path))

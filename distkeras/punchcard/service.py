@@ -41,6 +41,7 @@ class Punchcard:
         max_epochs: Submissions of more epochs (``num_epoch``) are refused; None: any.
         audit_log: The audit log's path (`audit.AuditLog`): ``"default"`` for
             ``audit.jsonl`` in ``work_dir``, None for none.
+        job_memory_bytes: Each job process's memory limit (`processes.job_command`).
 
     Notes:
         Queued jobs start fairly (`scheduler.next_jobs`): the next one is of the identity
@@ -50,7 +51,8 @@ class Punchcard:
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
                  allowed_data_roots=(), model_checker=None, allow_any_data_path=False,
-                 max_job_seconds=None, max_epochs=None, audit_log="default"):
+                 max_job_seconds=None, max_epochs=None, audit_log="default",
+                 job_memory_bytes=None):
         self.checker = SecretsFile(secrets_path)
         self.work_dir = os.path.abspath(work_dir)
         # Owner only: it holds the job table (secret hashes) and every job's model, data
@@ -70,6 +72,7 @@ class Punchcard:
         self.allow_any_data_path = allow_any_data_path
         self.max_job_seconds = max_job_seconds
         self.max_epochs = max_epochs
+        self.job_memory_bytes = job_memory_bytes
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
@@ -95,13 +98,13 @@ class Punchcard:
             raise BadRequest(f"'num_epoch' must be at most {self.max_epochs} on this server "
                              f"(punchcard --max-epochs). Received: {epochs!r}")
 
-    def _check_in_child(self, model_text, trainer_class_name, config, workers):
+    def _check_in_child(self, model_text, trainer_class_name, config, workers, owner=None):
         """`keras_checks.check_keras_parts` in a `model_check` child process (never in
-        this one)."""
+        this one), one at a time for ``owner`` (an identity)."""
         try:
             answer = self.model_checker.check({
                 "model": model_text, "trainer_class": trainer_class_name, "config": config,
-                "workers": workers})
+                "workers": workers}, owner)
         except CheckFailed as error:
             logger.warning("A submission's check failed: %s", error)
             raise BadRequest(f"The model archive was refused: {error}") from error
@@ -123,6 +126,7 @@ class Punchcard:
         Raises:
             BadRequest: The submission is malformed.
             SubmissionInProgress: Another submission with this secret is being checked.
+            model_check.ChecksBusy: No model check can start now (HTTP 503).
         """
         # Checking a submission builds its model, which can take a request thread for
         # minutes (a Sequential of hundreds of layers): a secret that already has a job is
@@ -146,7 +150,9 @@ class Punchcard:
         """Validates a submission and stores it as a queued job (`submit`)."""
         self._check_epochs(body)
         fields, trainer_class, config, model_bytes = validate_submission(
-            body, self.allowed_data_roots, self._check_in_child, self.allow_any_data_path)
+            body, self.allowed_data_roots,
+            lambda *parts: self._check_in_child(*parts, owner=identity),
+            self.allow_any_data_path)
         job_id = uuid.uuid4().hex  # the job's folder is named by it, never by input
         job_dir = job_files.write_submission(self.work_dir, job_id, model_bytes, config,
                                              fields.pop("train_options"))
@@ -331,7 +337,7 @@ class Punchcard:
 
     def command(self, job):
         """The job's command line (`processes.job_command`)."""
-        return processes.job_command(job, self.master)
+        return processes.job_command(job, self.master, self.job_memory_bytes)
 
     def _start(self, job):
         with self._lock:

@@ -38,10 +38,11 @@ def check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
 
     Args:
         path: The path the client gave.
-        allowed_roots: The allowed data roots (empty: any path of a cluster file system).
+        allowed_roots: The allowed data roots (empty: a path of a cluster file system,
+            `data_roots.check_cluster_path`).
         name: The field, for the message.
-        any_local_path: Whether, without roots, a local path (no scheme, or ``file:``)
-            is accepted: the server would read any file its user can.
+        any_local_path: Whether, without roots, any path is accepted (local ones too:
+            the server would read any file its user can).
     """
     if not isinstance(path, str) or not path or len(path) > 4096:
         raise BadRequest(f"'{name}' must be a non-empty string.")
@@ -51,12 +52,12 @@ def check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
         raise BadRequest(f"'{name}' must not start with '-'. Received: {path!r}")
     if ".." in re.split(r"[/\\]", path):
         raise BadRequest(f"'{name}' must not contain '..' segments.")
-    if not allowed_roots and not any_local_path and data_roots.local_path(path) is not None:
-        raise BadRequest(
-            f"'{name}' must be a path of the cluster's file system (hdfs://..., s3a://...): "
-            "this server reads no local path, as its administrator named no folder of "
-            "training data (punchcard --allowed-data-root).")
-    if allowed_roots and _GLOB_CHARACTERS & set(path):
+    if not allowed_roots and not any_local_path:
+        try:
+            data_roots.check_cluster_path(path)
+        except data_roots.OutsideRoots as error:
+            raise BadRequest(f"'{name}': {error}") from error
+    if (allowed_roots or not any_local_path) and _GLOB_CHARACTERS & set(path):
         raise BadRequest(
             f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
             "server only reads under its allowed data roots, and Spark would expand glob "
@@ -147,12 +148,69 @@ def validate_submission(body, allowed_roots=(), check=None, any_local_path=True)
         raise BadRequest(f"'num_executors' x 'num_processes' is the number of workers, at "
                          f"most {MAX_WORKERS}. Received: {fields['num_executors']} x "
                          f"{fields['num_processes']} = {workers}")
-    factor = config.get("parallelism_factor", 1)
-    if isinstance(factor, int) and not isinstance(factor, bool) and \
-            factor > MAX_PARALLELISM_FACTOR:
-        raise BadRequest(f"'parallelism_factor' must be at most {MAX_PARALLELISM_FACTOR} (it "
-                         f"multiplies the {workers} workers' partitions). Received: {factor}")
+    check_settings(config)
     if check is None:
         check = check_keras_parts
     config = check(body["model"], trainer["class_name"], config, workers)
     return fields, trainer["class_name"], config, model_bytes
+
+
+# The trainer's numeric settings this server runs: (lowest, highest). The trainers check
+# the lowest (and types) themselves; a value past the highest would hold the server's
+# memory or a job slot for good (batch_size=10**30, worker_timeout=1e300).
+SETTING_RANGES = {"batch_size": (1, 1_000_000), "num_epoch": (1, 1_000_000),
+                  "communication_window": (1, 1_000_000),
+                  "parallelism_factor": (1, MAX_PARALLELISM_FACTOR),
+                  "num_workers": (1, MAX_WORKERS), "num_ensembles": (1, MAX_WORKERS),
+                  "seed": (0, 2**32 - 1), "master_port": (0, 65535),
+                  "worker_timeout": (0, 7 * 24 * 3600)}
+# Any other number among the settings (rates, momenta, loss weights), by magnitude.
+MAX_OTHER_SETTING = 1e6
+# Columns a setting may name (one per model input or output).
+MAX_COLUMNS = 256
+MAX_COLUMN_NAME = 128
+
+
+def check_settings(config):
+    """Refuses a trainer setting out of this server's range, naming it and the range.
+
+    Args:
+        config: The trainer's JSON config.
+
+    Raises:
+        BadRequest: A number past its `SETTING_RANGES` bound, past `MAX_OTHER_SETTING`
+            in magnitude or not finite; or a column setting of more than `MAX_COLUMNS`
+            names, or a name longer than `MAX_COLUMN_NAME`.
+    """
+    for name, value in config.items():
+        if name in ("features_col", "label_col"):
+            _check_columns(name, value)
+            continue
+        low, high = SETTING_RANGES.get(name, (-MAX_OTHER_SETTING, MAX_OTHER_SETTING))
+        values = value if name == "loss_weights" and isinstance(value, list) else \
+            list(value.values()) if name == "loss_weights" and isinstance(value, dict) \
+            else [value]
+        for number in values:
+            if not isinstance(number, (int, float)) or isinstance(number, bool) or \
+                    number <= high and (name in SETTING_RANGES or number >= low):
+                continue
+            bound = f"at least {_figure(low)}" if number < low else \
+                f"at most {_figure(high)}" if number > high else "a finite number"
+            raise BadRequest(f"'{name}' must be {bound} on this server (its range is "
+                             f"{_figure(low)}..{_figure(high)}). Received: {number!r}")
+
+
+def _figure(number):
+    return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
+
+
+def _check_columns(name, value):
+    names = list(value.values()) if isinstance(value, dict) else \
+        value if isinstance(value, list) else [value]
+    if len(names) > MAX_COLUMNS:
+        raise BadRequest(f"'{name}' names {len(names)} columns, more than this server "
+                         f"takes (at most {MAX_COLUMNS}, one per model input or output).")
+    for column in names:
+        if isinstance(column, str) and len(column) > MAX_COLUMN_NAME:
+            raise BadRequest(f"'{name}' names a column of {len(column)} characters, more "
+                             f"than this server takes (at most {MAX_COLUMN_NAME}).")

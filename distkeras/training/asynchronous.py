@@ -11,8 +11,8 @@ import logging
 
 from distkeras.executor.windowed import WindowedWorker
 from distkeras.training import compat
-from distkeras.training.checks import check_communication_window, check_int, check_number, \
-    uses_ema
+from distkeras.algorithms.arguments import check_communication_window, check_int, check_number
+from distkeras.training.checks import uses_ema
 from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.trainer import Trainer
 from distkeras.transport import parameter_servers

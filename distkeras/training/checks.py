@@ -6,10 +6,6 @@ Column names, and the loss, metrics and optimizer a trainer takes from a compile
 
 import numpy as np
 
-# Imported from here by the trainers' modules (training/asynchronous.py, sequential.py)
-# until they import them from their home.
-from distkeras.algorithms.arguments import (  # noqa: F401
-    check_communication_window, check_fraction, check_int, check_number)
 from distkeras.keras_io import compile_config
 from distkeras.keras_io.compile_config import serialize_keras_object
 

@@ -12,8 +12,6 @@ import logging
 
 import numpy as np
 
-from distkeras.transport.history_messages import INDEX_FIELD, VALUES_FIELD
-
 logger = logging.getLogger(__name__)
 
 

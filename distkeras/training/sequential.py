@@ -8,7 +8,7 @@ from distkeras.executor.averaging import AveragingWorker, SequentialEpochWorker
 from distkeras.executor.sequential import EnsembleWorker, SequentialWorker
 from distkeras.training.asynchronous import DistributedTrainer
 from distkeras.training.averaging import AveragingPlan
-from distkeras.training.checks import check_int
+from distkeras.algorithms.arguments import check_int
 from distkeras.training.ensemble import EnsemblePlan
 from distkeras.training.one_task import OneTaskPlan
 from distkeras.training.trainer import Trainer

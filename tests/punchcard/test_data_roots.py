@@ -101,6 +101,9 @@ def test_a_data_path_is_under_a_root_component_by_component(roots, path, allowed
     ("file:///a/b", "/a/b"),
     ("file:/a/b", "/a/b"),
     ("file:///a%20b/c", "/a b/c"),
+    ("FILE:///a/b", "/a/b"),  # Hadoop reads a scheme in any case
+    ("File:/a/b", "/a/b"),
+    ("local:/a/b", None),  # not local as written: refused without roots (any scheme is)
     ("file:///a/%2e%2e/b", "/a/../b"),  # decoded: then resolved, and checked
     ("hdfs://nn/a", None),
     ("s3a://bucket/key", None),

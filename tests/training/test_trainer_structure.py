@@ -13,7 +13,7 @@ from conftest import build_mlp
 from distkeras import algorithms, trainers
 from distkeras.algorithms import Algorithm, Hyperparameter
 from distkeras.training import registry
-from distkeras.training.checks import check_number
+from distkeras.algorithms.arguments import check_number
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 MAX_DEPTH = 4
