@@ -14,7 +14,7 @@ The modules, by where they run and what they may touch:
   (what data a job may read) and `config_scan` (a Keras configuration read as JSON).
 - In a short-lived child process under resource limits: `model_check`, which runs
   `keras_checks` (what Keras builds of a submission).
-- In each job's process: `job_process` (its memory limit, the same checks again, then
+- In each job's process: `distkeras.cli.punchcard_job` (its memory limit, the same checks again, then
   ``distkeras train``).
 
 Importing this package imports none of them; ``distkeras.job_deployment`` is the

@@ -11,6 +11,8 @@ import signal
 import sys
 
 from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry
+from distkeras.punchcard.data_roots import CLUSTER_SCHEMES
+from distkeras.punchcard.processes import default_job_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +22,6 @@ def exposure_warnings(host, allowed_data_roots, allow_any_data_path=True):
     mean to: said once, at start-up."""
     warnings = []
     if not allowed_data_roots and not allow_any_data_path:
-        from distkeras.punchcard.data_roots import CLUSTER_SCHEMES
-
         warnings.append(
             "No --allowed-data-root: jobs may read paths of the cluster's file systems "
             f"({', '.join(s + '://' for s in CLUSTER_SCHEMES)}; hdfs:/// of the default name "
@@ -103,8 +103,6 @@ def serve(argv=None, prog="punchcard"):
     for flag, kind, default, text in _LIMIT_FLAGS:
         parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args(argv)
-    from distkeras.punchcard.processes import default_job_memory_bytes
-
     job_memory = (args.job_memory_mb << 20) if args.job_memory_mb else \
         default_job_memory_bytes()
     # force: `distkeras punchcard` runs after the CLI configured WARNING, which dropped

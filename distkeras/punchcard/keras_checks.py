@@ -14,6 +14,7 @@ from distkeras.keras_io.compile_config import check_compile_arguments
 from distkeras.punchcard.refusals import (ARCHIVE_EXPANSION_FLOOR, MAX_ARCHIVE_EXPANSION,
                                           BadRequest, decode_model, registered_trainer_class,
                                           scan_configs, unpack_limit)
+from distkeras.punchcard import config_scan
 
 
 def check_keras_parts(model_text, trainer_class_name, config, workers, activation_bytes=None):
@@ -276,8 +277,6 @@ def check_resolved(found, spelled, custom_objects=None):
         ObjectRefused: Naming it and where it lives.
     """
     import keras
-
-    from distkeras.punchcard import config_scan
 
     registered = list((custom_objects or {}).values()) + \
         list(keras.saving.get_custom_objects().values())

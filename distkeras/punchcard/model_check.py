@@ -28,6 +28,7 @@ from distkeras.keras_io.archives import serialize_model
 from distkeras.punchcard.keras_checks import check_keras_parts
 from distkeras.punchcard.refusals import BadRequest
 from distkeras.training.registry import get_trainer_class
+from distkeras.punchcard.processes import default_job_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,6 @@ class ModelChecker:
         self.timeout = timeout
         self.max_concurrent = max_concurrent
         if activation_bytes is None:
-            from distkeras.punchcard.processes import default_job_memory_bytes
-
             activation_bytes = default_job_memory_bytes()
         self.activation_bytes = activation_bytes
         self._slots = threading.BoundedSemaphore(max_concurrent)

@@ -25,7 +25,7 @@ def default_job_memory_bytes():
 
 def job_command(job, master, memory_bytes=None):
     """The job's command line: ``distkeras train``, the same entry point as a user's own
-    run, started by `job_process` (its memory limit, its checks).
+    run, started by `distkeras.cli.punchcard_job` (its memory limit, its checks).
 
     Args:
         job: The job's row (`store.JobStore`).
@@ -34,7 +34,7 @@ def job_command(job, master, memory_bytes=None):
             (Spark's JVM and Python workers inherit it); None: `default_job_memory_bytes`.
     """
     limits = json.dumps({"memory_bytes": memory_bytes or default_job_memory_bytes()})
-    return [sys.executable, "-m", "distkeras.punchcard.job_process", limits, "train",
+    return [sys.executable, "-m", "distkeras.cli.punchcard_job", limits, "train",
             "--data", job["data_path"],
             "--model", job_files.path(job, job_files.MODEL),
             "--trainer", job["trainer_class"],

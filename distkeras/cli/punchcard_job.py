@@ -1,6 +1,6 @@
 """A Punchcard job's process: limits its memory, checks its model and trainer again, trains.
 
-``python -m distkeras.punchcard.job_process <limits JSON> train ...``: the server starts
+``python -m distkeras.cli.punchcard_job <limits JSON> train ...``: the server starts
 each job so (`processes.job_command`). Before Keras or Spark is imported it sets its
 memory limit (RLIMIT_DATA, which Spark's JVM and Python workers it starts inherit); it
 then scans the model archive and trainer configuration the server wrote, as the server's
@@ -40,8 +40,8 @@ def check_job_files(argv):
     Raises:
         submissions.BadRequest: Saying what was refused.
     """
+    # Late: the memory limit is set before Keras (and what imports it) loads.
     import keras
-
     from distkeras.punchcard.submissions import scan_configs
 
     with open(_option(argv, "--model"), "rb") as handle:
@@ -59,6 +59,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     limits, command = json.loads(argv[0]), argv[1:]
     limit_memory(limits.get("memory_bytes"))
+    # Only now: the limit holds for all that these load (Keras, Spark's JVM and workers).
     from distkeras.cli import main as cli_main
     from distkeras.cli import write_status
     from distkeras.punchcard.keras_checks import resolution_checked
