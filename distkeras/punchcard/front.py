@@ -10,21 +10,25 @@ every other client out. Here:
   route's limit, or one the application refuses from the headers (``admit``: a busy
   secret's submission) is answered at once, before its body is read; the connection is
   then half-closed and the body read and dropped (so that its client reads the answer
-  rather than a reset), under the deadline below;
+  rather than a reset), under the deadline below (an unknown secret's for
+  ``header_timeout`` at most);
 - a request's headers must arrive whole within ``header_timeout`` seconds of its first
   byte (or of the connection's last activity), and its body (read or dropped) must keep
   up with ``min_upload_rate`` bytes a second after that allowance: a client that
-  withholds or trickles either is dropped, whatever secret it sends;
-- at ``connection_limit`` connections a new one is still accepted, and the waiting
-  connection nearest its deadline (the slowest or longest stalled, never one being
-  served) is closed for it: withholding clients evict each other, while a client that
-  sends its request at once is served.
+  withholds or trickles either is dropped, whatever secret it sends; an answer left
+  unread (a download) is held ``channel_timeout`` seconds, then must be read at that rate;
+- at ``connection_limit`` connections a new one is still accepted, and a waiting one
+  (never one being served) is closed for it: a refused body being dropped first, then a
+  body still to come, then the connection nearest its deadline (the slowest or longest
+  stalled): withholding clients evict each other, while a client that sends its request
+  at once is served.
 """
 
 import http
 import json
 import logging
 import socket
+import struct
 import time
 
 from waitress.adjustments import Adjustments
@@ -69,6 +73,7 @@ class _Parser(HTTPRequestParser):
         self.started = time.time()
         self.headers_done = None
         self.dropping = False  # refused from its headers: its body is read and dropped
+        self.known = False  # of a known secret (its dropped body may take longer)
         self.dropped = 0
         self.release = None  # gives back what `admit` granted, once the request is done
 
@@ -99,6 +104,7 @@ class _Parser(HTTPRequestParser):
         self.error = Refused(code, message)
         self.completed = True
         self.dropping = self.chunked or self.content_length > 0
+        self.known = who is not None
         if self.audit is not None:
             self.audit(who, self.path, code, message)
 
@@ -119,28 +125,41 @@ class _Channel(HTTPChannel):
     drain = None  # a refused request's body left to drop (None: until the client stops)
     draining = None  # since when the answer was sent and the body is being dropped
     drain_next = False  # the request being answered was refused from its headers
+    drain_known = False  # ... with a known secret: its body is dropped at the upload rate
     dropped = 0  # bytes of its body dropped since
+    answering = 0.0  # when the answer being sent was started
+    sent = 0  # bytes of it sent since
 
     def deadline(self, header_timeout, min_upload_rate):
         """When this connection must have sent (or read) more, or None while it is
         served or closing."""
         if self.will_close:
             return None
-        if self.draining is not None:
-            return self.draining + header_timeout + self.dropped / min_upload_rate
+        if self.draining is not None:  # an unknown secret's, for header_timeout at most
+            return self.draining + header_timeout + \
+                (self.dropped / min_upload_rate if self.drain_known else 0)
         if self.requests or self.close_when_flushed or self.total_outbufs_len:
-            # Being answered: a client that does not read its answer stalls it.
+            # Being answered: a client that reads its answer slowly holds it (and the
+            # thread writing it), so it must read at the upload rate too.
             stalled = self.total_outbufs_len >= self.adj.outbuf_high_watermark or \
                 (self.total_outbufs_len and not self.requests)
-            return self.last_activity + self.adj.channel_timeout if stalled else None
+            return self.answering + self.adj.channel_timeout + self.sent / min_upload_rate \
+                if stalled else None
         if self.request is None:
             return self.last_activity + header_timeout
         return self.request.deadline(header_timeout, min_upload_rate)
 
+    def _flush_some(self, do_close=True):
+        before = self.total_outbufs_len
+        flushed = super()._flush_some(do_close=do_close)
+        self.sent += max(0, before - self.total_outbufs_len)
+        return flushed
+
     def service(self):
+        self.answering, self.sent = time.time(), 0
         request = self.requests[0]
         if request.dropping:  # set before the answer's flush can close the connection
-            self.drain_next = True
+            self.drain_next, self.drain_known = True, request.known
             self.drain = None if request.chunked else \
                 max(0, request.content_length - request.dropped)
         super().service()
@@ -187,6 +206,27 @@ class _Server(TcpWSGIServer):
     def _deadline(self, channel):
         return channel.deadline(self.header_timeout, self.min_upload_rate)
 
+    def _drop(self, channel):
+        """Closes ``channel`` now, discarding what it has not sent (`will_close` would
+        wait for a write that its client can block)."""
+        try:
+            channel.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        channel.draining = channel.draining or time.time()  # closed, not drained
+        channel.handle_close()
+        self.dropped += 1
+
+    def _eviction_order(self, channel):
+        # A refused body being dropped first, then a body that is late in coming (whole
+        # headers, then nothing: the one attack a fresh connection cannot be told from
+        # by its deadline alone), then the rest by deadline.
+        request = channel.request
+        stage = 0 if channel.draining is not None else \
+            1 if request is not None and request.headers_done is not None else 2
+        return stage, self._deadline(channel)
+
     def handle_accept(self):
         super().handle_accept()
         channels = [channel for channel in self.active_channels.values()
@@ -194,17 +234,15 @@ class _Server(TcpWSGIServer):
         if len(channels) <= self.adj.connection_limit:
             return
         waiting = [channel for channel in channels if self._deadline(channel) is not None]
-        victim = min(waiting, key=self._deadline) if waiting else channels[-1]
-        victim.will_close = True
-        self.dropped += 1
+        victim = min(waiting, key=self._eviction_order) if waiting else channels[-1]
+        self._drop(victim)
 
     def maintenance(self, now):
         super().maintenance(now)
         for channel in list(self.active_channels.values()):
             deadline = self._deadline(channel)
             if deadline is not None and now > deadline:
-                channel.will_close = True
-                self.dropped += 1
+                self._drop(channel)
         if self.dropped:  # at most a line a cleanup interval, however many
             logger.warning("Dropped %d connections whose requests came too slowly, or to "
                            "make room at the connection limit (%d)", self.dropped,
@@ -228,9 +266,10 @@ def make_front(app, identify, host, port, threads=16, max_request_bytes=256 << 2
         connection_limit: Connections held at once.
         header_timeout: Seconds a request's headers may take, and a body's allowance
             on top of ``bytes received / min_upload_rate``.
-        min_upload_rate: The slowest upload accepted, in bytes a second.
-        channel_timeout: Seconds an idle kept-alive connection is held, and a client
-            may leave its answer unread.
+        min_upload_rate: The slowest upload accepted, in bytes a second (and the slowest
+            download, past ``channel_timeout``).
+        channel_timeout: Seconds an idle kept-alive connection is held, and an answer's
+            allowance before its client must read it at ``min_upload_rate``.
         secret_header: The header that carries the client's secret.
         audit: Called with ``(identity or None, path, status, message)`` for each request
             refused here, or None.

@@ -67,13 +67,14 @@ def _headers(path, secret, length, method="POST"):
 
 
 def _answer(client, timeout=10):
-    """What the server sends on ``client`` until it stops sending."""
+    """What the server sends on ``client`` until it closes the connection (or resets
+    it, or ``timeout`` seconds pass)."""
     client.settimeout(timeout)
     answer = b""
     try:
         while chunk := client.recv(65536):
             answer += chunk
-    except TimeoutError:
+    except (TimeoutError, ConnectionResetError):
         pass
     return answer
 
@@ -169,6 +170,18 @@ def test_a_withheld_body_is_dropped_after_its_allowance(secrets, tmp_path):
             assert time.monotonic() - started < 4.0
         # Its secret's submission slot was given back with the connection.
         assert call_api(running.url, "/api/submit", values["user4"], data=b"{no")[0] == 400
+        # An unknown secret's body is answered at once, then dropped for the header
+        # timeout at most, however fast it keeps coming.
+        with socket.create_connection(("127.0.0.1", int(running.server.effective_port)),
+                                      timeout=10) as client:
+            client.sendall(_headers("/api/submit", "wrong", 256 << 20))
+            assert b'{"error": "Unknown secret."}' in _one_answer(client)
+            started = time.monotonic()
+            with pytest.raises(OSError):
+                while time.monotonic() - started < 10:
+                    client.sendall(b"x" * (256 << 10))  # 1 MiB/s, 16 times the minimum
+                    time.sleep(0.25)
+            assert time.monotonic() - started < 4.0
     finally:
         running.stop()
 
@@ -264,6 +277,35 @@ def test_results_are_streamed_a_few_at_a_time_per_secret(secrets, tmp_path):
         assert job.destroy()["state"] == "finished" and job.model_bytes == model
         assert job.get_history() == [{"loss": 1.0}]
         assert running.punchcard.store.by_secret(secret_hash(values["user1"])) is None
+    finally:
+        running.stop()
+
+
+def test_a_download_read_too_slowly_is_dropped(secrets, tmp_path):
+    """A client that read its result a trickle at a time held a request thread (and its
+    secret's download slot) for as long as it kept reading."""
+    path, values = secrets
+    work = str(tmp_path / "work")
+    _job_row(work, values["user2"], "user2", "finished", model_bytes=os.urandom(40 << 20))
+    running = Server(path, work, channel_timeout=1, min_upload_rate=4 << 20)
+    try:
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # reads little
+            client.settimeout(10)
+            client.connect(("127.0.0.1", int(running.server.effective_port)))
+            client.sendall(f"GET /api/result HTTP/1.1\r\nHost: x\r\n{SECRET_HEADER}: "
+                           f"{values['user2']}\r\n\r\n".encode())
+            started, read = time.monotonic(), 0
+            with pytest.raises(ConnectionResetError):
+                while chunk := client.recv(16 << 10):  # 64 KiB/s
+                    read += len(chunk)
+                    time.sleep(0.25)
+                    assert time.monotonic() - started < 20
+                raise ConnectionResetError("closed")  # closed cleanly: also dropped
+        assert read < 5 << 20
+        # Both of the secret's download slots are free again.
+        answers = _concurrently(2, lambda _: _download(running.url, values["user2"])[0])
+        assert answers == [200, 200]
     finally:
         running.stop()
 
