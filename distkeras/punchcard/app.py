@@ -225,7 +225,8 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
 
     def admit(path, who):
         # A submission takes the secret's one slot before its body is read; a result is
-        # sent to a secret `service.MAX_DOWNLOADS` at a time.
+        # sent to a secret `service.MAX_DOWNLOADS` at a time (a destroy sends it once:
+        # the job is gone after).
         if path == SUBMIT:
             try:
                 release = punchcard.claim_submission(who[0])
@@ -234,7 +235,7 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
             if release is None:
                 return (403, busy_message(punchcard.store.by_secret(who[0]))), None
             return None, release
-        if path in (RESULT, DESTROY):
+        if path == RESULT:
             release = punchcard.claim_download(who[0])
             if release is None:
                 return (429, f"This secret is already sent {service.MAX_DOWNLOADS} results "

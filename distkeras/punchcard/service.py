@@ -22,7 +22,7 @@ from distkeras.punchcard.submissions import BadRequest, SubmissionInProgress, va
 
 logger = logging.getLogger(__name__)
 
-# Results (/api/result, /api/destroy) one secret may be sent at once.
+# Results (/api/result) one secret may be sent at once.
 MAX_DOWNLOADS = 2
 
 
@@ -158,7 +158,7 @@ class Punchcard:
                 self._validating.pop(secret_hash, None)
 
     def claim_download(self, secret_hash):
-        """Takes one of the secret's `MAX_DOWNLOADS` download slots (results or destroy);
+        """Takes one of the secret's `MAX_DOWNLOADS` download slots (/api/result);
         returns a function that gives it back (call it once), or None if all are taken."""
         with self._lock:
             if self._downloads.get(secret_hash, 0) >= MAX_DOWNLOADS:
