@@ -5,6 +5,10 @@ each of the job of the secret in the ``X-Punchcard-Secret`` header. Every reques
 successful look at a state is written to the audit log. Run in the server's process.
 """
 
+import base64
+import json
+
+from distkeras.punchcard import service
 from distkeras.punchcard.config_scan import ConfigRefused, loads_bounded
 from distkeras.punchcard.front import make_front
 from distkeras.punchcard.model_check import ChecksBusy
@@ -12,10 +16,45 @@ from distkeras.punchcard.protocol import CANCEL, DESTROY, RESULT, SECRET_HEADER,
 from distkeras.punchcard.refusals import BadRequest
 from distkeras.punchcard.submissions import SubmissionInProgress
 
+# The model file is read and base64-encoded this many bytes at a time (a multiple of 3:
+# the pieces' encodings join into the whole's).
+_MODEL_CHUNK_BYTES = 3 << 16
+
+
+def busy_message(job):
+    """The refusal of a submission with a secret that already has ``job`` (its row)."""
+    known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
+    return (f"This secret already has a job{known}: wait for it with job.wait_completion(), "
+            "or clear it with job.destroy() (after job.cancel() if it still runs), before "
+            "submitting another.")
+
+
+class _StreamedResults:
+    """A job's results as the JSON object ``{"model": base64, "history", ...}``, the model
+    read and encoded a chunk at a time from its open file (never whole in memory)."""
+
+    def __init__(self, results, **extra):
+        self.model = results["model"]
+        rest = json.dumps({"history": results["history"],
+                           "validation_history": results["validation_history"], **extra})
+        self.head, self.tail = b'{"model": "', ('", ' + rest[1:]).encode("utf-8")
+        size = self.model.seek(0, 2)
+        self.model.seek(0)
+        self.length = len(self.head) + 4 * ((size + 2) // 3) + len(self.tail)
+
+    def __iter__(self):
+        yield self.head
+        while chunk := self.model.read(_MODEL_CHUNK_BYTES):
+            yield base64.b64encode(chunk)
+        yield self.tail
+
+    def close(self):
+        self.model.close()
+
 
 def create_app(punchcard, max_request_bytes=256 << 20):
     """The Flask application serving ``punchcard`` (a `service.Punchcard`)."""
-    from flask import Flask, g, jsonify, request
+    from flask import Flask, Response, g, jsonify, request
 
     app = Flask("punchcard")
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
@@ -60,21 +99,25 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         return error(405, f"{request.method} is not allowed on {request.path}: submit with "
                           "POST, everything else with GET.")
 
-    def busy(secret_hash):
-        job = punchcard.job_of(secret_hash)
-        known = f" ({job['name']!r}, {job['state']})" if job is not None else ""
-        return error(403, f"This secret already has a job{known}: wait for it with "
-                          "job.wait_completion(), or clear it with job.destroy() (after "
-                          "job.cancel() if it still runs), before submitting another.")
+    def streamed(results, **extra):
+        answer = _StreamedResults(results, **extra)
+        return Response(answer, mimetype="application/json",
+                        headers={"Content-Length": str(answer.length)})
 
     @app.post(SUBMIT)
     def submit():
+        # A busy secret's submission was refused from its headers (`make_server`'s admit),
+        # before its body was read: one that comes here holds the secret's slot, given
+        # back as its answer is ready (its client may submit again as soon as it reads it).
         who = caller()
         if who is None:
             return error(403, "Unknown secret.")
-        # Before the body is parsed: a busy secret's body costs nothing to refuse.
-        if punchcard.store.by_secret(who[0]) is not None:
-            return busy(who[0])
+        try:
+            return submit_as(who)
+        finally:
+            punchcard.release_submission(who[0])
+
+    def submit_as(who):
         if not request.is_json:
             # Flask reads no body of another type: it may be JSON, sent as a form.
             return error(400, "The request body must be JSON, sent with the header "
@@ -94,7 +137,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             response.headers["Retry-After"] = str(busy_checks.retry_after)
             return response
         if state is None:
-            return busy(who[0])
+            return error(403, busy_message(punchcard.job_of(who[0])))
         job = punchcard.job_of(who[0])
         g.job_id = job["id"] if job is not None else None
         return jsonify(state)
@@ -141,7 +184,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         results = punchcard.results(job)
         if results is None:
             return error(404, "This secret has no job: another request destroyed it.")
-        return jsonify({**results, "state": "finished"})
+        return streamed(results, state="finished")
 
     @app.get(DESTROY)
     def destroy():
@@ -156,10 +199,15 @@ def create_app(punchcard, max_request_bytes=256 << 20):
             return error(409, "The job is still running: wait for it or cancel it first.")
         results = {"model": None, "history": None, "validation_history": None}
         if job["state"] == "finished" and request.args.get("results") != "no":
-            results = punchcard.results(job)
+            results = punchcard.results(job)  # its model file read after it is deleted
+        client_error = punchcard.client_error(job)
         if results is None or not punchcard.destroy(job):
+            if results is not None and results["model"] is not None:
+                results["model"].close()
             return error(404, "This secret has no job: another request destroyed it.")
-        return jsonify({**results, "state": job["state"], "error": punchcard.client_error(job)})
+        if results["model"] is None:
+            return jsonify({**results, "state": job["state"], "error": client_error})
+        return streamed(results, state=job["state"], error=client_error)
 
     return app
 
@@ -183,6 +231,26 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
         punchcard.audit.record(who[1] if who else None, path.rsplit("/", 1)[-1] or path,
                                "refused", status, None, message)
 
+    def admit(path, who):
+        # A submission takes the secret's one slot before its body is read; a result is
+        # sent to a secret `service.MAX_DOWNLOADS` at a time (a destroy sends it once:
+        # the job is gone after).
+        if path == SUBMIT:
+            try:
+                release = punchcard.claim_submission(who[0])
+            except SubmissionInProgress as in_progress:
+                return (403, str(in_progress)), None
+            if release is None:
+                return (403, busy_message(punchcard.store.by_secret(who[0]))), None
+            return None, release
+        if path == RESULT:
+            release = punchcard.claim_download(who[0])
+            if release is None:
+                return (429, f"This secret is already sent {service.MAX_DOWNLOADS} results "
+                             "at once: wait for them, then ask again."), None
+            return None, release
+        return None, None
+
     return make_front(create_app(punchcard, max_request_bytes), punchcard.identify, host,
                       port, threads=threads, max_request_bytes=max_request_bytes,
-                      secret_header=SECRET_HEADER, audit=audit, **limits)
+                      secret_header=SECRET_HEADER, audit=audit, admit=admit, **limits)

@@ -6,7 +6,6 @@ the submission there (`write_submission`); the job's process writes its status, 
 trained model and histories, which the server reads back. Run in the server.
 """
 
-import base64
 import json
 import os
 import re
@@ -70,20 +69,25 @@ def read_train_options(job):
     return options if isinstance(options, dict) else {}
 
 
-def read_results(job):
-    """A finished job's trained model (base64), history and validation history.
+def open_results(job):
+    """A finished job's results: its trained model as an open binary file (the caller's to
+    close; it stays readable if the job is deleted meanwhile), its history and validation
+    history.
 
     Raises:
         OSError: If the files are missing (or were deleted under this read).
     """
-    with open(path(job, TRAINED), "rb") as handle:
-        model = base64.b64encode(handle.read()).decode()
-    with open(path(job, HISTORY), encoding="utf-8") as handle:
-        history = json.load(handle)
-    validation = []
-    if os.path.exists(path(job, VALIDATION)):  # jobs queued before train options existed
-        with open(path(job, VALIDATION), encoding="utf-8") as handle:
-            validation = json.load(handle)
+    model = open(path(job, TRAINED), "rb")
+    try:
+        with open(path(job, HISTORY), encoding="utf-8") as handle:
+            history = json.load(handle)
+        validation = []
+        if os.path.exists(path(job, VALIDATION)):  # jobs queued before train options
+            with open(path(job, VALIDATION), encoding="utf-8") as handle:
+                validation = json.load(handle)
+    except (OSError, ValueError):
+        model.close()
+        raise
     return {"model": model, "history": history, "validation_history": validation}
 
 

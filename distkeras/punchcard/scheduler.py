@@ -1,9 +1,9 @@
 """When Punchcard starts and stops jobs: fair turns among identities, a time limit, and
 the loop that applies them. Run in the server.
 
-Queued jobs start fairly: the next one is of the identity with the fewest jobs running
-(then the oldest), so one identity's many secrets cannot take every slot while another
-waits.
+Queued jobs start fairly: the next one is of the identity with the fewest jobs running,
+then of the one whose last turn is the longest ago (round-robin), then the oldest, so one
+identity's many secrets cannot take every slot, nor every turn, while another waits.
 """
 
 import logging
@@ -12,18 +12,22 @@ import threading
 logger = logging.getLogger(__name__)
 
 
-def next_jobs(running, queued, max_running):
+def next_jobs(running, queued, max_running, turns=None):
     """The queued jobs to start now: one at a time to the identity with the fewest jobs
-    running (then the oldest job), for as many slots as are free.
+    running, then the one whose last start is the oldest (never started: first), then the
+    oldest job, for as many slots as are free.
 
     Args:
         running: The running jobs' rows.
         queued: The queued jobs' rows.
         max_running: Jobs that may run at once.
+        turns: Identity -> when its last job started (any increasing count), updated
+            here for the jobs chosen; None: none known.
 
     Returns:
         The rows to start, in order.
     """
+    turns = {} if turns is None else turns
     counts = {}
     for job in running:
         counts[job["identity"]] = counts.get(job["identity"], 0) + 1
@@ -31,10 +35,12 @@ def next_jobs(running, queued, max_running):
     for _ in range(max(0, max_running - len(running))):
         if not queued:
             break
-        job = min(queued, key=lambda job: (counts.get(job["identity"], 0), job["created"]))
+        job = min(queued, key=lambda job: (counts.get(job["identity"], 0),
+                                           turns.get(job["identity"], -1), job["created"]))
         queued.remove(job)
         chosen.append(job)
         counts[job["identity"]] = counts.get(job["identity"], 0) + 1
+        turns[job["identity"]] = max(turns.values(), default=0) + 1
     return chosen
 
 

@@ -23,6 +23,9 @@ from distkeras.punchcard.submissions import SubmissionInProgress, validate_submi
 
 logger = logging.getLogger(__name__)
 
+# Results (/api/result) one secret may be sent at once.
+MAX_DOWNLOADS = 2
+
 
 class Punchcard:
     """The job server's state and logic, independent of HTTP.
@@ -42,17 +45,19 @@ class Punchcard:
         audit_log: The audit log's path (`audit.AuditLog`): ``"default"`` for
             ``audit.jsonl`` in ``work_dir``, None for none.
         job_memory_bytes: Each job process's memory limit (`processes.job_command`).
+        audit_max_bytes: The audit log is rotated at this size (4 old files kept).
 
     Notes:
         Queued jobs start fairly (`scheduler.next_jobs`): the next one is of the identity
-        with the fewest jobs running, so one identity's many secrets cannot take every
-        slot while another waits.
+        with the fewest jobs running, then of the one served longest ago, so one
+        identity's many secrets cannot take every slot, nor every turn, while another
+        waits.
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
                  allowed_data_roots=(), model_checker=None, allow_any_data_path=False,
                  max_job_seconds=None, max_epochs=None, audit_log="default",
-                 job_memory_bytes=None):
+                 job_memory_bytes=None, audit_max_bytes=64 << 20):
         self.checker = SecretsFile(secrets_path)
         self.work_dir = os.path.abspath(work_dir)
         # Owner only: it holds the job table (secret hashes) and every job's model, data
@@ -64,7 +69,7 @@ class Punchcard:
                            self.work_dir, os.stat(self.work_dir).st_mode & 0o777)
         self.store = JobStore(os.path.join(self.work_dir, "jobs.sqlite"))
         self.audit = AuditLog(os.path.join(self.work_dir, "audit.jsonl")
-                              if audit_log == "default" else audit_log)
+                              if audit_log == "default" else audit_log, audit_max_bytes)
         self.master = master
         self.max_running = max_running
         self.allowed_data_roots = tuple(allowed_data_roots)
@@ -76,7 +81,9 @@ class Punchcard:
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
-        self._validating = set()  # secrets whose submission is being checked
+        self._validating = {}  # secret -> the claim of its submission being sent or checked
+        self._downloads = {}  # secret -> its results being sent
+        self._turns = {}  # identity -> the scheduler's turn it last had a job started
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.reconcile()
@@ -120,31 +127,66 @@ class Punchcard:
         """``(secret hash, identity)`` of a known secret, else None (`secrets_file`)."""
         return self.checker.identify(secret)
 
-    def submit(self, secret_hash, identity, body):
-        """Queues a job; returns its public state, or None when the secret is busy.
+    def claim_submission(self, secret_hash):
+        """Takes the secret's one submission slot, from a request's headers to its answer
+        (the HTTP front's ``admit``), before its body is read or parsed.
+
+        Returns:
+            A function that gives the slot back (call it once), or None when the secret
+            already has a job.
 
         Raises:
             BadRequest: The submission is malformed.
-            SubmissionInProgress: Another submission with this secret is being checked.
+            SubmissionInProgress: Another submission with this secret holds the slot.
             model_check.ChecksBusy: No model check can start now (HTTP 503).
         """
-        # Checking a submission builds its model, which can take a request thread for
-        # minutes (a Sequential of hundreds of layers): a secret that already has a job is
-        # refused before that, and one secret's submissions are checked one at a time, so
-        # no client can hold more than one of the server's threads this way.
+        # A submission's body is parsed (twice its size in memory) and its model built
+        # (a request thread for minutes): a secret that has a job is refused before that,
+        # and one secret's submissions are taken one at a time, so no client holds more
+        # than one body's memory and one of the server's threads this way.
         if self.store.by_secret(secret_hash) is not None:
             return None
+        token = object()  # this claim's, so that a late release frees no later claim
         with self._lock:
             if secret_hash in self._validating:
                 raise SubmissionInProgress(
-                    "Another submission with this secret is still being checked: wait for "
-                    "its answer (a secret has one job at a time).")
-            self._validating.add(secret_hash)
-        try:
-            return self._queue(secret_hash, identity, body)
-        finally:
+                    "Another submission with this secret is still being sent, or still being "
+                    "checked: wait for its answer (a secret has one job at a time).")
+            self._validating[secret_hash] = token
+        return lambda: self.release_submission(secret_hash, token)
+
+    def release_submission(self, secret_hash, token=None):
+        """Gives back the secret's submission slot: the claim ``token`` (None: whichever
+        holds it, the caller's own once its answer is ready, before it is sent)."""
+        with self._lock:
+            if token is None or self._validating.get(secret_hash) is token:
+                self._validating.pop(secret_hash, None)
+
+    def claim_download(self, secret_hash):
+        """Takes one of the secret's `MAX_DOWNLOADS` download slots (/api/result);
+        returns a function that gives it back (call it once), or None if all are taken."""
+        with self._lock:
+            if self._downloads.get(secret_hash, 0) >= MAX_DOWNLOADS:
+                return None
+            self._downloads[secret_hash] = self._downloads.get(secret_hash, 0) + 1
+
+        def release():
             with self._lock:
-                self._validating.discard(secret_hash)
+                left = self._downloads.pop(secret_hash) - 1
+                if left:
+                    self._downloads[secret_hash] = left
+        return release
+
+    def submit(self, secret_hash, identity, body):
+        """Checks a submission and queues its job; returns its public state, or None when
+        the secret is busy. The caller holds the secret's `claim_submission` slot.
+
+        Raises:
+            BadRequest: The submission is malformed.
+        """
+        if self.store.by_secret(secret_hash) is not None:
+            return None
+        return self._queue(secret_hash, identity, body)
 
     def _queue(self, secret_hash, identity, body):
         """Validates a submission and stores it as a queued job (`submit`)."""
@@ -220,10 +262,10 @@ class Punchcard:
                 self._destroying.discard(job["id"])
 
     def results(self, job):
-        """A finished job's results (`job_files.read_results`), or None if it was
-        destroyed meanwhile."""
+        """A finished job's results (`job_files.open_results`: its model an open file, the
+        caller's to close), or None if it was destroyed meanwhile."""
         try:
-            return job_files.read_results(job)
+            return job_files.open_results(job)
         except OSError:
             if self._current_row(job) is None:
                 return None  # its files deleted under this read
@@ -321,7 +363,8 @@ class Punchcard:
             self._stop_if_overdue(job)
             self._refresh(job)
         for job in scheduler.next_jobs(self.store.by_state("running"),
-                                       self.store.by_state("queued"), self.max_running):
+                                       self.store.by_state("queued"), self.max_running,
+                                       self._turns):
             self._start(job)
 
     def _stop_if_overdue(self, job):

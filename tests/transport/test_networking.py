@@ -357,6 +357,22 @@ def test_smaller_frame_limit_of_a_connection(pair):
         recv_data(Connection(receiver, max_frame_bytes=4000))
 
 
+def test_the_frame_limit_counts_the_header_with_the_body(pair):
+    """A frame whose body fits ``max_frame_bytes`` but whose header plus body does not
+    is refused; one of exactly the limit is read."""
+    sender, receiver = pair
+    frame = networking.encode_message({"a": np.zeros(1000, np.float64)})
+    header_len, body_len = PREFIX.unpack(frame[:PREFIX.size])[3:]
+    assert header_len > 0 and body_len == 8000
+    sender.sendall(frame)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        recv_data(Connection(receiver, max_frame_bytes=header_len + body_len - 1))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode_message(frame, max_frame_bytes=body_len + 1)
+    decoded = decode_message(frame, max_frame_bytes=header_len + body_len)
+    assert np.array_equal(decoded["a"], np.zeros(1000))
+
+
 def test_header_larger_than_limit(pair):
     sender, receiver = pair
     sender.sendall(PREFIX.pack(b"DK", 1, 0, networking.MAX_HEADER_BYTES + 1, 0))
