@@ -60,9 +60,9 @@ def check_data_path(path, allowed_roots, name="data_path", any_local_path=True):
     if (allowed_roots or not any_local_path) and _GLOB_CHARACTERS & set(path):
         raise BadRequest(
             f"'{name}' must not contain any of {' '.join(sorted(_GLOB_CHARACTERS))}: this "
-            "server only reads under its allowed data roots, and Spark would expand glob "
-            "patterns and comma-separated lists into other paths. Give the path of one "
-            f"Parquet file or folder. Received: {path!r}")
+            "server checks the path it is given, and Spark would expand glob patterns and "
+            "comma-separated lists into other paths. Give the path of one Parquet file or "
+            f"folder. Received: {path!r}")
     if allowed_roots and not any(path == root or path.startswith(root.rstrip("/") + "/")
                                  for root in allowed_roots):
         raise BadRequest(f"'{name}' must be under one of: {', '.join(allowed_roots)}.")
