@@ -38,10 +38,9 @@ def train(trainer, dataframe, options, overrides=None):
     run_id, label = begin_run(type(trainer).__name__)
     try:
         verbose = resolve_verbose(options["verbose"])
-        settings = trainer.settings(**(overrides or {}))
-        run = Run(settings, label, verbose, options["checkpoint_dir"],
-                  options["checkpoint_every"], options["resume"], name=type(trainer).__name__,
-                  workers_optimizer=worker_setup.workers_optimizer(trainer, settings))
+        run = Run(trainer.settings(**(overrides or {})), label, verbose,
+                  options["checkpoint_dir"], options["checkpoint_every"], options["resume"],
+                  name=type(trainer).__name__)
         return _train(trainer, trainer.make_plan(run), dataframe, options)
     finally:
         end_run(run_id)
@@ -78,6 +77,8 @@ def _train(trainer, plan, dataframe, options):
         dataframe, settings.master_model, settings.features_col, settings.label_col)
     preparation.check_run(run, dataframe, label_shapes, options["sample_weight_col"],
                           options["class_weight"])
+    # Once the optimizer's name is known to be Keras's (`check_run`).
+    run.workers_optimizer = worker_setup.workers_optimizer(trainer, settings)
     frame = frame_layout.training_frame(dataframe, settings.features_col, settings.label_col,
                                         options["sample_weight_col"])
     with custom_objects.scope(run.custom_objects):
