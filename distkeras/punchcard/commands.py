@@ -53,8 +53,8 @@ _LIMIT_FLAGS = (
      "Python workers; a model whose activations for one batch exceed it is refused at "
      "its check (default: half of this machine's memory)"),
     ("--connection-limit", int, 1000,
-     "connections held at once; past it, the oldest connection still sending its headers "
-     "is closed for a new one"),
+     "connections held at once; past it, a waiting connection is closed for a new one: a "
+     "refused or withheld body first, then the one nearest its deadline"),
     ("--header-timeout", float, 10.0,
      "seconds a request's headers may take to arrive (a trickling client is dropped after "
      "it)"),
