@@ -8,7 +8,7 @@ successful look at a state is written to the audit log. Run in the server's proc
 import base64
 import json
 
-from distkeras.punchcard import service
+from distkeras.punchcard import slots
 from distkeras.punchcard.config_scan import ConfigRefused, loads_bounded
 from distkeras.punchcard.front import make_front
 from distkeras.punchcard.model_check import ChecksBusy
@@ -65,7 +65,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         return response
 
     def caller():
-        return punchcard.identify(request.headers.get(SECRET_HEADER, ""))
+        return punchcard.checker.identify(request.headers.get(SECRET_HEADER, ""))
 
     @app.after_request
     def audit(response):
@@ -115,7 +115,7 @@ def create_app(punchcard, max_request_bytes=256 << 20):
         try:
             return submit_as(who)
         finally:
-            punchcard.release_submission(who[0])
+            punchcard.slots.release_submission(who[0])
 
     def submit_as(who):
         if not request.is_json:
@@ -233,24 +233,24 @@ def make_server(punchcard, host, port, threads=16, max_request_bytes=256 << 20,
 
     def admit(path, who):
         # A submission takes the secret's one slot before its body is read; a result is
-        # sent to a secret `service.MAX_DOWNLOADS` at a time (a destroy sends it once:
+        # sent to a secret `slots.MAX_DOWNLOADS` at a time (a destroy sends it once:
         # the job is gone after).
         if path == SUBMIT:
             try:
-                release = punchcard.claim_submission(who[0])
+                release = punchcard.slots.claim_submission(who[0])
             except SubmissionInProgress as in_progress:
                 return (403, str(in_progress)), None
             if release is None:
                 return (403, busy_message(punchcard.store.by_secret(who[0]))), None
             return None, release
         if path == RESULT:
-            release = punchcard.claim_download(who[0])
+            release = punchcard.slots.claim_download(who[0])
             if release is None:
-                return (429, f"This secret is already sent {service.MAX_DOWNLOADS} results "
+                return (429, f"This secret is already sent {slots.MAX_DOWNLOADS} results "
                              "at once: wait for them, then ask again."), None
             return None, release
         return None, None
 
-    return make_front(create_app(punchcard, max_request_bytes), punchcard.identify, host,
-                      port, threads=threads, max_request_bytes=max_request_bytes,
+    return make_front(create_app(punchcard, max_request_bytes), punchcard.checker.identify,
+                      host, port, threads=threads, max_request_bytes=max_request_bytes,
                       secret_header=SECRET_HEADER, audit=audit, admit=admit, **limits)

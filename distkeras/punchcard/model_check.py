@@ -103,6 +103,28 @@ class ModelChecker:
             return spare
         return self._spawn()
 
+    def check_submission(self, model_text, trainer_class_name, config, workers, owner=None):
+        """`keras_checks.check_keras_parts` of a submission, in a child (`check`).
+
+        Returns:
+            The trainer's configuration as the child resolved it.
+
+        Raises:
+            BadRequest: The child refused the model or the trainer, or exceeded a limit.
+            ChecksBusy: ``owner`` has a check running, or every slot is taken.
+        """
+        try:
+            answer = self.check({"model": model_text, "trainer_class": trainer_class_name,
+                                 "config": config, "workers": workers}, owner)
+        except CheckFailed as error:
+            logger.warning("A submission's check failed: %s", error)
+            raise BadRequest(f"The model archive was refused: {error}") from error
+        if not answer["ok"]:
+            raise BadRequest(str(answer.get("error")))
+        if not isinstance(answer.get("config"), dict):
+            raise BadRequest("The model check answered no trainer configuration.")
+        return answer["config"]
+
     def check(self, request, owner=None):
         """The child's answer to ``request`` (a JSON-able dict).
 

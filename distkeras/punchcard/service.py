@@ -2,7 +2,9 @@
 processes, kept in its SQLite job table. Run in the server's process.
 
 `app` serves a `Punchcard` over HTTP; what it checks of a submission is in
-`submissions`, what it runs in `processes`, when in `scheduler`.
+`submissions`, what it runs in `processes`, when in `scheduler` (fairly: the next job is
+of the identity with the fewest running, then of the one served longest ago, so one
+identity's many secrets take neither every slot nor every turn).
 """
 
 import logging
@@ -15,17 +17,13 @@ import uuid
 
 from distkeras.punchcard import data_roots, job_files, processes, scheduler
 from distkeras.punchcard.audit import AuditLog
-from distkeras.punchcard.model_check import CheckFailed, ModelChecker
-from distkeras.punchcard.refusals import BadRequest
+from distkeras.punchcard.model_check import ModelChecker
 from distkeras.punchcard.secrets_file import SecretsFile
+from distkeras.punchcard.slots import SecretSlots
 from distkeras.punchcard.store import JobStore
-from distkeras.punchcard.submissions import SubmissionInProgress, validate_submission
+from distkeras.punchcard.submissions import check_epochs, validate_submission
 
 logger = logging.getLogger(__name__)
-
-# Results (/api/result) one secret may be sent at once.
-MAX_DOWNLOADS = 2
-
 
 class Punchcard:
     """The job server's state and logic, independent of HTTP.
@@ -46,12 +44,6 @@ class Punchcard:
             ``audit.jsonl`` in ``work_dir``, None for none.
         job_memory_bytes: Each job process's memory limit (`processes.job_command`).
         audit_max_bytes: The audit log is rotated at this size (4 old files kept).
-
-    Notes:
-        Queued jobs start fairly (`scheduler.next_jobs`): the next one is of the identity
-        with the fewest jobs running, then of the one served longest ago, so one
-        identity's many secrets cannot take every slot, nor every turn, while another
-        waits.
     """
 
     def __init__(self, secrets_path, work_dir, master="local[*]", max_running=1,
@@ -81,8 +73,7 @@ class Punchcard:
         self._processes = {}
         self._starting = set()  # running in the table, but no process yet
         self._destroying = set()  # jobs a destroy request is reading and deleting
-        self._validating = {}  # secret -> the claim of its submission being sent or checked
-        self._downloads = {}  # secret -> its results being sent
+        self.slots = SecretSlots(self.store)
         self._turns = {}  # identity -> the scheduler's turn it last had a job started
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -95,105 +86,22 @@ class Punchcard:
         self._scheduler.join(timeout=5)
         self.model_checker.close()
 
-    def _check_epochs(self, body):
-        """Refuses more epochs than the operator allows (before the model is checked)."""
-        trainer = body.get("trainer") if isinstance(body, dict) else None
-        config = trainer.get("config") if isinstance(trainer, dict) else None
-        epochs = config.get("num_epoch", 1) if isinstance(config, dict) else 1
-        if self.max_epochs is not None and isinstance(epochs, (int, float)) and \
-                not epochs <= self.max_epochs:  # NaN too
-            raise BadRequest(f"'num_epoch' must be at most {self.max_epochs} on this server "
-                             f"(punchcard --max-epochs). Received: {epochs!r}")
-
-    def _check_in_child(self, model_text, trainer_class_name, config, workers, owner=None):
-        """`keras_checks.check_keras_parts` in a `model_check` child process (never in
-        this one), one at a time for ``owner`` (an identity)."""
-        try:
-            answer = self.model_checker.check({
-                "model": model_text, "trainer_class": trainer_class_name, "config": config,
-                "workers": workers}, owner)
-        except CheckFailed as error:
-            logger.warning("A submission's check failed: %s", error)
-            raise BadRequest(f"The model archive was refused: {error}") from error
-        if not answer["ok"]:
-            raise BadRequest(str(answer.get("error")))
-        if not isinstance(answer.get("config"), dict):
-            raise BadRequest("The model check answered no trainer configuration.")
-        return answer["config"]
-
     # -- requests ---------------------------------------------------------------------
-
-    def identify(self, secret):
-        """``(secret hash, identity)`` of a known secret, else None (`secrets_file`)."""
-        return self.checker.identify(secret)
-
-    def claim_submission(self, secret_hash):
-        """Takes the secret's one submission slot, from a request's headers to its answer
-        (the HTTP front's ``admit``), before its body is read or parsed.
-
-        Returns:
-            A function that gives the slot back (call it once), or None when the secret
-            already has a job.
-
-        Raises:
-            BadRequest: The submission is malformed.
-            SubmissionInProgress: Another submission with this secret holds the slot.
-            model_check.ChecksBusy: No model check can start now (HTTP 503).
-        """
-        # A submission's body is parsed (twice its size in memory) and its model built
-        # (a request thread for minutes): a secret that has a job is refused before that,
-        # and one secret's submissions are taken one at a time, so no client holds more
-        # than one body's memory and one of the server's threads this way.
-        if self.store.by_secret(secret_hash) is not None:
-            return None
-        token = object()  # this claim's, so that a late release frees no later claim
-        with self._lock:
-            if secret_hash in self._validating:
-                raise SubmissionInProgress(
-                    "Another submission with this secret is still being sent, or still being "
-                    "checked: wait for its answer (a secret has one job at a time).")
-            self._validating[secret_hash] = token
-        return lambda: self.release_submission(secret_hash, token)
-
-    def release_submission(self, secret_hash, token=None):
-        """Gives back the secret's submission slot: the claim ``token`` (None: whichever
-        holds it, the caller's own once its answer is ready, before it is sent)."""
-        with self._lock:
-            if token is None or self._validating.get(secret_hash) is token:
-                self._validating.pop(secret_hash, None)
-
-    def claim_download(self, secret_hash):
-        """Takes one of the secret's `MAX_DOWNLOADS` download slots (/api/result);
-        returns a function that gives it back (call it once), or None if all are taken."""
-        with self._lock:
-            if self._downloads.get(secret_hash, 0) >= MAX_DOWNLOADS:
-                return None
-            self._downloads[secret_hash] = self._downloads.get(secret_hash, 0) + 1
-
-        def release():
-            with self._lock:
-                left = self._downloads.pop(secret_hash) - 1
-                if left:
-                    self._downloads[secret_hash] = left
-        return release
 
     def submit(self, secret_hash, identity, body):
         """Checks a submission and queues its job; returns its public state, or None when
-        the secret is busy. The caller holds the secret's `claim_submission` slot.
+        the secret is busy. The caller holds the secret's submission slot
+        (`slots.SecretSlots.claim_submission`).
 
         Raises:
             BadRequest: The submission is malformed.
         """
         if self.store.by_secret(secret_hash) is not None:
             return None
-        return self._queue(secret_hash, identity, body)
-
-    def _queue(self, secret_hash, identity, body):
-        """Validates a submission and stores it as a queued job (`submit`)."""
-        self._check_epochs(body)
+        check_epochs(body, self.max_epochs)
         fields, trainer_class, config, model_bytes = validate_submission(
             body, self.allowed_data_roots,
-            lambda *parts: self._check_in_child(*parts, owner=identity),
+            lambda *parts: self.model_checker.check_submission(*parts, owner=identity),
             self.allow_any_data_path)
         job_id = uuid.uuid4().hex  # the job's folder is named by it, never by input
         job_dir = job_files.write_submission(self.work_dir, job_id, model_bytes, config,

@@ -214,3 +214,15 @@ def _check_columns(name, value):
         if isinstance(column, str) and len(column) > MAX_COLUMN_NAME:
             raise BadRequest(f"'{name}' names a column of {len(column)} characters, more "
                              f"than this server takes (at most {MAX_COLUMN_NAME}).")
+
+
+def check_epochs(body, max_epochs):
+    """Refuses more epochs than the operator allows (``max_epochs``; None: any), before
+    the model is checked."""
+    trainer = body.get("trainer") if isinstance(body, dict) else None
+    config = trainer.get("config") if isinstance(trainer, dict) else None
+    epochs = config.get("num_epoch", 1) if isinstance(config, dict) else 1
+    if max_epochs is not None and isinstance(epochs, (int, float)) and \
+            not epochs <= max_epochs:  # NaN too
+        raise BadRequest(f"'num_epoch' must be at most {max_epochs} on this server "
+                         f"(punchcard --max-epochs). Received: {epochs!r}")
