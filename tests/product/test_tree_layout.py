@@ -418,6 +418,28 @@ def test_no_module_of_the_package_is_over_600_lines(path):
         assert len(handle.readlines()) <= 600, f"{path} has grown past 600 lines: split it"
 
 
+MAX_CLASS_LINES = 300
+
+
+def classes_over(source, limit=MAX_CLASS_LINES):
+    """``(name, lines)`` of each class in ``source`` longer than ``limit`` lines."""
+    sizes = [(node.name, node.end_lineno - node.lineno + 1)
+             for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+    return [(name, lines) for name, lines in sizes if lines > limit]
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=_relative)
+def test_no_class_of_the_package_is_over_300_lines(path):
+    """A class that grows past this holds more than one part: pass the others in."""
+    with open(path, encoding="utf-8") as handle:
+        assert classes_over(handle.read()) == []
+
+
+def test_the_class_size_check_can_fail():
+    source = "class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES + "\n\nclass Small:\n    pass\n"
+    assert classes_over(source) == [("Big", MAX_CLASS_LINES + 1)]
+
+
 def test_the_size_check_sees_every_package():
     names = {_relative(path) for path in _all_modules()}
     for name in ("distkeras/trainers.py", "distkeras/ml/accuracy_evaluator.py",
