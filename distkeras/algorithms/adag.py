@@ -14,18 +14,11 @@ class ADAG(Algorithm):
     an optimizer instance or config keeps the rate it was given.
 
     Notes:
-        Each commit moves the center by about one step's worth of progress, however long
-        the window, so at equal epochs the center advances about ``num_workers / window``
-        times as far as one worker would. The original's window of 12 suits 12 or more
-        workers (Hermans ran 20 to 40); with 2 workers it left models of the zoo 4-27
-        points below `fit`'s (docs/benchmarks.md, "Model zoo"). Even at window 2 the
-        center keeps half of each window's progress: the zoo's ViT and Embedding model
-        stayed 2.8 and 1.8 points below `fit` (3 seeds), where twice the workers'
-        learning rate left them +0.3 and -0.8 (the MLP +0.6). Twice, not ``window``
-        times: only 2 workers were measured, and Adam at 12 times its rate is the
-        large-batch regime where linear scaling fails. Non-trainable weights,
-        such as BatchNormalization's statistics, are committed whole.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate.
+        Each commit moves the center by about one step's worth, however long the window:
+        the original's window of 12 suits 12 or more workers, a short one fits few. At a
+        window of 2 the center still misses half of each window's progress, which the
+        doubled rate makes up for. Non-trainable weights (BatchNormalization's statistics)
+        are committed whole. See docs/algorithms/adag.md for the measurements.
     """
 
     default_window = 12

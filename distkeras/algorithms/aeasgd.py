@@ -16,12 +16,10 @@ class AEASGD(Algorithm):
 
     Notes:
         With ``k`` workers each replica takes ``1/k`` of `fit`'s steps at equal epochs, and
-        the center is a lagging elastic average of them. At the paper's window of 32 and
-        Adam's own rate, 2 workers left the zoo's LSTM, Embedding and ViT models 2.7, 3.6
-        and about 3 points below `fit` (3 seeds, 6,000 rows, 3 epochs). From 2 workers on,
-        a worker optimizer given by name (``"adam"``) now runs at twice Keras's default
-        rate for it (`worker_learning_rate_factor`; an optimizer instance or config keeps
-        its rate), and the window is 16: -0.9 on the ViT, -0.6 on the Embedding model.
+        the elastic force brakes each worker by what it moves the center. Hence a window
+        shorter than the paper's and, from 2 workers on, a worker optimizer given by name
+        (``"adam"``) at twice Keras's default rate (`worker_learning_rate_factor`; an
+        instance or config keeps its rate). See docs/algorithms/aeasgd.md.
     """
 
     hyperparameters = (

@@ -13,20 +13,11 @@ class DiLoCo(Algorithm):
     pseudo-gradient of an outer SGD with Nesterov momentum.
 
     Notes:
-        Staleness: DiLoCo averages k workers' changes into one outer step. Here each
-        commit is applied as it comes, divided by its staleness + 1 (the updates others
-        made since its pull). With k workers in step, that is about k: a round of k
-        commits adds up to their mean, DiLoCo's pseudo-gradient; a commit that slower
-        workers overtook, made from an older center, counts less; one worker alone is
-        DiLoCo with one replica, exactly. The paper's momentum, 0.9, overshot at short
-        windows (docs/algorithms/diloco.md): 0.5 by default. The center is an outer
-        step that no worker's weights took, so its BatchNormalization statistics are
-        measured again (``averages_weights``): without that the zoo's CNN scored 0.74
-        against `fit`'s 0.83. The center keeps about 1/k of k workers' summed progress
-        (the discount), so, as DynSGD's, from 2 workers an optimizer given by name runs
-        at twice its default rate, and the outer rate is 0.5 (the paper's 0.7 with that
-        went past `fit`'s pace): on the zoo the MLP, ViT and LSTM went from 2.7, 2.0 and
-        2.5 points below `fit` to 1.5, 0.6 and 1.6 (6-10 seeds).
+        Each commit is applied as it comes, divided by its staleness + 1: a round of k
+        commits in step adds up to their mean, DiLoCo's pseudo-gradient. The paper's outer
+        momentum overshoots at short windows, and the discount leaves the center about 1/k
+        of the summed progress: hence a lower momentum and outer rate, and from 2 workers an
+        optimizer given by name at twice its default rate. See docs/algorithms/diloco.md.
     """
 
     hyperparameters = (

@@ -9,12 +9,11 @@ class DynSGD(Algorithm):
     """Workers commit ``W - W_pull``; the server adds ``delta / (staleness + 1)``.
 
     Notes:
-        Workers send the update count they saw at their last pull. The server applies
-        ``C += delta / (num_updates - last_update + 1)``, so a commit that others overtook
-        counts less; non-trainable weights (BatchNormalization's statistics) count whole.
-        ``learning_rate``, when given, is the workers' Keras optimizer's learning rate;
-        given none, from 2 workers on, an optimizer given by name (``"adam"``) runs at
-        twice Keras's default rate for it (`worker_learning_rate_factor`).
+        A commit that others overtook since its pull counts less; non-trainable weights
+        (BatchNormalization's statistics) count whole. ``learning_rate``, when given, is
+        the workers' Keras optimizer's learning rate; given none, from 2 workers on, an
+        optimizer given by name (``"adam"``) runs at twice Keras's default rate for it
+        (`worker_learning_rate_factor`). See docs/algorithms/dynsgd.md.
     """
 
     uses_staleness = True

@@ -39,10 +39,9 @@ class EAMSGD(AEASGD):
     At 0 the steps are AEASGD's, on the JAX window path.
 
     Notes:
-        On top of Adam's own moving average of the gradients, a momentum of 0.9 made the
-        zoo's MLP 12 points less accurate than `fit` (0.706 against 0.829; 0.824 with
-        momentum 0): hence the default of 0 there. The original code's signs were
-        inconsistent; this follows the paper.
+        Momentum on top of Adam's own moving average of the gradients overshoots: hence
+        the default of 0 for such optimizers. The original code's signs were inconsistent;
+        this follows the paper. See docs/algorithms/eamsgd.md for the measurements.
     """
 
     hyperparameters = AEASGD.hyperparameters + (Hyperparameter(

@@ -13,11 +13,10 @@ class Experimental(Algorithm):
     ``C += residual / ((1/lr) * (C - C_stale)**2 + 1)``.
 
     Notes:
-        The window is the number of workers, at most 5: the residual is divided by it,
-        as ADAG's. With 2 workers a window of 5 left three zoo models 5-6 points below
-        `fit`; a window of 2 left them 0.3-3.3 points below. As ADAG's, its workers run
-        an optimizer given by name at twice Keras's default rate from a window of 2 on
-        (`worker_learning_rate_factor`).
+        The window is the number of workers, at most 5: the residual is divided by it, as
+        ADAG's, so a long window with few workers moves the center too little. As ADAG's,
+        its workers run an optimizer given by name at twice Keras's default rate from a
+        window of 2 on (`worker_learning_rate_factor`). See docs/algorithms/experimental.md.
     """
 
     hyperparameters = (

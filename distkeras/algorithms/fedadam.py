@@ -14,17 +14,11 @@ class FedAdam(Algorithm):
     bias correction, as the paper).
 
     Notes:
-        Each commit is one Adam step, as it arrives; FedOpt averages a round of k
-        clients' changes first. The staleness discount (as DiLoCo's) makes a round of k
-        commits in step add up to about their mean where the step is linear in the
-        change. The defaults are not the paper's (a first moment decaying at 0.9; a rate
-        of 0.003 and an epsilon of 0.001 here before): asynchronous, a first moment
-        spreads each commit over the next ten or so, made by workers that have since
-        moved on, and the center lagged them, 6 to 17 points below `fit` on the model
-        zoo (docs/algorithms/fedadam.md). Without it and with the rate equal to epsilon,
-        a weight whose discounted change is small against epsilon takes it about whole,
-        and a large one is capped near the rate. As DynSGD's, the workers of a trainer
-        given no ``learning_rate`` run at twice the rate of an optimizer given by name.
+        Each commit is one Adam step, as it arrives; the staleness discount (as DiLoCo's)
+        makes a round of k commits add up to about their mean. Asynchronous, the paper's
+        first moment spreads each commit over later ones made from moved weights: hence no
+        first moment and a rate equal to epsilon. As DynSGD's, given no ``learning_rate``
+        an optimizer given by name runs at twice its rate. See docs/algorithms/fedadam.md.
     """
 
     hyperparameters = (

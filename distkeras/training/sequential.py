@@ -21,16 +21,11 @@ class SingleTrainer(Trainer):
     (``features_col``, ``label_col``, ``num_epoch``, ``batch_size`` after ``metrics``).
 
     Notes:
-        With validation data or callbacks, the driver evaluates and calls back at every
-        epoch's exact end, as Keras's ``fit`` does. The task waits there on an
-        `EpochServer`, then goes on with its weights and optimizer state. With no task
-        slot to spare for a callback of the user's own, each epoch is a Spark task of its
-        own instead, going on from the last one's.
-
-        ``EarlyStopping`` stops before the next epoch starts. A learning rate that
-        ``ReduceLROnPlateau`` or ``LearningRateScheduler`` sets applies to the next epoch.
-
-        The dist-keras order lets code written for dist-keras train as written.
+        With validation data or callbacks, the task waits at each epoch's end on an
+        `EpochServer` while the driver evaluates and calls back, as ``fit`` does; with no
+        slot to spare for a callback of the user's own, each epoch is a task of its own.
+        ``EarlyStopping`` stops before the next epoch; a rate a callback sets applies to
+        the next epoch. See docs/algorithms/singletrainer.md.
     """
 
     plan = OneTaskPlan
@@ -68,16 +63,11 @@ class AveragingTrainer(DistributedTrainer):
     after ``metrics``), so code written for dist-keras trains as written.
 
     Notes:
-        Every epoch starts all replicas from the last average, each with a fresh
-        optimizer, at the learning rate a ``LearningRateScheduler`` or
-        ``ReduceLROnPlateau`` callback set.
-
-        With several epochs and a slot for every worker, all epochs run in one Spark job.
-        A callback of the user's own needs one more slot, for a Spark job it might start.
-        Each worker replays its partition from local disk, and the workers meet at each
-        epoch's end on the driver's `AveragingServer`: a barrier stage, so they run at
-        once. Otherwise each epoch is a Spark job of its own, and the driver averages the
-        results.
+        Every epoch starts all replicas from the last average, each with a fresh optimizer
+        at the rate a learning rate callback set. With several epochs and a slot for every
+        worker, all epochs run in one barrier job that meets on the driver's
+        `AveragingServer` at each epoch's end; otherwise each epoch is a Spark job of its
+        own. See docs/algorithms/averagingtrainer.md.
     """
 
     averages_weights = True

@@ -227,12 +227,11 @@ class Trainer:
             ``batch_size``, ``epoch``, the loss and the metrics.
 
         Notes:
-            When Spark retried a worker's failed task, the records of its steps carry
-            ``attempt``: the worker's attempts in the order they started, from 0. Those of
-            the failed attempt's steps that the retry trained again carry
-            ``superseded=True``. Their commits were applied to the center, but they do not
-            count in the progress, the epochs' ends, `get_averaged_history` or
-            `get_executor_history`.
+            When Spark retried a worker's task, its records carry ``attempt`` (from 0, in
+            the order the attempts started). The failed attempt's steps that the retry
+            trained again carry ``superseded=True``: their commits reached the center, but
+            the progress, the epochs' ends, `get_averaged_history` and
+            `get_executor_history` leave them out.
         """
         return list(self._results.history)
 

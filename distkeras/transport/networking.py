@@ -106,10 +106,10 @@ class Connection:
         """A buffer of ``nbytes`` that this connection keeps for its next frames.
 
         Notes:
-            A fresh buffer for every frame of a large model costs its pages again each
-            time (the kernel maps and zeroes them): for a 40 MB commit that is more CPU
-            than the copy itself. What is read into this buffer is overwritten by the
-            next frame read into it (see `recv_data`'s ``reuse_body``).
+            A fresh buffer for every frame of a large model costs its pages again each time
+            (the kernel maps and zeroes them), more CPU than the copy itself; see
+            docs/scaling.md. What is read into this buffer is overwritten by the next frame
+            read into it (see `recv_data`'s ``reuse_body``).
         """
         if self._body_buffer is None or self._body_buffer.nbytes < nbytes:
             self._body_buffer = np.empty(nbytes, dtype=np.uint8)

@@ -285,10 +285,10 @@ class AlgorithmServer(SocketParameterServer):
         ValueError: If ``reuse_buffers`` is not a bool.
 
     Notes:
-        ``reuse_buffers``, measured by benchmarks/ps_capacity.py (docs/scaling.md): for a
-        10M-parameter model, most of the server's CPU per commit+pull was the kernel
-        mapping and zeroing fresh pages for the 40 MB commit read and the 40 MB new
-        center. The cost: one model's bytes more per connection and one more center.
+        ``reuse_buffers``: for a large model, most of the server's CPU per commit and pull
+        is the kernel mapping and zeroing fresh pages for the commit read and the new
+        center. The cost: one model's bytes more per connection and one more center. See
+        docs/scaling.md (measured by benchmarks/ps_capacity.py).
     """
 
     algorithm_class = None
