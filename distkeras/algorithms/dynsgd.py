@@ -22,9 +22,8 @@ class DynSGD(Algorithm):
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):
         # With k workers in step, a commit is overtaken by about k - 1 others: the center
-        # keeps 1/k of the summed progress. 2 workers left the zoo's LSTM 3.9 points below
-        # `fit` (3 seeds); at twice the rate, +0.6. Twice, not k times: only 2 workers
-        # could be measured here (as ADAG's factor).
+        # keeps 1/k of the summed progress, so the workers run faster. Twice, not k times:
+        # only 2 workers could be measured (docs/algorithms/dynsgd.md).
         return staleness_discount_factor(num_workers)
 
     def commit(self, weights, pulled, context):

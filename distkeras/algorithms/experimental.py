@@ -29,8 +29,7 @@ class Experimental(Algorithm):
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):
-        # ADAG's rule, for ADAG's residual: the LSTM and Embedding models went from -1.4
-        # and -1.8 points of `fit` to -0.5 and +0.3 (3 seeds).
+        # ADAG's rule, for ADAG's residual (docs/algorithms/experimental.md).
         return 2.0 if window >= 2 else 1.0
 
     def commit(self, weights, pulled, context):

@@ -34,7 +34,8 @@ class FedAdam(Algorithm):
 
     @classmethod
     def worker_learning_rate_factor(cls, window, num_workers):
-        # Twice the rate took the zoo's ViT from 3 to 0.5 points below `fit`.
+        # The staleness discount slows the center; faster workers make up for it
+        # (docs/algorithms/fedadam.md).
         return staleness_discount_factor(num_workers)
 
     def commit(self, weights, pulled, context):
