@@ -109,7 +109,7 @@ def test_a_worker_reads_replies_as_large_as_its_model(monkeypatch):
     grows with the model, so a model past it (SingleTrainer's epoch server sends about
     180M float32 weights with Adam's state in 2 GiB) could not come back. Here that fixed
     limit is 1 KiB and the model's weights 1.4 MB: pulled whole every window."""
-    from distkeras import networking
+    from distkeras.transport import networking
 
     monkeypatch.setattr(networking, "DEFAULT_MAX_FRAME_BYTES", 1024)
     keras.utils.set_random_seed(3)

@@ -444,7 +444,7 @@ def test_distkeras_punchcard_logs_info_audits_and_reloads_on_sighup(secrets, tmp
         assert [(r["identity"], r["action"], r["outcome"], r["status"]) for r in records] == [
             (None, "submit", "refused", 403), ("user3", "submit", "refused", 400),
             ("user3", "cancel", "refused", 404)]
-        assert "reads no local path" in records[1]["reason"]
+        assert "is not a path of the cluster's file system" in records[1]["reason"]
         assert all(set(r) == {"time", "identity", "action", "job", "outcome", "status",
                               "reason"} for r in records)
         assert b"INFO Punchcard listening on 127.0.0.1" in (tmp_path / "server.log").read_bytes()

@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 from punchcard_support import SCRIPTS, RunningServer, call_api, free_port, reachable, wait_for
 
-from distkeras.job_deployment import SECRET_HEADER, Job
+from distkeras.job_deployment import Job
+from distkeras.punchcard.protocol import SECRET_HEADER
 from distkeras.punchcard.secrets_file import append_entry, generate_secret, make_entry, secret_hash
 from distkeras.punchcard.store import JobStore
 

@@ -16,7 +16,8 @@ import pytest
 from punchcard_support import (RunningServer, adag_trainer, call_api, wait_for,
                                with_config)
 
-from distkeras.job_deployment import SECRET_HEADER, Job
+from distkeras.job_deployment import Job
+from distkeras.punchcard.protocol import SECRET_HEADER
 from distkeras.punchcard import job_files, processes
 from distkeras.punchcard.model_check import ModelChecker
 from distkeras.punchcard.secrets_file import (append_entry, generate_secret, make_entry,

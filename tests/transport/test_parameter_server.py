@@ -145,12 +145,12 @@ def _pause_inside_the_first_commit(monkeypatch, server, seconds=2.0):
     """Holds the first commit between reading the center and writing it back, until
     another commit reaches the same point or ``seconds`` pass: without the lock around
     the commit, the other one gets in and one of the two updates is lost, every time."""
-    center_class = type(server.center)
-    apply_rule, first, second_in = center_class.apply_rule, [], threading.Event()
+    server_class = type(server)
+    apply_rule, first, second_in = server_class.apply_rule, [], threading.Event()
 
     def pausing_apply_rule(self, rule, *args):
-        def rule_then_pause(center, *rest):
-            result = rule(center, *rest)  # from the center as read
+        def rule_then_pause(center_variable, *rest):
+            result = rule(center_variable, *rest)  # from the center as read
             first.append(None)
             if len(first) == 1:
                 second_in.wait(seconds)
@@ -159,7 +159,7 @@ def _pause_inside_the_first_commit(monkeypatch, server, seconds=2.0):
             return result
         return apply_rule(self, rule_then_pause, *args)
 
-    monkeypatch.setattr(center_class, "apply_rule", pausing_apply_rule)
+    monkeypatch.setattr(server_class, "apply_rule", pausing_apply_rule)
 
 
 def test_concurrent_commits_sum_exactly(servers, monkeypatch):
