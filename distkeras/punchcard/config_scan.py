@@ -17,6 +17,7 @@ the names to is checked again where it lives (`keras_checks.resolution_checked`)
 import io
 import json
 import re
+import sys
 import zipfile
 
 from distkeras.errors import DistkerasError
@@ -205,6 +206,7 @@ def _check_object(item, registered, where, archive=False):
         raise ConfigRefused(f"{where} names the class {_short(module)}.{class_name}: this "
                             f"server does not build {package}'s objects.")
     if package != "keras":
+        _check_outside_keras(module, class_name, registered, where)
         return
     section = rest[4:] if rest.startswith("src.") else rest
     if module == "keras":
@@ -217,6 +219,19 @@ def _check_object(item, registered, where, archive=False):
         raise ConfigRefused(
             f"{where} names the class {_short(module)}.{class_name}, which is not a layer, "
             "model, optimizer, loss, metric or their parts: this server does not build it.")
+
+
+def _check_outside_keras(module, class_name, registered, where):
+    """Refuses a class of a module outside Keras unless it is registered on the server: a
+    Python standard module's always (no registered object lives there), any other once
+    the registry is known (Keras would import the module to look the name up)."""
+    package = module.partition(".")[0]
+    if package in sys.stdlib_module_names or package.startswith("_") or registered is not None:
+        raise ConfigRefused(
+            f"{where} names the class {_short(module)}.{_short(class_name)}, which is "
+            "neither Keras's nor registered on this server: register it "
+            "(@keras.saving.register_keras_serializable()) in a package installed on the "
+            "server, or use Keras's own classes.")
 
 
 def _check_function(item, module, registered, where):

@@ -7,6 +7,7 @@ hatch). `trainer_for` makes the trainer class of an algorithm. The parameter-ser
 (`parameter_server.ParameterServerPlan`) trains them.
 """
 
+import inspect
 import logging
 
 from distkeras.executor.windowed import WindowedWorker
@@ -264,4 +265,17 @@ def trainer_for(algorithm, name=None, module=None):
     """
     return type(name or f"{algorithm.__name__}Trainer", (AsynchronousDistributedTrainer,),
                 {"algorithm": algorithm, "__doc__": algorithm.__doc__,
-                 "__module__": module or algorithm.__module__})
+                 "__module__": module or algorithm.__module__,
+                 "__signature__": _constructor_signature(algorithm)})
+
+
+def _constructor_signature(algorithm):
+    """The signature of ``algorithm``'s trainer class: `AsynchronousDistributedTrainer`'s
+    arguments, then the algorithm's hyperparameters by name (what `help` shows)."""
+    base = inspect.signature(AsynchronousDistributedTrainer.__init__)
+    parameters = [parameter for name, parameter in base.parameters.items()
+                  if name != "self" and parameter.kind is not parameter.VAR_KEYWORD]
+    parameters += [inspect.Parameter(hyperparameter.name, inspect.Parameter.KEYWORD_ONLY,
+                                     default=hyperparameter.default)
+                   for hyperparameter in algorithm.hyperparameters]
+    return base.replace(parameters=parameters)

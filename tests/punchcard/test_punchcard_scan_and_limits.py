@@ -103,6 +103,9 @@ def _respellings(png):
         ("WhileLoop operation", _layer(_object("keras.src.ops.core", "WhileLoop"))),
         ("a vocabulary read from a server's file", _layer(_object(
             "keras.layers", "StringLookup", {"vocabulary": "/etc/passwd"}))),
+        ("builtins.eval as a layer", _layer(_object("builtins", "eval"))),
+        ("os.system as a layer", _layer(_object("os", "system"))),
+        ("an installed package's class, unregistered", _layer(_object("numpy", "ndarray"))),
         ("a layer without its module (Keras 2's loader)",
          _layer({"class_name": "Dense", "config": {"units": 2}})),
     ]

@@ -186,3 +186,19 @@ def test_a_registered_toy_algorithm_trains_by_name_through_the_registry(
     assert model.compiled and isinstance(server.algorithm, ToyStep)
     assert server.algorithm.fraction == 0.5 and trainer.num_updates() > 0
     assert sum(record["batch_size"] for record in trainer.get_history()) == 256
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.registered()))
+def test_help_shows_each_trainers_own_arguments(name):
+    """``help(ADAG)`` shows the arguments it takes by name, never ``**hyperparameters``."""
+    cls = getattr(trainers, name)
+    parameters = inspect.signature(cls).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    assert "self" not in parameters
+    for hyperparameter in cls.algorithm.hyperparameters:
+        assert parameters[hyperparameter.name].default == hyperparameter.default
+    for name_ in ("keras_model", "num_workers", "communication_window"):
+        assert name_ in parameters
+    # The signature is the one the constructor honours: every name binds.
+    inspect.signature(cls).bind(None, **{p: parameters[p].default for p in parameters
+                                         if p != "keras_model"})
