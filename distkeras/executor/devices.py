@@ -175,6 +175,37 @@ def task_devices(addresses=None):
                 os.environ[name] = value
 
 
+def keras_devices():
+    """The devices Keras computes on in this process, in words (``"cpu:0"``,
+    ``"cuda:0, cuda:1"``), by its backend; Keras must be loaded."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax  # the backend Keras loaded: no new import
+
+        return ", ".join(f"{device.platform}:{device.id}" for device in jax.devices())
+    if backend == "torch":
+        import torch  # the backend Keras loaded: no new import
+
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf  # the backend Keras loaded: no new import
+
+        gpus = tf.config.list_logical_devices("GPU")
+        return ", ".join(gpu.name for gpu in gpus) if gpus else "cpu"
+    return backend
+
+
+def log_driver_devices(name):
+    """Says, once a training starts, where its driver side computes: Keras's devices in
+    this process (validation, BatchNormalization's statistics) and the CPU (the parameter
+    server's numpy)."""
+    logger.info("%s: the driver's Keras (validation, BatchNormalization's statistics) "
+                "runs on %s; the parameter server's updates on the CPU (numpy). The workers "
+                "run on the devices Spark gives their tasks.", name, keras_devices())
+
+
 # -- a task's work in a fresh Python process ------------------------------------------
 
 def _send_frame(stream, data):
@@ -195,17 +226,19 @@ def run_in_child(function, batches):
     """``function(batches)`` run in a fresh Python process: ``batches`` (Arrow record
     batches) stream to it over a pipe, and its result or exception comes back.
 
-    The child inherits this process's environment (its CUDA_VISIBLE_DEVICES) and
-    ``sys.path``; the pipes are local to the machine (the function and its result travel
-    as cloudpickle, as Spark ships the function itself).
+    The child inherits this process's environment (its CUDA_VISIBLE_DEVICES), its
+    ``sys.path`` and its Spark `TaskContext`; the pipes are local to the machine (the
+    function and its result travel as cloudpickle, as Spark ships the function itself).
 
     Raises:
         The child's exception, or `DistkerasError` when the child died without one.
     """
     import json
 
-    from pyspark import cloudpickle  # what Spark ships tasks with, on every executor
+    from pyspark import TaskContext, cloudpickle  # what Spark ships tasks with
 
+    context = TaskContext.get()  # the child's too: workers read their attempt from it
+    context = None if context is None else (type(context), dict(vars(context)))
     read_result, write_result = os.pipe()
     boot = ("import sys; sys.path[:0] = __import__('json').loads(sys.argv[1]); "
             "from distkeras.executor.devices import child_main; child_main(int(sys.argv[2]))")
@@ -219,7 +252,7 @@ def run_in_child(function, batches):
                                   daemon=True)
         reader.start()
         try:
-            _send_frame(child.stdin, cloudpickle.dumps(function))
+            _send_frame(child.stdin, cloudpickle.dumps((function, context)))
             _send_batches(child.stdin, batches)
         except BrokenPipeError:  # the child stopped reading: its reply says why
             pass
@@ -243,39 +276,53 @@ def run_in_child(function, batches):
 
 
 def _send_batches(stream, batches):
-    """Writes ``batches`` as one Arrow IPC stream (a 0 byte first when there are none)."""
+    """Writes ``batches``, each an Arrow record batch or None (`epochs.EPOCH_END`), as
+    tagged frames, then the end."""
     import pyarrow as pa
 
-    writer = None
     for batch in batches:
-        if writer is None:
-            stream.write(b"\1")
-            writer = pa.ipc.new_stream(stream, batch.schema)
-        writer.write_batch(batch)
-    if writer is None:
-        stream.write(b"\0")
-    else:
-        writer.close()
+        if batch is None:
+            stream.write(b"N")
+            continue
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        stream.write(b"B")
+        _send_frame(stream, sink.getvalue())
+    stream.write(b".")
     stream.flush()
 
 
 def _received_batches(stream):
     import pyarrow as pa
 
-    if stream.read(1) != b"\1":
-        return
-    yield from pa.ipc.open_stream(stream)
+    while True:
+        tag = stream.read(1)
+        if tag == b"N":
+            yield None
+        elif tag == b"B":
+            yield pa.ipc.open_stream(_read_frame(stream)).read_next_batch()
+        else:  # the end, or a parent that went away
+            return
 
 
 def child_main(result_fd):
     """The child's side of `run_in_child`: reads the function, runs it on the batches that
     follow on stdin, writes ``("ok", result)`` or ``("error", exception)`` to
     ``result_fd``."""
-    from pyspark import cloudpickle  # the parent sends the function with it
+    from pyspark import TaskContext, cloudpickle  # the parent sends the function with it
 
     _die_with_parent()
     source = sys.stdin.buffer
-    function = cloudpickle.loads(_read_frame(source))
+    frame = _read_frame(source)
+    if frame is None:  # the parent failed before it sent the function: it raises why
+        return
+    function, context = cloudpickle.loads(frame)
+    if context is not None:  # the parent's task, as `TaskContext.get()` returns it
+        kind, state = context
+        task = object.__new__(kind)
+        vars(task).update(state)
+        TaskContext._setTaskContext(task)
     try:
         reply = ("ok", function(_received_batches(source)))
     except Exception as error:  # all of them go back to the parent, which raises them

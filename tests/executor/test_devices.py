@@ -106,6 +106,29 @@ def test_the_child_gets_the_batches_and_the_devices_and_returns_the_result(
     assert devices.run_in_child(_rows_and_environment, iter([]))[0] == 0
 
 
+def _epochs_and_task(batches):
+    from pyspark import TaskContext
+
+    return [None if batch is None else batch.num_rows for batch in batches], \
+        TaskContext.get().partitionId()
+
+
+def test_the_child_gets_the_epoch_ends_and_the_task_context(clean_environment):
+    from pyspark import TaskContext
+
+    from distkeras.executor.epochs import EPOCH_END
+
+    task = TaskContext._getOrCreate()  # as PySpark's worker sets it up for a task
+    task._partitionId = 3
+    try:
+        found = devices.run_in_child(_epochs_and_task,
+                                     [*record_batches(rows=300), EPOCH_END,
+                                      *record_batches(rows=200)])
+    finally:
+        TaskContext._setTaskContext(None)
+    assert found == ([128, 128, 44, None, 128, 72], 3)
+
+
 def _bad_rows(batches):
     next(iter(batches))
     raise InvalidDataError("row 3 holds a null")
@@ -128,3 +151,13 @@ def test_a_worker_trains_in_the_child(clean_environment):
     message = devices.run_in_child(lambda batches: worker.run(1, batches, [(3,)]),
                                    record_batches(rows=500))
     assert message["worker_id"] == 1 and message["samples"] == 500
+
+
+def test_the_driver_says_where_its_keras_runs(caplog):
+    import logging
+
+    assert devices.keras_devices() == "cpu:0"  # JAX, on this machine without a GPU
+    with caplog.at_level(logging.INFO, logger="distkeras.executor.devices"):
+        devices.log_driver_devices("ADAG")
+    assert "ADAG: the driver's Keras (validation, BatchNormalization's statistics) runs " \
+        "on cpu:0; the parameter server's updates on the CPU" in caplog.text
