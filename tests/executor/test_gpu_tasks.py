@@ -68,9 +68,11 @@ DRIVER = textwrap.dedent('''
     pids = {row.pid for row in spark.range(0, 2, 1, 2).mapInArrow(
         loaded_elsewhere, "pid long").collect()}
 
+    WHERE = sys.argv[2]  # a global of this script: shipped with the class, by value
+
     class Where(workers.ADAGWorker):
         def result(self):  # where this worker trained, in a line of its own
-            with open(os.path.join(sys.argv[2], f"{os.getpid()}.json"), "w") as file:
+            with open(os.path.join(WHERE, f"{os.getpid()}.json"), "w") as file:
                 json.dump([os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")], file)
             return super().result()
 
@@ -87,7 +89,7 @@ DRIVER = textwrap.dedent('''
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(3, activation="softmax")])
-    trainer = WhereADAG(keras_model=model, worker_optimizer="adam",
+    trainer = WhereADAG(keras_model=model, worker_optimizer=keras.optimizers.Adam(0.02),
                         loss="categorical_crossentropy", num_workers=2,
                         batch_size=32, num_epoch=3, features_col="features",
                         label_col="label", communication_window=4)

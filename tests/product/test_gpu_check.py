@@ -44,6 +44,7 @@ def test_the_bundled_check_runs_without_spark_and_learns(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "synthetic" in done.stdout and "device: cpu" in done.stdout
+    assert f"distkeras from {bundle / 'src' / 'distkeras'}" in done.stdout
     found = json.loads(results.read_text())
     assert [(run["model"], run["run"]) for run in found["runs"]] == [
         ("mlp", "fit"), ("mlp", "worker"), ("cnn", "fit"), ("cnn", "worker")]
