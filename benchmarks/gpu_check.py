@@ -45,7 +45,7 @@ def use_bundle(folder=HERE):
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--quiet",
                         "--find-links", wheels, "--target", site, "keras"], check=True)
     if os.path.isdir(site):
-        sys.path.insert(1, site)  # after src/: never a second distkeras
+        sys.path.append(site)  # last: the machine's own numpy and ml_dtypes (JAX's) win
     if "src" not in os.listdir(folder) and os.path.basename(folder) == "benchmarks":
         sys.path.insert(0, os.path.dirname(folder))  # a checkout: its distkeras
 

@@ -157,9 +157,10 @@ def task_devices(addresses=None):
     devices = ",".join(owned_devices(addresses, os.environ.get(CUDA_DEVICES)))
     found = TaskDevices(devices, _loaded_with())
     settings = {CUDA_DEVICES: devices}
-    if JAX_FRACTION not in os.environ:
-        settings.update((name, value) for name, value in SHARING_SETTINGS.items()
-                        if name not in os.environ)
+    settings.update((name, value) for name, value in SHARING_SETTINGS.items()
+                    if name not in os.environ)
+    if JAX_FRACTION in os.environ:  # the user's share of the GPU, preallocated
+        settings.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     logger.debug("Task devices: CUDA_VISIBLE_DEVICES=%s (addresses %s)", devices, addresses)

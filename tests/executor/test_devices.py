@@ -60,6 +60,7 @@ def test_a_memory_fraction_of_the_user_replaces_on_demand_allocation(clean_envir
     monkeypatch.setenv(devices.JAX_FRACTION, "0.45")
     with devices.task_devices(["0"]):
         assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
+        assert os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
 
 
 def test_a_task_without_gpus_changes_nothing(clean_environment):
