@@ -55,15 +55,17 @@ def _import_keras_on_executor(record_batches):
 
     # The workers' modules (before Keras, as a task imports them), once per Python worker
     # rather than in the first task.
-    for name in ("averaging", "network", "sequential", "windowed"):
+    for name in ("averaging", "devices", "network", "sequential", "windowed"):
         importlib.import_module(f"distkeras.executor.{name}")
-    import keras
-    import numpy as np
+    # Keras loads on the GPUs Spark gave this task, as a training task's would.
+    with sys.modules["distkeras.executor.devices"].task_devices():
+        import keras
+        import numpy as np
 
-    # One tiny training step starts the backend's runtime (JAX's CPU client, XLA).
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    model.train_on_batch(np.zeros((1, 2), "float32"), np.zeros((1, 1), "float32"))
+        # One tiny training step starts the backend's runtime (JAX's CPU client, XLA).
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.train_on_batch(np.zeros((1, 2), "float32"), np.zeros((1, 1), "float32"))
     for _ in record_batches:
         pass
     yield pa.RecordBatch.from_pydict({"worker": [f"{os.getpid()}:{keras.backend.backend()}"]})

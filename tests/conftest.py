@@ -45,6 +45,7 @@ LONGEST_FILES_FIRST = [
 # Files are named by base name (unique across tests/'s folders: tests/product/test_markers.py).
 SPARK_WITHOUT_FIXTURE = {
     "test_cluster.py",
+    "test_gpu_tasks.py",
     ("test_backends.py", "test_training_and_prediction_run_on_the_backend"),
     ("test_workflow_notebook.py", "test_workflow_notebook_runs"),
     ("test_reliability.py", "test_ctrl_c_stops_everything_and_the_next_training_works"),
@@ -59,6 +60,7 @@ SPARK_WITHOUT_FIXTURE = {
 # day-to-day subset, `pytest -m "not spark and not slow"`, runs in under two minutes.
 SLOW = {
     "test_scaling_scripts.py",
+    "test_gpu_check.py",
     "test_compilation_cache.py",
     ("test_model_transport.py", "test_moving_models_does_not_import_an_installed_tensorflow"),
     ("test_parameter_server.py", "test_stop_while_clients_keep_connecting"),  # 10 stops, 1 s each

@@ -16,6 +16,7 @@ from distkeras import errors
 from distkeras.data.datasets import float_lists
 from distkeras.data.feed import column_rows, input_names, model_inputs
 from distkeras.executor.backend import ensure_backend
+from distkeras.executor.devices import task_devices
 from distkeras.keras_io import custom_objects
 from distkeras.keras_io.archives import deserialize_model
 
@@ -206,21 +207,23 @@ def predict_batches(batches, key, model_bytes, backend, names, input_shapes, bat
     import pyarrow as pa
 
     _raise_remembered_failure(key)
-    model = None
-    try:
-        for columns in batches:
-            if not len(columns[0]):
-                empty = pa.array([], pa.list_(pa.float32()))
-                yield empty if output_fields is None else pa.StructArray.from_arrays(
-                    [empty] * len(output_fields), names=list(output_fields))
-                continue
-            arrays = input_arrays(columns, names, input_shapes,
-                                   dtypes or [None] * len(names))
-            if model is None:  # not for an empty partition, nor for bad first rows
-                ensure_backend(backend)
-                model = cached_model(key, model_bytes, objects)
-            yield predict_arrays(model, arrays, batch_size, output_fields)
-            settle()
-    except errors.UnretryableError as error:
-        _remember_failure(key, error)
-        raise
+    with task_devices() as task:  # the task's GPUs, before Keras loads
+        task.refuse_if_needs_child()  # the model stays in this process for later tasks
+        model = None
+        try:
+            for columns in batches:
+                if not len(columns[0]):
+                    empty = pa.array([], pa.list_(pa.float32()))
+                    yield empty if output_fields is None else pa.StructArray.from_arrays(
+                        [empty] * len(output_fields), names=list(output_fields))
+                    continue
+                arrays = input_arrays(columns, names, input_shapes,
+                                       dtypes or [None] * len(names))
+                if model is None:  # not for an empty partition, nor for bad first rows
+                    ensure_backend(backend)
+                    model = cached_model(key, model_bytes, objects)
+                yield predict_arrays(model, arrays, batch_size, output_fields)
+                settle()
+        except errors.UnretryableError as error:
+            _remember_failure(key, error)
+            raise

@@ -11,6 +11,7 @@ import time
 
 from distkeras.algorithms.arguments import check_number
 from distkeras.data import frame_checks, frame_layout
+from distkeras.executor.devices import log_driver_devices
 from distkeras.keras_io import custom_objects
 from distkeras.training import batch_statistics
 from distkeras.training import preparation
@@ -65,6 +66,7 @@ def check_checkpointing(plan):
 def _train(trainer, plan, dataframe, options):
     run, settings = plan.run, plan.settings
     name = run.name
+    log_driver_devices(name)
     check_checkpointing(plan)
     frame_checks.check_spark_dataframe(dataframe)
     callbacks = check_callbacks(

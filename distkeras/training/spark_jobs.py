@@ -15,7 +15,7 @@ import threading
 
 from distkeras.data.feed import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH
 from distkeras.errors import ExecutorEnvironmentError, TrainingError
-from distkeras.executor import failures
+from distkeras.executor import devices, failures
 from distkeras.transport import networking
 
 logger = logging.getLogger(__name__)
@@ -267,8 +267,10 @@ def arrow_training_job(worker, label_shapes, replay):
         context = TaskContext.get()
         partition = context.partitionId()
         try:
-            message = worker.run(partition, replay.batches(record_batches, partition),
-                                 label_shapes)
+            with devices.task_devices() as task:  # the task's GPUs, before Keras loads
+                message = task.call(lambda batches: worker.run(partition, batches,
+                                                               label_shapes),
+                                    replay.batches(record_batches, partition))
         except Exception as error:
             unretryable = failures.unretryable_error(error)
             if unretryable is None:
