@@ -72,11 +72,14 @@ class _Validator:
 
 
 class _SparkContext:
+    """A classic session's stand-in (its own ``sparkContext``): the job tags cancelled."""
+
     def __init__(self):
         self.cancelled = []
+        self.sparkContext = self
 
-    def cancelJobGroup(self, group):
-        self.cancelled.append(group)
+    def cancelJobsWithTag(self, tag):
+        self.cancelled.append(tag)
 
 
 class _Progress:

@@ -1,0 +1,139 @@
+"""Training and predicting from a Spark Connect session (the `connect` fixture: a real
+gRPC client of the shared JVM's Connect server), as from a classic one."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import build_mlp
+
+pytestmark = pytest.mark.spark
+
+ROWS = 400
+
+
+@pytest.fixture(scope="module", autouse=True)
+def connect_mode():
+    """pyspark's functions (``F.col``, ...) build Spark Connect columns only where this
+    variable is set, as ``SparkSession.builder.remote(...)`` sets it: set for this file's
+    tests, unset again for the classic tests that this process runs next."""
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    yield
+    del os.environ["SPARK_CONNECT_MODE_ENABLED"]
+
+
+@pytest.fixture(scope="module")
+def connect_train(connect):
+    from distkeras.datasets import load_fashion_mnist
+
+    return load_fashion_mnist(connect, "train", limit=ROWS)
+
+
+@pytest.fixture(scope="module")
+def train_arrays():
+    from distkeras.datasets import load_fashion_mnist_numpy
+
+    images, labels = load_fashion_mnist_numpy("train")
+    return images[:ROWS].reshape(ROWS, -1).astype("float32") / 255.0, labels[:ROWS]
+
+
+def _accuracy(model, arrays):
+    images, labels = arrays
+    return float((model.predict(images, batch_size=1000, verbose=0).argmax(1) == labels).mean())
+
+
+class EpochEnds:
+    """A Keras callback that records the epochs that ended, with their logs."""
+
+    def __new__(cls):
+        import keras
+
+        class Recorder(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.ends = []
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.ends.append((epoch, dict(logs or {})))
+
+        return Recorder()
+
+
+def test_the_frame_is_a_connect_one(connect_train):
+    assert type(connect_train).__module__.startswith("pyspark.sql.connect")
+    assert not hasattr(connect_train.sparkSession, "_jsparkSession")
+
+
+def test_single_trainer_validates_and_calls_back_under_connect(connect_train, train_arrays):
+    from distkeras.trainers import SingleTrainer
+
+    recorder = EpochEnds()
+    trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=2,
+                            batch_size=32, label_col="label")
+    model = trainer.train(connect_train, validation_data=0.2, callbacks=[recorder],
+                          verbose=0)
+    assert [epoch for epoch, _ in recorder.ends] == [0, 1]
+    assert all("val_loss" in logs for _, logs in recorder.ends)
+    assert len(trainer.get_validation_history()) == 2
+    trained = sum(record["batch_size"] for record in trainer.get_history())
+    assert 2 * 0.7 * ROWS < trained < 2 * 0.9 * ROWS  # 2 epochs of the 80 % drawn
+    assert _accuracy(model, train_arrays) > 0.5  # ten classes: chance is 0.1
+
+
+def test_averaging_and_ensemble_trainers_train_under_connect(connect_train, train_arrays):
+    from distkeras.trainers import AveragingTrainer, EnsembleTrainer
+
+    recorder = EpochEnds()
+    trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=2, batch_size=32, label_col="label")
+    model = trainer.train(connect_train, validation_data=0.2, callbacks=[recorder],
+                          verbose=0)
+    assert [epoch for epoch, _ in recorder.ends] == [0, 1]
+    assert {record["worker_id"] for record in trainer.get_history()} == {0, 1}
+    assert _accuracy(model, train_arrays) > 0.5
+
+    members = EnsembleTrainer(build_mlp(16), "adam", "categorical_crossentropy",
+                              num_ensembles=2, batch_size=32,
+                              label_col="label").train(connect_train, verbose=0)
+    assert len(members) == 2
+    assert not np.array_equal(members[0].get_weights()[0], members[1].get_weights()[0])
+
+
+def test_predictor_and_evaluators_under_connect_equal_keras(connect_train, train_arrays):
+    from distkeras.evaluators import AccuracyEvaluator
+    from distkeras.predictors import ModelPredictor
+
+    model = build_mlp(16)
+    predicted = ModelPredictor(model, "features").predict(connect_train.limit(200))
+    rows = predicted.select("prediction", "label_index").collect()
+    got = np.array([row.prediction for row in rows], dtype="float32")
+    expected = model.predict(train_arrays[0][:200], verbose=0)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    accuracy = AccuracyEvaluator("prediction", "label_index").evaluate(predicted)
+    assert accuracy == pytest.approx(
+        float((expected.argmax(1) == train_arrays[1][:200]).mean()), abs=1e-9)
+
+
+def test_a_pipeline_with_the_estimator_fits_and_transforms_under_connect(connect_train):
+    from pyspark.ml import Pipeline
+
+    from distkeras.ml.estimators import KerasEstimator, KerasModel
+    from distkeras.trainers import SingleTrainer
+
+    trainer = SingleTrainer(build_mlp(16), "adam", "categorical_crossentropy",
+                            batch_size=32, label_col="label")
+    fitted = Pipeline(stages=[KerasEstimator(trainer, output_col="prediction")]).fit(
+        connect_train)
+    assert isinstance(fitted.stages[0], KerasModel)
+    assert fitted.transform(connect_train.limit(10)).select("prediction").count() == 10
+
+
+def test_a_parameter_server_trainer_on_the_driver_is_refused_under_connect(connect_train):
+    from distkeras.trainers import ADAG
+
+    trainer = ADAG(build_mlp(16), "adam", "categorical_crossentropy", num_workers=2,
+                   label_col="label")
+    with pytest.raises(ValueError, match=r"ADAG runs a parameter server on the driver.*"
+                                         r"Spark Connect session"):
+        trainer.train(connect_train, verbose=0)
+    assert trainer.get_history() == []  # refused before any worker started
