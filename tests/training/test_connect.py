@@ -137,3 +137,29 @@ def test_a_parameter_server_trainer_on_the_driver_is_refused_under_connect(conne
                                          r"Spark Connect session"):
         trainer.train(connect_train, verbose=0)
     assert trainer.get_history() == []  # refused before any worker started
+
+
+def test_the_command_line_trains_through_a_connect_server(spark, connect_train, tmp_path):
+    import subprocess
+    import sys
+
+    from distkeras import utils
+    from distkeras.cli.common import CommandError, spark_session
+
+    with pytest.raises(CommandError, match=r"--remote takes a Spark Connect address, "
+                                           r"sc://host:port. Received: '127.0.0.1:15002'"):
+        spark_session(None, (), "127.0.0.1:15002")
+    data, model_path = str(tmp_path / "data.parquet"), str(tmp_path / "mlp.keras")
+    connect_train.write.parquet(data)
+    model = build_mlp(16)
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    utils.save_model(model, model_path)
+    port = spark.conf.get("spark.connect.grpc.binding.port")
+    command = [sys.executable, "-m", "distkeras.cli", "train", "--data", data,
+               "--model", model_path, "--trainer", "SingleTrainer", "--label", "label",
+               "--output", str(tmp_path / "out.keras"), "--remote", f"sc://127.0.0.1:{port}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trained SingleTrainer" in result.stdout
+    trained = utils.load_model(str(tmp_path / "out.keras"))
+    assert not np.array_equal(trained.get_weights()[0], model.get_weights()[0])
