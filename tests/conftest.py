@@ -27,6 +27,7 @@ TRAIN_LIMIT = 6000
 LONGEST_FILES_FIRST = [
     "test_validation.py", "test_trainer_contract.py", "test_punchcard_jobs.py",
     "test_training.py", "test_cli.py", "test_punchcard_client.py", "test_predictors.py",
+    "test_connect.py",
     "test_transformers.py", "test_reliability.py", "test_punchcard_requests.py",
     "test_backends.py", "test_punchcard_restarts.py", "test_feed.py", "test_estimator.py",
     "test_workflow_notebook.py", "test_dist_keras_examples.py", "test_dist_keras_compat.py",
