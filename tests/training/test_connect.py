@@ -180,3 +180,48 @@ def test_files_are_the_clients_and_hadoop_paths_say_they_need_classic(connect, t
                                            r"filesystem, which a Spark Connect client does "
                                            r"not have"):
         storage.read_bytes("hdfs://cluster/a.bin")
+
+
+def test_slots_and_parallelism_come_from_the_connect_sessions_conf(connect, spark):
+    from distkeras import session
+
+    assert session.is_connect(connect) and not session.is_connect(spark)
+    assert session.master(connect) == "local[2,4]"
+    assert session.concurrent_task_slots(connect) == session.concurrent_task_slots(spark) == 2
+    assert session.default_parallelism(connect) == 2
+
+
+def _sleeps(batches):
+    import time
+
+    for batch in batches:
+        time.sleep(120)
+        yield batch
+
+
+def test_a_tagged_connect_job_is_cancelled_by_its_tag(connect):
+    import threading
+    import time
+
+    from distkeras.training.spark_jobs import cancel_jobs, tagged_jobs
+
+    outcome = []
+
+    def run():
+        try:
+            with tagged_jobs(connect, "distkeras-test-connect-cancel"):
+                connect.range(0, 1, 1, 1).mapInArrow(_sleeps, "id long").collect()
+            outcome.append("finished")
+        except Exception as error:  # the cancelled operation's error, whatever its class
+            outcome.append(str(error))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run)
+    thread.start()
+    # Again each second: an operation the server has not started yet is not interrupted.
+    while thread.is_alive() and time.monotonic() - started < 100:
+        cancel_jobs(connect, "distkeras-test-connect-cancel")
+        thread.join(timeout=1)
+    assert not thread.is_alive()  # its job sleeps 120 s unless cancelled
+    assert outcome and outcome[0] != "finished"
+    assert "distkeras-test-connect-cancel" not in connect.getTags()
