@@ -42,21 +42,19 @@ def _accuracy(model, arrays):
     return float((model.predict(images, batch_size=1000, verbose=0).argmax(1) == labels).mean())
 
 
-class EpochEnds:
-    """A Keras callback that records the epochs that ended, with their logs."""
+def _epoch_ends():
+    """A Keras callback that records the epochs that ended (``.ends``), with their logs."""
+    import keras
 
-    def __new__(cls):
-        import keras
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = []
 
-        class Recorder(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.ends = []
+        def on_epoch_end(self, epoch, logs=None):
+            self.ends.append((epoch, dict(logs or {})))
 
-            def on_epoch_end(self, epoch, logs=None):
-                self.ends.append((epoch, dict(logs or {})))
-
-        return Recorder()
+    return Recorder()
 
 
 def test_the_frame_is_a_connect_one(connect_train):
@@ -67,7 +65,7 @@ def test_the_frame_is_a_connect_one(connect_train):
 def test_single_trainer_validates_and_calls_back_under_connect(connect_train, train_arrays):
     from distkeras.trainers import SingleTrainer
 
-    recorder = EpochEnds()
+    recorder = _epoch_ends()
     trainer = SingleTrainer(build_mlp(32), "adam", "categorical_crossentropy", num_epoch=2,
                             batch_size=32, label_col="label")
     model = trainer.train(connect_train, validation_data=0.2, callbacks=[recorder],
@@ -83,7 +81,7 @@ def test_single_trainer_validates_and_calls_back_under_connect(connect_train, tr
 def test_averaging_and_ensemble_trainers_train_under_connect(connect_train, train_arrays):
     from distkeras.trainers import AveragingTrainer, EnsembleTrainer
 
-    recorder = EpochEnds()
+    recorder = _epoch_ends()
     trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy",
                                num_workers=2, num_epoch=2, batch_size=32, label_col="label")
     model = trainer.train(connect_train, validation_data=0.2, callbacks=[recorder],
