@@ -1,7 +1,92 @@
-"""A SparkSession set up for distkeras on one machine (local mode)."""
+"""A SparkSession set up for distkeras on one machine (local mode), and what distkeras
+reads of any session, classic or Spark Connect: its master, its parallelism and its task
+slots, without the classic-only ``sparkContext``."""
 
+import logging
 import os
+import re
 import sys
+
+logger = logging.getLogger(__name__)
+
+
+def is_connect(spark):
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``),
+    which has no ``sparkContext``, RDDs or JVM on the client."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def master(spark):
+    """The session's Spark master (``local[2]``, ``yarn``, ``spark://...``), as its
+    configuration holds it in both modes (under Connect, the server's)."""
+    return spark.conf.get("spark.master", "local") or "local"
+
+
+def local_cores(master_url):
+    """The tasks a ``local[N]``/``local[N,F]``/``local[*]``/``local`` master runs at once
+    (the cores it uses), or None for a cluster's master."""
+    if not master_url.startswith("local"):
+        return None
+    match = re.match(r"local\[(\d+|\*)", master_url)
+    if match is None:
+        return 1
+    return os.cpu_count() if match.group(1) == "*" else int(match.group(1))
+
+
+def _conf_int(spark, key):
+    value = spark.conf.get(key, None)
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def task_cpus(spark):
+    """``spark.task.cpus``: the cores each task reserves (at least 1)."""
+    return max(1, _conf_int(spark, "spark.task.cpus") or 1)
+
+
+def default_parallelism(spark):
+    """The session's default parallelism: ``sparkContext.defaultParallelism`` in classic
+    mode; under Connect, ``spark.default.parallelism`` where set, else the cores of a local
+    master or of the configured executors (2 where none of these say)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    configured = _conf_int(spark, "spark.default.parallelism")
+    if configured:
+        return configured
+    cores = local_cores(master(spark))
+    if cores is None:
+        executors, per_executor = (_conf_int(spark, "spark.executor.instances"),
+                                   _conf_int(spark, "spark.executor.cores"))
+        cores = executors * per_executor if executors and per_executor else None
+    return max(cores or 2, 1)
+
+
+def concurrent_task_slots(spark):
+    """How many tasks Spark can run at once now (what a barrier stage needs), or None
+    where the session does not say.
+
+    Classic mode asks the scheduler; Spark Connect has no client-side scheduler, so the
+    count comes from the configuration: a local master's cores, or
+    ``spark.executor.instances * spark.executor.cores``, over ``spark.task.cpus``.
+    """
+    if not is_connect(spark):
+        try:
+            scala_context = spark.sparkContext._jsc.sc()
+            profile = scala_context.resourceProfileManager().defaultResourceProfile()
+            return int(scala_context.maxNumConcurrentTasks(profile))
+        except Exception as error:  # py4j: an internal API that another Spark may lack
+            logger.debug("Spark's task slots are unknown: %s", error)
+            return None
+    cores = local_cores(master(spark))
+    if cores is None:
+        executors, per_executor = (_conf_int(spark, "spark.executor.instances"),
+                                   _conf_int(spark, "spark.executor.cores"))
+        if not executors or not per_executor:
+            return None
+        cores = executors * per_executor
+    return cores // task_cpus(spark)
 
 
 def local_spark_session(master="local[2]", app_name="distkeras", **conf):
@@ -85,7 +170,7 @@ def warm_up_executors(spark, num_tasks=None):
     Returns:
         The executors' Keras backends, one per task.
     """
-    tasks = num_tasks or spark.sparkContext.defaultParallelism
+    tasks = num_tasks or default_parallelism(spark)
     # Through mapInArrow, like training: Spark keeps separate pools of Python workers for
     # RDD jobs and for SQL jobs, and training runs in the latter.
     rows = spark.range(0, tasks, 1, tasks).mapInArrow(

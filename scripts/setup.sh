@@ -29,7 +29,7 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import distkeras, pytest, xdist, pytest_timeout, hypothesis, keras, jax, pyspark, mkdocs" >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import distkeras, pytest, xdist, pytest_timeout, hypothesis, keras, jax, pyspark, grpc, mkdocs" >/dev/null 2>&1 \
         || [ pyproject.toml -nt .venv/.distkeras-installed ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".[test]"

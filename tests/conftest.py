@@ -27,6 +27,7 @@ TRAIN_LIMIT = 6000
 LONGEST_FILES_FIRST = [
     "test_validation.py", "test_trainer_contract.py", "test_punchcard_jobs.py",
     "test_training.py", "test_cli.py", "test_punchcard_client.py", "test_predictors.py",
+    "test_connect.py",
     "test_transformers.py", "test_reliability.py", "test_punchcard_requests.py",
     "test_backends.py", "test_punchcard_restarts.py", "test_feed.py", "test_estimator.py",
     "test_workflow_notebook.py", "test_dist_keras_examples.py", "test_dist_keras_compat.py",
@@ -128,10 +129,37 @@ def spark():
     if ours:
         del os.environ["SPARK_SUBMIT_OPTS"]
     try:
-        session = local_spark_session("local[2,4]", app_name="distkeras-tests")
+        # The shared session also serves Spark Connect (the `connect` fixture), on a port
+        # of its own: `remote("local[...]")` would need a process without this session and
+        # always listens on 15002, which two test processes at once would share.
+        session = local_spark_session(
+            "local[2,4]", app_name="distkeras-tests",
+            **{"spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+               "spark.connect.grpc.binding.address": "127.0.0.1",
+               "spark.connect.grpc.binding.port": str(_free_port())})
     finally:
         if ours:
             os.environ["SPARK_SUBMIT_OPTS"] = TEST_JVM_OPTIONS
+    yield session
+    session.stop()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def connect(spark):
+    """A Spark Connect session (a real gRPC client) on the Connect server of the shared
+    session's JVM: the same executors, reached only as a Connect client reaches them."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    port = spark.conf.get("spark.connect.grpc.binding.port")
+    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
     yield session
     session.stop()
 

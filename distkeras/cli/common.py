@@ -46,9 +46,21 @@ def add_conf_option(parser):
                              "--conf (repeatable; spark.executor.instances=4, ...)")
 
 
-def spark_session(master, conf=()):
-    """The run's SparkSession, with the ``(key, value)`` settings of ``conf``."""
+def spark_session(master, conf=(), remote=None):
+    """The run's SparkSession, with the ``(key, value)`` settings of ``conf``: a Spark
+    Connect client of ``remote`` (``sc://host:port``) where given.
+
+    Raises:
+        CommandError: For a ``remote`` that is not an ``sc://`` address.
+    """
     conf = dict(conf)
+    if remote is not None:
+        if not remote.startswith("sc://"):
+            raise CommandError(f"--remote takes a Spark Connect address, sc://host:port. "
+                               f"Received: {remote!r}")
+        from pyspark.sql import SparkSession
+
+        return _configured(SparkSession.builder.remote(remote), conf).getOrCreate()
     if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit
         from pyspark.sql import SparkSession
 

@@ -103,8 +103,12 @@ def train_parser(trainer_class=None, add_help=True):
     parser.add_argument("--history", default=None, help="where to write the history (JSON)")
     parser.add_argument("--validation-history", default=None,
                         help="where to write the validation history (JSON)")
-    parser.add_argument("--master", default=None,
-                        help="Spark master (default: spark-submit's, else local[*])")
+    session = parser.add_mutually_exclusive_group()
+    session.add_argument("--master", default=None,
+                         help="Spark master (default: spark-submit's, else local[*])")
+    session.add_argument("--remote", default=None,
+                         help="a Spark Connect server to train through, sc://host:port "
+                              "(parameter-server trainers need their server in the job)")
     add_conf_option(parser)
     parser.add_argument("--trainer-config", default=None,
                         help="JSON file of the trainer's get_config(); replaces the training "

@@ -97,7 +97,7 @@ def _train(trainer_class, args):
     check_distinct_outputs(args)
     if not args.trainer_config:  # a configuration file replaces the flags
         check_arguments(trainer_class, args)
-    spark = common.spark_session(args.master, args.spark_conf)
+    spark = common.spark_session(args.master, args.spark_conf, args.remote)
     # The executors' Python workers start (and import Keras) while the driver loads the
     # model and reads the data's schema: seconds saved on every job.
     warm_up = threading.Thread(target=_warm_up, args=(spark,), daemon=True)

@@ -10,6 +10,7 @@ import numpy as np
 
 from distkeras.data.storage import HadoopFS, replacing_local_file
 from distkeras.data.tensors import pack_rows
+from distkeras.session import default_parallelism, is_connect
 
 logger = logging.getLogger(__name__)
 
@@ -304,8 +305,8 @@ def check_not_there(spark, path, mode):
     Raises:
         FileExistsError: ``path`` exists and ``mode`` refuses that.
     """
-    if mode not in ("error", "errorifexists"):
-        return
+    if mode not in ("error", "errorifexists") or is_connect(spark):
+        return  # under Spark Connect, Spark's own write refuses a path that exists
     filesystem = HadoopFS(spark, path)
     if filesystem.fs.exists(filesystem.path):
         raise FileExistsError(
@@ -338,7 +339,7 @@ def save_parquet(dataframe, path, num_partitions=None, mode="error", compression
     _check_write_arguments(path, num_partitions, mode)
     spark = dataframe.sparkSession
     check_not_there(spark, path, mode)
-    count = int(num_partitions or spark.sparkContext.defaultParallelism)
+    count = int(num_partitions or default_parallelism(spark))
     writer = dataframe.repartition(count).write.mode(mode)
     if compression is not None:
         writer = writer.option("compression", compression)
@@ -420,5 +421,5 @@ def save_numpy_parquet(spark, x, y, path, num_partitions=None, mode="error",
         label_col: _label_array(y[start:start + _ROWS_PER_BATCH])})
         for start in range(0, len(x), _ROWS_PER_BATCH)]
     table = pa.Table.from_batches(batches)
-    count = min(int(num_partitions or spark.sparkContext.defaultParallelism), len(x))
+    count = min(int(num_partitions or default_parallelism(spark)), len(x))
     save_parquet(spark.createDataFrame(table), path, count, mode)

@@ -1,5 +1,5 @@
 """Checks a training (or prediction) DataFrame against the model on the driver, before
-any task starts: a classic Spark DataFrame, the model's known and fixed shapes, one
+any task starts: a Spark DataFrame (classic or Spark Connect), the model's known and fixed shapes, one
 column per input (and output), in the model's order, and a first row that fits."""
 
 import numpy as np
@@ -7,6 +7,7 @@ import numpy as np
 from distkeras.data.feed import input_names, integer_dtype, output_names, padding_hint
 from distkeras.data.frame_columns import as_column_list, column, training_column
 from distkeras.data.tensors import packed_size
+from distkeras.session import is_connect
 
 
 def _flat_size(shape):
@@ -127,20 +128,11 @@ def _conversion_hint(value, module):
 
 
 def check_spark_dataframe(dataframe, role="training data"):
-    """Raises a clear error for anything but a classic (not Spark Connect) DataFrame.
-
-    The trainers run their workers through the SparkContext (`mapInArrow` tasks that
-    reach the driver's parameter server), which a Spark Connect client does not have.
-    """
+    """Raises a clear error for anything but a Spark DataFrame (classic or Spark Connect)
+    of a session that still runs."""
     from pyspark.sql import DataFrame
 
     module = type(dataframe).__module__ or ""
-    if module.startswith("pyspark.sql.connect"):
-        raise TypeError(
-            f"The {role} is a Spark Connect DataFrame; distkeras needs a classic "
-            "SparkSession (SparkSession.builder.master(...).getOrCreate(), or "
-            "distkeras.session.local_spark_session()), whose executors can reach the "
-            "driver's parameter server.")
     if not isinstance(dataframe, DataFrame):
         hint = _conversion_hint(dataframe, module)
         raise TypeError(f"The {role} must be a Spark DataFrame. Received: "
@@ -155,8 +147,12 @@ def _check_session_running(dataframe, role):
     but the first column expression built for it failed with a bare ``AssertionError``
     from pyspark (no active SparkContext), and nothing said which session was gone.
     """
-    context = dataframe.sparkSession.sparkContext
-    if getattr(context, "_jsc", None) is None:
+    spark = dataframe.sparkSession
+    if is_connect(spark):
+        stopped = bool(getattr(spark, "is_stopped", False))
+    else:
+        stopped = getattr(spark.sparkContext, "_jsc", None) is None
+    if stopped:
         raise ValueError(
             f"The {role} belongs to a SparkSession that was stopped (spark.stop()); a "
             "DataFrame cannot be read once its session is gone. Create the session again "

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from distkeras.data import feed, parquet_source
 from distkeras.data.feed import arrow_name
 from distkeras.data.frame_columns import as_column_list, column, training_column
+from distkeras.session import is_connect
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,11 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
 
     Returns:
         A DataFrame with ``num_partitions`` partitions.
+
+    Notes:
+        Under Spark Connect the client cannot read a DataFrame's partition count, so an
+        unshuffled DataFrame is always repartitioned (coalesced to one partition for one
+        worker).
     """
     if not shuffle:
         source = parquet_source.direct_source(dataframe, num_partitions, _feed_batch_rows(
@@ -88,7 +94,7 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
             return source
         # Keep the DataFrame's own partitioning when it already fits: a shuffle of the
         # whole data set costs seconds before the first step.
-        if dataframe.rdd.getNumPartitions() == num_partitions:
+        if num_partitions_of(dataframe) == num_partitions:
             return dataframe
         if num_partitions == 1:
             return dataframe.coalesce(1)
@@ -99,6 +105,14 @@ def lay_out(dataframe, num_partitions, shuffle=False, seed=None):
             .repartition(num_partitions)
             .sortWithinPartitions("__distkeras_order")
             .drop("__distkeras_order"))
+
+
+def num_partitions_of(dataframe):
+    """The DataFrame's number of partitions, or None where the session cannot say
+    without a Spark job (Spark Connect has no RDD on the client)."""
+    if is_connect(dataframe.sparkSession):
+        return None
+    return dataframe.rdd.getNumPartitions()
 
 
 def _feed_batch_rows(spark):

@@ -3,7 +3,8 @@
 ``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``, ``file://`` and plain paths are resolved by
 the active SparkSession's Hadoop filesystem, so the cluster's own configuration and
 credentials apply; local files are then read and written directly. Without a SparkSession,
-plain and ``file://`` paths use local files. Writes go to a
+and from a Spark Connect client (which has no JVM), plain and ``file://`` paths are this
+machine's files, and other file systems are refused with a clear error. Writes go to a
 temporary name first and are renamed into place, so a reader never sees half a file.
 """
 
@@ -12,6 +13,8 @@ import logging
 import os
 import uuid
 from urllib.parse import urlparse
+
+from distkeras.session import is_connect
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +32,17 @@ def _is_local(path):
     return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
 
 
-def _require_local(path):
-    if not _is_local(path):
+def _require_local(path, spark=None):
+    if _is_local(path):
+        return
+    if spark is not None:  # a Spark Connect session
         raise RuntimeError(
-            f"Reaching {path} needs the cluster's Hadoop filesystem: start a SparkSession "
-            "first (its configuration and credentials are used).")
+            f"Reaching {path} needs the cluster's Hadoop filesystem, which a Spark Connect "
+            "client does not have (no JVM on the client). Use a path on this machine, or "
+            "a classic SparkSession (SparkSession.builder.master(...).getOrCreate()).")
+    raise RuntimeError(
+        f"Reaching {path} needs the cluster's Hadoop filesystem: start a SparkSession "
+        "first (its configuration and credentials are used).")
 
 
 def _local_path(path):
@@ -49,6 +58,11 @@ class HadoopFS:
     """
 
     def __init__(self, spark, path):
+        if is_connect(spark):
+            _require_local(path, spark)
+            raise RuntimeError(
+                f"{path}: Hadoop's FileSystem needs a classic SparkSession; this is a "
+                "Spark Connect one.")
         self.jvm = spark.sparkContext._jvm
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
         path = self.jvm.org.apache.hadoop.fs.Path(path)
@@ -76,13 +90,14 @@ class HadoopFS:
 def _local_file(path, spark):
     """The local file that ``path`` names, or None when it is on another filesystem.
 
-    With a SparkSession, a plain path is resolved as Spark resolves it (against the
-    cluster's default filesystem, HDFS on many clusters). Local files are then read and
+    With a classic SparkSession, a plain path is resolved as Spark resolves it (against
+    the cluster's default filesystem, HDFS on many clusters); under Spark Connect it is
+    a path on this machine, and other schemes are refused. Local files are then read and
     written directly: Hadoop's local filesystem would leave a hidden ``.crc`` checksum
     file beside each file written.
     """
-    if spark is None:
-        _require_local(path)
+    if spark is None or is_connect(spark):
+        _require_local(path, spark)
         return _local_path(path)
     uri = HadoopFS(spark, path).path.toUri()
     return uri.getPath() if uri.getScheme() == "file" else None

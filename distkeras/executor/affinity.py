@@ -17,8 +17,9 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import tempfile
+
+from distkeras.session import local_cores
 
 logger = logging.getLogger(__name__)
 
@@ -109,38 +110,23 @@ def claimed_cores(workers_per_machine):
         handle.close()  # releases the lock
 
 
-def workers_per_machine(spark_context, tasks):
+def workers_per_machine(master, tasks, task_cpus=1, executor_cores=None):
     """How many of ``tasks`` workers run at once on one machine, or None if unknown.
 
     Local masters run ``N / spark.task.cpus`` tasks at once on this machine for
     ``local[N]``; a cluster runs ``spark.executor.cores / spark.task.cpus`` per executor
     when those are set. (``spark.task.cpus=2`` on ``local[4]`` runs two tasks: counted as
     four, each worker would be pinned to half the cores its task reserved.)
+
+    Args:
+        master: The session's master (`distkeras.session.master`).
+        tasks: The workers of the job.
+        task_cpus: ``spark.task.cpus``.
+        executor_cores: ``spark.executor.cores``, or None where it is not set.
     """
-    master = spark_context.master
-    conf = spark_context.getConf()
-    task_cpus = max(1, int(conf.get("spark.task.cpus", "1")))
-    if master.startswith("local"):
-        match = re.match(r"local\[(\d+|\*)", master)
-        if match is None:
-            cores = 1
-        else:
-            cores = os.cpu_count() if match.group(1) == "*" else int(match.group(1))
-    else:
-        executor_cores = conf.get("spark.executor.cores")
+    cores = local_cores(master)
+    if cores is None:
         if not executor_cores:
             return None
         cores = int(executor_cores)
-    return max(1, min(tasks, cores // task_cpus))
-
-
-def concurrent_task_slots(spark_context):
-    """How many tasks Spark can run at once now (what a barrier stage needs), or None if
-    this Spark does not say."""
-    try:
-        scala_context = spark_context._jsc.sc()
-        profile = scala_context.resourceProfileManager().defaultResourceProfile()
-        return int(scala_context.maxNumConcurrentTasks(profile))
-    except Exception as error:  # py4j: an internal API that another Spark may lack
-        logger.debug("Spark's task slots are unknown: %s", error)
-        return None
+    return max(1, min(tasks, cores // max(1, int(task_cpus))))

@@ -34,6 +34,7 @@ from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.keras_io.compile_config import serialize_keras_object, with_learning_rate
 from distkeras.ml.params import getter, set_given, set_params, setter, to_int, to_number
 from distkeras.ml.predictors import ModelPredictor, check_batch_size
+from distkeras.session import is_connect
 from distkeras.training.callbacks import as_callback_list
 from distkeras.training.trainer import Trainer
 
@@ -71,6 +72,22 @@ def _to_optimizer_name(value):
         raise TypeError(f"`workerOptimizer` must be the name of a Keras optimizer, for "
                         f"example 'adam'. Received: {value!r}")
     return value
+
+
+def _check_classic(spark, path):
+    """Refuses to save a stage from a Spark Connect session, before anything is written:
+    the model file goes through the driver's Hadoop file system, which a Connect client
+    does not have.
+
+    Raises:
+        ValueError: Naming the path and what to do instead.
+    """
+    if is_connect(spark):
+        raise ValueError(
+            f"Saving a distkeras stage to {path} needs a classic SparkSession (the model "
+            "file is written through the driver's Hadoop file system), and this is a Spark "
+            "Connect one. Save the Keras model itself instead (distkeras.utils.save_model("
+            "stage.keras_model, path) or model.save(path)), or save from a classic session.")
 
 
 def _write_bytes(spark, path, data):
@@ -181,6 +198,7 @@ class _KerasModelWriter(MLWriter):
     def saveImpl(self, path):
         if self.instance.keras_model is None:
             raise ValueError("Cannot save a KerasModel that holds no Keras model.")
+        _check_classic(self.sparkSession, path)
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
         _write_bytes(self.sparkSession, _model_path(path),
                      serialize_model(self.instance.keras_model))
@@ -371,6 +389,7 @@ class _KerasEstimatorWriter(MLWriter):
         trainer = self.instance.trainer
         if trainer is None:
             raise ValueError("Cannot save a KerasEstimator without a trainer.")
+        _check_classic(self.sparkSession, path)
         trainer_class = f"{type(trainer).__module__}.{type(trainer).__qualname__}"
         # The model is read back uncompiled: the settings a compiled model lends are saved
         # as the trainer's own (in the saved config; the trainer keeps its own).

@@ -174,7 +174,7 @@ class ModelPredictor:
         from pyspark.sql import functions as F
 
         features, kinds, outputs, first_row, source = self._validate(dataframe)
-        check_executor_python(dataframe.sparkSession.sparkContext)
+        check_executor_python(dataframe.sparkSession)
         avoid_columnar_udf_input(dataframe)
         sparse = sparse_vector_columns(dataframe, features, first_row)
         columns = [vector_values(name) if kind == "vector" and name not in sparse

@@ -31,7 +31,7 @@ import numpy as np
 
 from distkeras.data.datasets import load_fashion_mnist, load_fashion_mnist_numpy
 from distkeras.data.storage import replacing_local_file
-from distkeras.session import local_spark_session, warm_up_executors
+from distkeras.session import default_parallelism, local_spark_session, warm_up_executors
 from distkeras.tools.plotting import plot_comparison
 from distkeras.training import registry
 
@@ -346,7 +346,7 @@ def sweep(spark, trainers=("ADAG",), workers=(1, 2), windows=(12,), epochs=1,
                          f"{', '.join(sorted(DATASETS))}.")
     _check_output_dir(output_dir)
     runs = plan(trainer_classes, workers, windows)
-    parallelism = spark.sparkContext.defaultParallelism
+    parallelism = default_parallelism(spark)
     if max(count for _, _, count, _ in runs) > parallelism:
         logger.warning("Some runs use more workers than Spark runs tasks at once (%d): "
                        "those workers take turns and their wall times are not comparable.",
@@ -490,7 +490,7 @@ def _run_sweep(args):
     try:
         # Keras (and JAX) are imported from here on, after Spark has started.
         needed = max(count for _, _, count, _ in plan(trainer_classes, args.workers, [1]))
-        warm_up_executors(spark, min(needed, spark.sparkContext.defaultParallelism))
+        warm_up_executors(spark, min(needed, default_parallelism(spark)))
         results = sweep(spark, trainers=list(trainer_classes), workers=args.workers,
                         windows=args.window, epochs=args.epochs, dataset=args.dataset,
                         limit=args.limit, batch_size=args.batch_size,

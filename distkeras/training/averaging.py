@@ -125,13 +125,13 @@ class AveragingPlan(Plan):
         # path (from the largest of all, the smaller partition's left gaps).
         worker.spec = worker.spec.replace(first_iterations=next_iterations(run.history))
         description = f"{run.label} epoch {epoch + 1}/{settings.num_epoch}"
-        job_group = self.new_job_group()
+        job_tag = self.new_job_tag()
         samples = run.progress_total // settings.num_epoch if run.progress_total else None
         states_before = len(run.metric_states)
         with self.progress(frame.sparkSession, worker, samples, description,
-                           job_group, self.num_partitions()) as epoch_records:
+                           job_tag, self.num_partitions()) as epoch_records:
             messages = self.run_workers(layout, self.num_partitions(), worker,
-                                        label_shapes, f"distkeras {description}", job_group)
+                                        label_shapes, f"distkeras {description}", job_tag)
         # A replica whose partition was empty trained on nothing: it would pull the
         # average back to the epoch's starting weights.
         trained = [message for message in messages if message.get("samples") != 0]

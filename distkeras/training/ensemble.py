@@ -23,15 +23,15 @@ class EnsemblePlan(Plan):
         worker = self.make_worker()
         self.configure_worker(worker)
         description = f"{run.label} ({count} models)"
-        job_group = self.new_job_group()
+        job_tag = self.new_job_tag()
         # One bar for all members: together they step through every row num_epoch times.
         reported = []
         try:
             with self.progress(frame.sparkSession, worker, run.progress_total,
-                               description, job_group, count) as reported:
+                               description, job_tag, count) as reported:
                 messages = self.run_workers(
                     layout, count, worker, label_shapes, f"distkeras {description}",
-                    job_group, Replay(settings.num_epoch, shuffle, settings.seed))
+                    job_tag, Replay(settings.num_epoch, shuffle, settings.seed))
         finally:
             run.history.extend(reported)  # what was trained, even when it failed
         models = []

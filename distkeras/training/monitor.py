@@ -17,6 +17,7 @@ import numpy as np
 
 from distkeras.training.checkpoints import save_checkpoint
 from distkeras.training.epoch_metrics import of_epoch
+from distkeras.training.spark_jobs import cancel_jobs
 from distkeras.training.validator import epoch_logs
 
 logger = logging.getLogger(__name__)
@@ -141,8 +142,8 @@ class TrainingMonitor(threading.Thread):
 
     Args:
         server: The running server (a `parameter_servers.ParameterServer`).
-        spark_context: The SparkContext running the job.
-        job_group: The Spark job group to cancel when a worker stalls.
+        spark: The SparkSession running the job (classic or Connect).
+        job_tag: The Spark job tag to cancel when a worker stalls (`spark_jobs.tagged_jobs`).
         total_samples: Samples the whole run will train on (for the bar), or None.
         verbose: 0 for silence, 1 for a progress bar (tqdm, on stderr), 2 for a line every
             30 seconds (see `resolve_verbose` for ``"auto"``).
@@ -174,14 +175,14 @@ class TrainingMonitor(threading.Thread):
 
     STARTUP_TIMEOUT = 120.0
 
-    def __init__(self, server, spark_context, job_group, total_samples=None, verbose=1,
+    def __init__(self, server, spark, job_tag, total_samples=None, verbose=1,
                  worker_timeout=None, name=None, checkpoint_dir=None, checkpoint_every=60.0,
                  interval=0.5, validator=None, num_epoch=1, validation_records=None,
                  num_tasks=None, label=None):
         super().__init__(name="distkeras-monitor", daemon=True)
         self.server = server
-        self.spark_context = spark_context
-        self.job_group = job_group
+        self.spark = spark
+        self.job_tag = job_tag
         self.total_samples = total_samples
         self.verbose = resolve_verbose(verbose)
         self.worker_timeout = worker_timeout
@@ -373,7 +374,7 @@ class TrainingMonitor(threading.Thread):
         return True
 
     def _stop_workers(self):
-        self.spark_context.cancelJobGroup(self.job_group)
+        cancel_jobs(self.spark, self.job_tag)
         self._done.set()
 
     def _checkpoint(self):
@@ -406,5 +407,5 @@ class TrainingMonitor(threading.Thread):
                             f"starting or compiling a step (allowed: {startup:g} s; "
                             f"worker_timeout={self.worker_timeout} counts between steps)")
         logger.error("Stopping the training: %s", self.stalled)
-        self.spark_context.cancelJobGroup(self.job_group)
+        cancel_jobs(self.spark, self.job_tag)
         return True

@@ -110,11 +110,11 @@ class OneTaskPlan(Plan):
         run = self.run
         self.configure_worker(worker)
         worker.spec = worker.spec.replace(return_optimizer_state=True)
-        job_group = self.new_job_group()
+        job_tag = self.new_job_tag()
         with self.progress(layout.sparkSession, worker, samples, description,
-                           job_group) as reported:
+                           job_tag) as reported:
             (message,) = self.run_workers(layout, 1, worker, label_shapes,
-                                          f"distkeras {description}", job_group, replay)
+                                          f"distkeras {description}", job_tag, replay)
         run.history.extend(reported)
         run.history.extend(history_records(unpack_history(message)))
         run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))

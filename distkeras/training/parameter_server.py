@@ -11,6 +11,7 @@ import logging
 from distkeras.data import frame_layout
 from distkeras.errors import TrainingError
 from distkeras.executor.epochs import Replay
+from distkeras.training import launch
 from distkeras.training import worker_setup
 from distkeras.training.checkpoints import restore, save_checkpoint
 from distkeras.training.monitor import TrainingMonitor
@@ -47,14 +48,15 @@ class ParameterServerPlan(Plan):
     def train(self, frame, label_shapes, shuffle):
         run, settings = self.run, self.settings
         spark = frame.sparkSession
-        warn_if_speculative(spark.sparkContext, run.name)
+        launch.check_client_serves(spark, run.name, settings)
+        warn_if_speculative(spark, run.name)
         layout = frame_layout.lay_out(frame, self.num_partitions(), shuffle)
         server = self.make_server()
         run.worker_host = driver_address(spark)
         run.server = server
         if run.resume:
             restore(server, run.checkpoint_dir, run.name)
-        job_group = self.new_job_group()
+        job_tag = self.new_job_tag()
         run.begin_epoch(1)  # the monitor begins the later ones as the epochs end
         self.hand_learning_rate_to(server)
         updates_before = server.num_updates  # a resumed run starts from the checkpoint's
@@ -64,14 +66,14 @@ class ParameterServerPlan(Plan):
         stopped_early = True  # until the workers' job has ended as it should
         served = None
         try:
-            with serving(server, run, spark, job_group, self.num_partitions(),
-                         lambda server: self.monitor(server, spark, job_group),
+            with serving(server, run, spark, job_tag, self.num_partitions(),
+                         lambda server: self.monitor(server, spark, job_tag),
                          cancel_on_error=True) as served:
                 worker = self.make_worker()
                 worker_setup.configure_parameter_server_worker(run, worker)
                 self.run_workers(layout, self.num_partitions(), worker, label_shapes,
                                  f"distkeras {run.label} ({settings.num_workers} workers)",
-                                 job_group, Replay(settings.num_epoch, shuffle))
+                                 job_tag, Replay(settings.num_epoch, shuffle))
             stopped_early = False
         except TrainingError as error:
             monitor = served.monitor if served is not None else None
@@ -108,10 +110,10 @@ class ParameterServerPlan(Plan):
                                   run.progress_total, settings.num_epoch)
         return server.get_model()
 
-    def monitor(self, server, spark, job_group):
+    def monitor(self, server, spark, job_tag):
         """The run's `TrainingMonitor` of ``server`` (a socket parameter server)."""
         run, settings = self.run, self.settings
-        return TrainingMonitor(server, spark.sparkContext, job_group, run.progress_total,
+        return TrainingMonitor(server, spark, job_tag, run.progress_total,
                                run.verbose, settings.worker_timeout,
                                run.name, run.checkpoint_dir,
                                run.checkpoint_every, validator=run.validator,

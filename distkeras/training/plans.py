@@ -66,9 +66,9 @@ class Plan:
 
     # -- shared steps -------------------------------------------------------------------
 
-    def new_job_group(self):
-        """A Spark job group of the run's own (`launch.new_job_group`)."""
-        return launch.new_job_group(self.run)
+    def new_job_tag(self):
+        """A Spark job tag of the run's own (`launch.new_job_tag`)."""
+        return launch.new_job_tag(self.run)
 
     def slots_for_one_job(self, frame, num_tasks):
         """Whether one Spark job can hold ``num_tasks`` tasks waiting at epoch ends
@@ -84,32 +84,35 @@ class Plan:
         worker_setup.configure_worker(self.run, worker)
 
     @contextlib.contextmanager
-    def progress(self, spark, worker, samples, description, job_group, num_tasks=1):
+    def progress(self, spark, worker, samples, description, job_tag, num_tasks=1):
         """A `HistoryServer` the sequential workers (no parameter server) report their
         steps to, with ``verbose`` and a `TrainingMonitor` drawing them, and for
         ``num_tasks`` of them (EnsembleTrainer's members, AveragingTrainer's replicas of
         an epoch) whatever the verbosity: a worker that meets rows no retry can train on
         tells it, and the driver stops the others at once, as the parameter-server
         trainers' do, rather than let them train to their end before the error. Yields
-        the list the reported steps end up in.
+        the list the reported steps end up in. Under Spark Connect, none of it (see
+        `launch.client_serves`).
 
         Raises:
             TrainingError: Naming the partition whose worker reported its failure.
         """
         run = self.run
         progress = bool(run.verbose and samples)
-        if not progress and num_tasks < 2:
+        if (not progress and num_tasks < 2) or not launch.client_serves(spark):
+            # Under Spark Connect the executors cannot be counted on to reach this
+            # process: no server, the workers' steps come back with their results.
             yield []
             return
 
         def monitor(server):
-            return TrainingMonitor(server, spark.sparkContext, job_group, samples,
+            return TrainingMonitor(server, spark, job_tag, samples,
                                    run.verbose, name=description,
                                    validation_records=run.validation_records()) \
                 if progress else None
 
         server = parameter_servers.HistoryServer(self.settings.master_model)
-        with serving(server, run, spark, job_group, num_tasks, monitor,
+        with serving(server, run, spark, job_tag, num_tasks, monitor,
                      collect_into_run=False) as served:
             worker.spec = worker.spec.replace(progress_address=served.address,
                                               token=server.token)
@@ -129,18 +132,18 @@ class Plan:
         spark = layout.sparkSession
         run.server = server
         self.configure_worker(worker)
-        job_group = self.new_job_group()
+        job_tag = self.new_job_tag()
 
         def monitor(server):
-            return TrainingMonitor(server, spark.sparkContext, job_group, run.progress_total,
+            return TrainingMonitor(server, spark, job_tag, run.progress_total,
                                    run.verbose, name=run.label,
                                    validation_records=run.validation_records())
 
-        with serving(server, run, spark, job_group, num_tasks, monitor):
+        with serving(server, run, spark, job_tag, num_tasks, monitor):
             worker.spec = worker.spec.replace(master_host=driver_address(spark),
                                               master_port=server.port, token=server.token)
             self.run_workers(layout, num_tasks, worker, label_shapes, description,
-                             job_group, replay, barrier=barrier)
+                             job_tag, replay, barrier=barrier)
         if failures:
             raise failures[0]
         if server.transport.errors:

@@ -10,7 +10,8 @@ waits for the workers' last records, stops both and collects what the workers re
 import contextlib
 
 from distkeras.errors import TrainingError
-from distkeras.training.spark_jobs import bind_address, driver_address, raise_reported_failure
+from distkeras.training.spark_jobs import (bind_address, cancel_jobs, driver_address,
+                                           raise_reported_failure)
 from distkeras.transport.socket_transport import SocketTransport
 
 
@@ -33,16 +34,16 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
+def serving(server, run, spark, job_tag, num_tasks, make_monitor=None,
             cancel_on_error=False, collect_into_run=True):
-    """Runs ``server`` for the Spark job ``job_group`` of ``run``.
+    """Runs ``server`` for the Spark job ``job_tag`` of ``run``.
 
     Args:
         server: A server not yet started (any, for the escape hatch's own; the socket
             servers are bound, told the number of tasks and waited on for goodbyes).
         run: The `run.Run`.
         spark: The SparkSession.
-        job_group: The Spark job group of the workers (cancelled on a reported failure).
+        job_tag: The Spark job tag of the workers (cancelled on a reported failure).
         num_tasks: The tasks that will connect.
         make_monitor: ``make_monitor(server)`` -> a `TrainingMonitor` (not started), or
             None to run without one.
@@ -67,7 +68,7 @@ def serving(server, run, spark, job_group, num_tasks, make_monitor=None,
         server.transport.expect_workers(num_tasks)
 
         def cancel(*_):
-            spark.sparkContext.cancelJobGroup(job_group)
+            cancel_jobs(spark, job_tag)
 
         server.sink.on_worker_failure = cancel
         if cancel_on_error:

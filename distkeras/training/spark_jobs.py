@@ -1,8 +1,9 @@
 """The Spark jobs a trainer runs its workers in, as the driver sees them.
 
-The labels of the runs in progress, the rows per Arrow batch, the function each task runs
-and its reply in chunks, the addresses the executors reach the driver at, a failed job's
-cause, and the warnings about uneven partitions and Spark's speculation.
+The labels of the runs in progress, the Spark job tags that cancel a run's jobs (in
+classic and Spark Connect sessions alike), the rows per Arrow batch, the function each
+task runs and its reply in chunks, the addresses the executors reach the driver at, a
+failed job's cause, and the warnings about uneven partitions and Spark's speculation.
 """
 
 import contextlib
@@ -16,6 +17,7 @@ import threading
 from distkeras.data.feed import ARROW_BATCH_KEY, FEED_RECORDS_PER_BATCH
 from distkeras.errors import ExecutorEnvironmentError, TrainingError
 from distkeras.executor import devices, failures
+from distkeras.session import is_connect, master
 from distkeras.transport import networking
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,44 @@ def feed_batch_rows(spark, rows=FEED_RECORDS_PER_BATCH):
                 if not _FEED_SETTERS[key]:
                     del _FEED_SETTERS[key]
                     spark.conf.unset(ARROW_BATCH_KEY)
+
+
+@contextlib.contextmanager
+def tagged_jobs(spark, tag, description=None):
+    """Gives the Spark jobs this thread starts in the block the job tag ``tag``, which
+    `cancel_jobs` cancels from any thread; in classic mode also ``description`` (the
+    Spark UI's) and task threads interrupted on cancel.
+
+    Notes:
+        A job tag is what both modes have: Spark Connect's session tags
+        (``spark.addTag``), the classic ``SparkContext``'s job tags (the classic session's
+        own tags do not reach the jobs of a Python ``collect()``).
+    """
+    if is_connect(spark):
+        spark.addTag(tag)
+        try:
+            yield tag
+        finally:
+            spark.removeTag(tag)
+        return
+    context = spark.sparkContext
+    context.addJobTag(tag)
+    context.setInterruptOnCancel(True)
+    context.setJobDescription(description)
+    try:
+        yield tag
+    finally:
+        context.removeJobTag(tag)
+        context.setJobDescription(None)
+        context.setInterruptOnCancel(False)
+
+
+def cancel_jobs(spark, tag):
+    """Cancels the running Spark jobs tagged ``tag`` (`tagged_jobs`), from any thread."""
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobsWithTag(tag)
 
 
 # The trainings in progress in this process (several threads may train at once, as a
@@ -117,7 +157,7 @@ def warn_if_uneven(messages):
     return True
 
 
-def warn_if_speculative(spark_context, trainer_name):
+def warn_if_speculative(spark, trainer_name):
     """Logs a warning when Spark may run a second copy of a slow worker's task.
 
     With ``spark.speculation=true`` Spark starts a copy of a slow task on another host
@@ -128,15 +168,14 @@ def warn_if_speculative(spark_context, trainer_name):
     every task on one host, where Spark never starts a speculative copy.
 
     Args:
-        spark_context: The SparkContext the training runs on.
+        spark: The SparkSession the training runs on (classic or Connect).
         trainer_name: The trainer's class name, for the message.
 
     Returns:
         Whether a warning was logged.
     """
-    conf = spark_context.getConf()
-    if conf.get("spark.speculation", "false").strip().lower() != "true" or \
-            spark_context.master.startswith("local"):
+    speculation = spark.conf.get("spark.speculation", "false") or "false"
+    if speculation.strip().lower() != "true" or master(spark).startswith("local"):
         return False
     logger.warning(
         "spark.speculation=true: Spark may start a second copy of a slow %s worker's "
@@ -187,7 +226,7 @@ def _environment_hint(cause):
 _EXECUTOR_PYTHON_CHECKED = set()
 
 
-def _imports_distkeras(_):
+def _imports_distkeras(record_batches):
     # Spark unpickles this function on the executor, which imports its module (distkeras)
     # there; the imports below are those every task needs first: a Python without them
     # fails here, before any model is sent.
@@ -195,21 +234,26 @@ def _imports_distkeras(_):
 
     for name in ("numpy", "pyarrow"):
         importlib.import_module(name)
-    return True
+    for batch in record_batches:
+        yield batch
 
 
-def check_executor_python(spark_context):
+def check_executor_python(spark):
     """Checks, once per Spark application, that the executors' Python imports distkeras.
+
+    Args:
+        spark: The SparkSession (classic or Connect).
 
     Raises:
         distkeras.errors.ExecutorEnvironmentError: When it cannot, naming the Python to
             give the executors (``spark.pyspark.python`` or ``PYSPARK_PYTHON``).
     """
-    application = spark_context.applicationId
+    application = spark.conf.get("spark.app.id", None) or id(spark)
     if application in _EXECUTOR_PYTHON_CHECKED:
         return
     try:
-        spark_context.parallelize([0], 1).map(_imports_distkeras).collect()
+        # A DataFrame job, as the trainers' (the one kind Spark Connect runs).
+        spark.range(0, 1, 1, 1).mapInArrow(_imports_distkeras, "id long").collect()
     except Exception as error:  # Spark's Py4JJavaError or PythonException, by its text
         hint = _environment_hint(worker_error_message(error))
         if not hint:
@@ -333,16 +377,14 @@ def joined_replies(rows, num_tasks):
 
 def driver_address(spark):
     """The address executors use to reach the driver (127.0.0.1 in local mode)."""
-    conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "local").startswith("local"):
+    if master(spark).startswith("local"):
         return "127.0.0.1"
-    return conf.get("spark.driver.host", socket.gethostname())
+    return spark.conf.get("spark.driver.host", None) or socket.gethostname()
 
 
 def bind_address(spark):
     """The address the parameter server listens on: the driver's own."""
-    conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "local").startswith("local"):
+    if master(spark).startswith("local"):
         return "127.0.0.1"
-    return conf.get("spark.driver.bindAddress", None) or socket.gethostbyname(
+    return spark.conf.get("spark.driver.bindAddress", None) or socket.gethostbyname(
         driver_address(spark))

@@ -272,13 +272,14 @@ def test_a_handler_that_raises_is_named_and_stops_the_workers_at_once(fashion_tr
 
     trainer = Typo(keras_model=build_mlp(16), worker_optimizer="adam",
                    loss="categorical_crossentropy", num_workers=2, communication_window=2)
-    monkeypatch.setattr(launch, "new_job_group", lambda run: "distkeras-test-typo-server")
+    monkeypatch.setattr(launch, "new_job_tag", lambda run: "distkeras-test-typo-server")
     with pytest.raises(TrainingError,
                        match=r"The TypoParameterServer failed: KeyError: 'deltaa'"):
         trainer.train(fashion_train.limit(256), verbose=0)
     tracker = fashion_train.sparkSession.sparkContext.statusTracker()
     attempts = [tracker.getStageInfo(stage) for job in
-                tracker.getJobIdsForGroup("distkeras-test-typo-server")
+                fashion_train.sparkSession.sparkContext._jsc.sc().statusTracker()
+                .getJobIdsForTag("distkeras-test-typo-server")
                 for stage in tracker.getJobInfo(job).stageIds]
     # Each worker's first attempt at most (cancelled): none retried.
     assert sum(stage.numFailedTasks for stage in attempts if stage is not None) <= 2

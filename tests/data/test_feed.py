@@ -480,11 +480,11 @@ def test_a_null_row_is_told_to_drop_the_rows_null_in_that_column_only():
         column_to_numpy(pa.array([1.0, None]), (), "label")
 
 
-def _task_attempts(spark, job_group):
-    """(task attempts that failed, task attempts in all) of a job group's Spark stages."""
+def _task_attempts(spark, job_tag):
+    """(task attempts that failed, task attempts in all) of a job tag's Spark stages."""
     tracker = spark.sparkContext.statusTracker()
     failed = launched = 0
-    for job_id in tracker.getJobIdsForGroup(job_group):
+    for job_id in spark.sparkContext._jsc.sc().statusTracker().getJobIdsForTag(job_tag):
         for stage_id in tracker.getJobInfo(job_id).stageIds:
             stage = tracker.getStageInfo(stage_id)
             if stage is not None:
@@ -507,7 +507,7 @@ def test_rows_no_retry_can_train_on_fail_the_training_without_spark_retrying_it(
     frame = spark.createDataFrame(rows, "features array<float>, target double").coalesce(1)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     trainer = SingleTrainer(model, "sgd", "mse", metrics=[], label_col="target")
-    monkeypatch.setattr(launch, "new_job_group", lambda run: "distkeras-test-invalid-rows-single")
+    monkeypatch.setattr(launch, "new_job_tag", lambda run: "distkeras-test-invalid-rows-single")
     with pytest.raises(TrainingError, match=r"partition 0 failed: InvalidDataError: Column "
                                             r"'target' holds 1 NaN or infinite") as caught:
         trainer.train(frame, verbose=0)
@@ -539,7 +539,7 @@ def test_a_worker_on_invalid_rows_stops_the_other_workers_at_once(spark, overlap
     trainer = ADAG(model, "sgd", "sparse_categorical_crossentropy", metrics=[],
                    num_workers=2, batch_size=8, num_epoch=num_epoch, communication_window=2,
                    overlap_communication=overlap)
-    monkeypatch.setattr(launch, "new_job_group",
+    monkeypatch.setattr(launch, "new_job_tag",
                         lambda run: f"distkeras-test-invalid-rows-adag-{overlap}")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
     try:

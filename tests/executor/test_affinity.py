@@ -86,18 +86,6 @@ def test_pinning_can_be_switched_off(monkeypatch):
         assert os.sched_getaffinity(0) == everything
 
 
-class _Context:
-    def __init__(self, master, conf=None):
-        self.master = master
-        self._conf = conf or {}
-
-    def getConf(self):
-        return self
-
-    def get(self, key, default=None):
-        return self._conf.get(key, default)
-
-
 @pytest.mark.parametrize("master, conf, tasks, expected", [
     ("local", {}, 4, 1),
     ("local[2]", {}, 2, 2),
@@ -110,7 +98,9 @@ class _Context:
     ("yarn", {"spark.executor.cores": "4"}, 2, 2),
 ])
 def test_workers_per_machine(master, conf, tasks, expected):
-    assert affinity.workers_per_machine(_Context(master, conf), tasks) == expected
+    assert affinity.workers_per_machine(
+        master, tasks, conf.get("spark.task.cpus", 1),
+        conf.get("spark.executor.cores")) == expected
 
 
 def test_an_unusable_lock_folder_leaves_the_worker_unpinned(tmp_path, monkeypatch, caplog):

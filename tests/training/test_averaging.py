@@ -175,11 +175,11 @@ def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
 
 
 def _train(frame, monkeypatch=None, one_job=True, **settings):
-    from distkeras.executor import affinity
+    from distkeras import session
     from distkeras.trainers import AveragingTrainer
 
     if not one_job:  # Spark "cannot say" how many tasks run at once: a job per epoch
-        monkeypatch.setattr(affinity, "concurrent_task_slots", lambda context: None)
+        monkeypatch.setattr(session, "concurrent_task_slots", lambda spark: None)
     options = dict(num_workers=2, num_epoch=3, batch_size=32)
     options.update(settings)
     trainer = AveragingTrainer(build_mlp(32), "adam", "categorical_crossentropy", **options)

@@ -72,11 +72,14 @@ class _Validator:
 
 
 class _SparkContext:
+    """A classic session's stand-in (its own ``sparkContext``): the job tags cancelled."""
+
     def __init__(self):
         self.cancelled = []
+        self.sparkContext = self
 
-    def cancelJobGroup(self, group):
-        self.cancelled.append(group)
+    def cancelJobsWithTag(self, tag):
+        self.cancelled.append(tag)
 
 
 class _Progress:
@@ -562,13 +565,13 @@ def test_averaging_trainer_starts_each_epoch_at_the_rate_a_callback_set(
         one_job, spark, fashion_train, monkeypatch):
     import keras
 
-    from distkeras.executor import affinity
+    from distkeras import session
     from distkeras.trainers import AveragingTrainer
 
     # One job keeps a slot for a Spark job of the user's own callback, which this one does
     # not start (local[2] has none to spare); with None Spark "cannot say": a job per epoch.
-    monkeypatch.setattr(affinity, "concurrent_task_slots",
-                        lambda context: 3 if one_job else None)
+    monkeypatch.setattr(session, "concurrent_task_slots",
+                        lambda spark: 3 if one_job else None)
 
     class WeightsAtEpochEnds(keras.callbacks.Callback):
         def __init__(self):
