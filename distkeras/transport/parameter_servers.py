@@ -16,6 +16,7 @@ is read from the part that holds it (``server.transport.errors``,
 ``server.sink.worker_failures``, ``server.center.staleness``, ...).
 """
 
+import collections
 import logging
 import sys
 
@@ -24,6 +25,7 @@ import numpy as np
 from distkeras import algorithms
 from distkeras.algorithms import ServerContext
 from distkeras.algorithms import update_rules
+from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
                                         refusing_nonfinite)
@@ -280,9 +282,12 @@ class AlgorithmServer(SocketParameterServer):
             memory). The centers are the same, bit for bit: only where the bytes live
             changes.
         algorithm: The `Algorithm`; None: the class's ``algorithm_class()``.
+        compression: None, ``"bfloat16"`` or ``"topk"`` (``"topk:F"``): what the workers'
+            commits and the pulls carry (`compression.parse`); the center stays float32.
 
     Raises:
-        ValueError: If ``reuse_buffers`` is not a bool.
+        ValueError: If ``reuse_buffers`` is not a bool, ``compression`` is not one of
+            those, or cannot serve this model, rule or class (`check_compression`).
 
     Notes:
         ``reuse_buffers``: for a large model, most of the server's CPU per commit and pull
@@ -296,7 +301,7 @@ class AlgorithmServer(SocketParameterServer):
     commit_field = "delta"
 
     def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0,
-                 reuse_buffers=False, algorithm=None):
+                 reuse_buffers=False, algorithm=None, compression=None):
         super().__init__(model, master_port, host, handshake_timeout)
         if not isinstance(reuse_buffers, bool):
             raise ValueError("`reuse_buffers` must be True or False. Received: "
@@ -307,10 +312,44 @@ class AlgorithmServer(SocketParameterServer):
         # Non-trainable weights (BatchNormalization's statistics): see `update_rules`.
         self.trainable = update_rules.trainable_flags(model)
         self.algorithm_state = {}  # the algorithm's own (`ServerContext.state`)
+        self.compression = codecs.parse(compression)
+        self.check_compression()
+        center = self.center
+        center.compression = self.compression
+        self.field_specs = codecs.field_specs(self.compression, center.weight_spec)
+        if self.compression is not None:
+            self._topk_counts = codecs.topk_counts(self.compression, center.weight_spec)
+            self._starts = codecs.offsets(center.weight_spec)
+            if self.compression.kind == codecs.TOPK and self.algorithm.adds_commits_as_sent:
+                center.sparse_log = collections.deque()
+
+    def check_compression(self):
+        """Raises a ValueError when the run's compression cannot serve this server.
+
+        A subclass's own ``handle_commit`` (the escape hatch) reads float32 commits;
+        Experimental's commits carry the center the worker pulled, which a compressed pull
+        changed; and every weight must be float32 (`compression.check_weights`).
+        """
+        compression = self.compression
+        if compression is None:
+            return
+        if type(self).handle_commit is not AlgorithmServer.handle_commit:
+            raise ValueError(
+                f"{type(self).__name__} defines its own handle_commit, which reads float32 "
+                f"commits: compression={str(compression)!r} needs the algorithm's server. "
+                "Use compression=None.")
+        if self.algorithm.sends_pulled:
+            raise ValueError(
+                f"{type(self.algorithm).__name__}'s commits carry the center the worker "
+                "pulled, which compression would change: use compression=None.")
+        codecs.check_weights(compression, self.center.weight_spec)
 
     def handle_commit(self, conn, addr):
         """Receives one commit, checks it and applies it with the algorithm."""
         algorithm, center = self.algorithm, self.center
+        if self.compression is not None:
+            self._compressed_commit(conn)
+            return
         if algorithm.adds_commits_as_sent:
             data = recv_data(conn, reuse_body=self.reuse_buffers)
             field = self.commit_field
@@ -321,7 +360,12 @@ class AlgorithmServer(SocketParameterServer):
                 center.next_update(conn)
             return
         data = recv_data(conn)
-        update = center.model_update(data.get(self.commit_field))
+        self._apply_algorithm(conn, data, center.model_update(data.get(self.commit_field)))
+
+    def _apply_algorithm(self, conn, data, update):
+        """Applies the checked ``update`` of the commit ``data`` with the algorithm's
+        `apply` (a rule that does not add commits as sent)."""
+        algorithm, center = self.algorithm, self.center
         pulled = center.model_update(data.get("center")) if algorithm.sends_pulled else None
         last_update = data.get("last_update")
         if algorithm.uses_staleness and (isinstance(last_update, bool)
@@ -341,6 +385,54 @@ class AlgorithmServer(SocketParameterServer):
                 new_center = algorithm.apply(center.center_variable, update, context)
             center.center_variable = new_center
             center.next_update(conn)
+
+    def _compressed_commit(self, conn):
+        """Reads a compressed commit (`compression.read_commit`) and applies it: added
+        from its compressed form by a rule that adds commits as sent, else made float32
+        for the algorithm's `apply`."""
+        center, compression = self.center, self.compression
+        # Applied (copied out) before this connection reads its next frame.
+        data = recv_data(conn, reuse_body=True)
+        payload = codecs.read_commit(data, compression, center.weight_spec,
+                                     self._topk_counts)
+        topk = compression.kind == codecs.TOPK
+        finite = (np.isfinite(payload[1]).all() if topk
+                  else codecs.bfloat16_finite(payload))
+        if not finite and not center.allow_nonfinite:
+            raise RefusedUpdate("it holds NaN or infinite values")
+        if not self.algorithm.adds_commits_as_sent:
+            self._apply_algorithm(conn, data, codecs.dense(compression, payload,
+                                                           center.weight_spec))
+            return
+        with center.mutex:
+            if topk:
+                self._add_sparse(*payload)
+                center.log_sparse(conn, *payload)
+            else:
+                # numpy casts the bfloat16 operand in small buffers: no float32 copy.
+                self.apply_rule(self._add_into_spare, payload)
+            center.next_update(conn)
+
+    def _add_sparse(self, indices, values):
+        """Adds a top-k commit to the center in place, or to a copy where anything else
+        holds the center (a pull still sending it); call under ``mutex``.
+
+        Raises:
+            RefusedUpdate: If a sum overflows; the center is then unchanged.
+        """
+        center = self.center
+        unheld = weights_array([np.empty(0)])
+        holders = [unheld]  # held as the center is, by an attribute and a local name
+        weights = center.center_variable
+        if not _unshared(weights, holders[0]):
+            weights = weights_array(layer.copy() for layer in weights)
+        parts = codecs.split_sparse(indices, values, self._starts)
+        with refusing_nonfinite(center.allow_nonfinite):
+            sums = [weights[layer].reshape(-1)[where] + change
+                    for layer, where, change in parts]
+        for (layer, where, _), total in zip(parts, sums):
+            weights[layer].reshape(-1)[where] = total
+        center.center_variable = weights
 
     def _add_into_spare(self, center, update):
         """``center + update`` written into the spare center; call under ``self.mutex``.
