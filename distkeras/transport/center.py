@@ -144,6 +144,17 @@ class CenterExchange(CenterVariable):
             raise RefusedUpdate("it holds NaN or infinite values")
         return update
 
+    def compress(self, compression, adds_commits_as_sent):
+        """Serves the pulls of a run with ``compression`` (a `compression.Compression`
+        or None); a top-k run whose rule adds commits as sent logs them (`log_sparse`)."""
+        self.compression = compression
+        if compression is None:
+            return
+        self.topk_counts = codecs.topk_counts(compression, self.weight_spec)
+        self.starts = codecs.offsets(self.weight_spec)
+        if compression.kind == codecs.TOPK and adds_commits_as_sent:
+            self.sparse_log = collections.deque()
+
     def handle_pull(self, conn, addr):
         """Sends the center variable and the update count read under one lock.
 

@@ -91,6 +91,31 @@ def check_weights(compression, weight_spec):
                          "use \"bfloat16\".")
 
 
+def check_server(compression, algorithm, weight_spec, own_handle_commit, name):
+    """Raises a ValueError when a server cannot serve ``compression``.
+
+    Args:
+        compression: The run's `Compression`, or None.
+        algorithm: The server's `Algorithm`.
+        weight_spec: The model's ``[(shape, dtype)]``.
+        own_handle_commit: Whether the server's class has a ``handle_commit`` of its own
+            (the escape hatch), which reads float32 commits.
+        name: The server's class name, for the error.
+    """
+    if compression is None:
+        return
+    if own_handle_commit:
+        raise ValueError(
+            f"{name} defines its own handle_commit, which reads float32 commits: "
+            f"compression={str(compression)!r} needs the algorithm's server. Use "
+            "compression=None.")
+    if algorithm.sends_pulled:
+        raise ValueError(
+            f"{type(algorithm).__name__}'s commits carry the center the worker pulled, "
+            "which compression would change: use compression=None.")
+    check_weights(compression, weight_spec)
+
+
 def total_entries(weight_spec):
     """The number of entries of weights of ``weight_spec``."""
     return sum(math.prod(shape) for shape, _ in weight_spec)
@@ -177,6 +202,15 @@ def split_sparse(indices, values, starts):
             parts.append((layer, indices[begin:end].astype(np.intp) - starts[layer],
                           values[begin:end]))
     return parts
+
+
+def add_sparse(weights, indices, values, starts):
+    """Adds a checked top-k commit to ``weights`` in place, every sum computed before any
+    is written (an overflow raised inside ``np.errstate`` leaves them as they were)."""
+    parts = split_sparse(indices, values, starts)
+    sums = [weights[layer].reshape(-1)[where] + change for layer, where, change in parts]
+    for (layer, where, _), total in zip(parts, sums):
+        weights[layer].reshape(-1)[where] = total
 
 
 def dense(compression, payload, weight_spec):

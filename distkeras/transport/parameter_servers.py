@@ -16,7 +16,6 @@ is read from the part that holds it (``server.transport.errors``,
 ``server.sink.worker_failures``, ``server.center.staleness``, ...).
 """
 
-import collections
 import logging
 import sys
 
@@ -287,7 +286,7 @@ class AlgorithmServer(SocketParameterServer):
 
     Raises:
         ValueError: If ``reuse_buffers`` is not a bool, ``compression`` is not one of
-            those, or cannot serve this model, rule or class (`check_compression`).
+            those, or cannot serve this model, rule or class (`compression.check_server`).
 
     Notes:
         ``reuse_buffers``: for a large model, most of the server's CPU per commit and pull
@@ -313,44 +312,21 @@ class AlgorithmServer(SocketParameterServer):
         self.trainable = update_rules.trainable_flags(model)
         self.algorithm_state = {}  # the algorithm's own (`ServerContext.state`)
         self.compression = codecs.parse(compression)
-        self.check_compression()
-        center = self.center
-        center.compression = self.compression
-        self.field_specs = codecs.field_specs(self.compression, center.weight_spec)
-        if self.compression is not None:
-            self._topk_counts = codecs.topk_counts(self.compression, center.weight_spec)
-            self._starts = codecs.offsets(center.weight_spec)
-            if self.compression.kind == codecs.TOPK and self.algorithm.adds_commits_as_sent:
-                center.sparse_log = collections.deque()
-
-    def check_compression(self):
-        """Raises a ValueError when the run's compression cannot serve this server.
-
-        A subclass's own ``handle_commit`` (the escape hatch) reads float32 commits;
-        Experimental's commits carry the center the worker pulled, which a compressed pull
-        changed; and every weight must be float32 (`compression.check_weights`).
-        """
-        compression = self.compression
-        if compression is None:
-            return
-        if type(self).handle_commit is not AlgorithmServer.handle_commit:
-            raise ValueError(
-                f"{type(self).__name__} defines its own handle_commit, which reads float32 "
-                f"commits: compression={str(compression)!r} needs the algorithm's server. "
-                "Use compression=None.")
-        if self.algorithm.sends_pulled:
-            raise ValueError(
-                f"{type(self.algorithm).__name__}'s commits carry the center the worker "
-                "pulled, which compression would change: use compression=None.")
-        codecs.check_weights(compression, self.center.weight_spec)
+        # A subclass's own handle_commit (the escape hatch) reads float32 commits.
+        codecs.check_server(self.compression, self.algorithm, self.center.weight_spec,
+                            type(self).handle_commit is not AlgorithmServer.handle_commit,
+                            type(self).__name__)
+        self.field_specs = codecs.field_specs(self.compression, self.center.weight_spec)
+        self.center.compress(self.compression, self.algorithm.adds_commits_as_sent)
 
     def handle_commit(self, conn, addr):
         """Receives one commit, checks it and applies it with the algorithm."""
         algorithm, center = self.algorithm, self.center
         if self.compression is not None:
-            self._compressed_commit(conn)
-            return
-        if algorithm.adds_commits_as_sent:
+            data, update = self._compressed_commit(conn)
+            if update is None:  # added as sent
+                return
+        elif algorithm.adds_commits_as_sent:
             data = recv_data(conn, reuse_body=self.reuse_buffers)
             field = self.commit_field
             update = center.model_update(data[field] if field in data else data.get("delta"))
@@ -359,13 +335,9 @@ class AlgorithmServer(SocketParameterServer):
                                 else update_rules.add_update, update)
                 center.next_update(conn)
             return
-        data = recv_data(conn)
-        self._apply_algorithm(conn, data, center.model_update(data.get(self.commit_field)))
-
-    def _apply_algorithm(self, conn, data, update):
-        """Applies the checked ``update`` of the commit ``data`` with the algorithm's
-        `apply` (a rule that does not add commits as sent)."""
-        algorithm, center = self.algorithm, self.center
+        else:
+            data = recv_data(conn)
+            update = center.model_update(data.get(self.commit_field))
         pulled = center.model_update(data.get("center")) if algorithm.sends_pulled else None
         last_update = data.get("last_update")
         if algorithm.uses_staleness and (isinstance(last_update, bool)
@@ -387,23 +359,25 @@ class AlgorithmServer(SocketParameterServer):
             center.next_update(conn)
 
     def _compressed_commit(self, conn):
-        """Reads a compressed commit (`compression.read_commit`) and applies it: added
-        from its compressed form by a rule that adds commits as sent, else made float32
-        for the algorithm's `apply`."""
+        """Reads a compressed commit (`compression.read_commit`) and adds it from its
+        compressed form where the rule adds commits as sent.
+
+        Returns:
+            ``(message, None)`` once added, else ``(message, the float32 update)`` for
+            the algorithm's `apply`.
+        """
         center, compression = self.center, self.compression
         # Applied (copied out) before this connection reads its next frame.
         data = recv_data(conn, reuse_body=True)
         payload = codecs.read_commit(data, compression, center.weight_spec,
-                                     self._topk_counts)
+                                     center.topk_counts)
         topk = compression.kind == codecs.TOPK
         finite = (np.isfinite(payload[1]).all() if topk
                   else codecs.bfloat16_finite(payload))
         if not finite and not center.allow_nonfinite:
             raise RefusedUpdate("it holds NaN or infinite values")
         if not self.algorithm.adds_commits_as_sent:
-            self._apply_algorithm(conn, data, codecs.dense(compression, payload,
-                                                           center.weight_spec))
-            return
+            return data, codecs.dense(compression, payload, center.weight_spec)
         with center.mutex:
             if topk:
                 self._add_sparse(*payload)
@@ -412,26 +386,20 @@ class AlgorithmServer(SocketParameterServer):
                 # numpy casts the bfloat16 operand in small buffers: no float32 copy.
                 self.apply_rule(self._add_into_spare, payload)
             center.next_update(conn)
+        return data, None
 
     def _add_sparse(self, indices, values):
         """Adds a top-k commit to the center in place, or to a copy where anything else
-        holds the center (a pull still sending it); call under ``mutex``.
-
-        Raises:
-            RefusedUpdate: If a sum overflows; the center is then unchanged.
-        """
+        holds it (a pull sending it); call under ``mutex``. An overflow raises
+        `RefusedUpdate` and leaves the center unchanged."""
         center = self.center
         unheld = weights_array([np.empty(0)])
         holders = [unheld]  # held as the center is, by an attribute and a local name
         weights = center.center_variable
         if not _unshared(weights, holders[0]):
             weights = weights_array(layer.copy() for layer in weights)
-        parts = codecs.split_sparse(indices, values, self._starts)
         with refusing_nonfinite(center.allow_nonfinite):
-            sums = [weights[layer].reshape(-1)[where] + change
-                    for layer, where, change in parts]
-        for (layer, where, _), total in zip(parts, sums):
-            weights[layer].reshape(-1)[where] = total
+            codecs.add_sparse(weights, indices, values, center.starts)
         center.center_variable = weights
 
     def _add_into_spare(self, center, update):
