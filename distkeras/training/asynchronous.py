@@ -228,9 +228,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         return settings
 
     def make_plan(self, run):
-        return self.plan(run, self.allocate_worker, self._compressing_server)
+        return self.plan(run, self.allocate_worker, self.checked_parameter_server)
 
-    def _compressing_server(self):
+    def checked_parameter_server(self):
         """`allocate_parameter_server`'s server, checked to serve the run's compression
         (a subclass's own server reads float32 commits)."""
         server = self.allocate_parameter_server()
