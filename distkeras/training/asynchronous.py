@@ -121,7 +121,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             bfloat16) or ``"topk"`` (each commit sends the largest 1% of each layer's
             entries; ``"topk:0.05"`` another share; pulls float32, or the other workers'
             top-k commits only). The center stays float32, and each worker adds what a
-            commit left out to its next one (docs/compression.md). Not for
+            commit left out to its next one (docs/guide/compression.md). Not for
             Experimental, whose commits carry the center they pulled, nor for a trainer
             without an algorithm (the escape hatch).
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
