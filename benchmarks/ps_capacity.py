@@ -22,10 +22,11 @@ second. Wall-clock rates on this shared 2-core machine are printed, not trusted.
         --compression none bfloat16 topk
 
 ``--compression`` runs each case once per compression given, side by side, and prints
-each one's server CPU and bytes per pair as a ratio of the first's. ``--reuse-buffers`` serves with the opt-in ``reuse_buffers``; ``--compare-reuse`` alternates
-it with the default; ``--breakdown`` adds the server's CPU in each operation;
-``--operations`` times the array operations alone; ``--accuracy`` trains ADAG on Spark
-with and without ``reuse_server_buffers``. docs/scaling.md holds the results.
+each one's server CPU and bytes per pair as a ratio of the first's; ``bytes_per_pair`` is
+counted on the workers' sockets, both ways. ``--reuse-buffers`` serves with the opt-in
+``reuse_buffers``; ``--compare-reuse`` alternates it with the default; ``--breakdown``
+adds the server's CPU in each operation; ``--operations`` times the array operations
+alone; ``--accuracy`` trains ADAG on Spark with and without ``reuse_server_buffers``. docs/scaling.md holds the results.
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
 """
