@@ -26,7 +26,8 @@ each one's server CPU and bytes per pair as a ratio of the first's; ``bytes_per_
 counted on the workers' sockets, both ways. ``--reuse-buffers`` serves with the opt-in
 ``reuse_buffers``; ``--compare-reuse`` alternates it with the default; ``--breakdown``
 adds the server's CPU in each operation; ``--operations`` times the array operations
-alone; ``--accuracy`` trains ADAG on Spark with and without ``reuse_server_buffers``. docs/scaling.md holds the results.
+alone; ``--accuracy`` trains ADAG on Spark with and without ``reuse_server_buffers``.
+docs/scaling.md holds the results.
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
 """
