@@ -105,8 +105,10 @@ class WindowedWorker(NetworkWorker):
         pulled = self.center_variable
         update = self.window_update(weights, pulled)
         sends_pulled = algorithm is not None and algorithm.sends_pulled
-        # What the server applies: the update itself, or what compression kept of it.
-        update = self.commit(update, **({"center": pulled} if sends_pulled else {}))
+        sent = self.commit(update, **({"center": pulled} if sends_pulled else {}))
+        # What the server applies: what compression kept of the update, or the update
+        # itself (a subclass's own commit() may return nothing).
+        update = update if sent is None else sent
         if not pull_first:
             if self.pull_unless_own():
                 # Only this commit moved the center: the server's own addition, done here.
