@@ -177,8 +177,10 @@ class CenterExchange(CenterVariable):
             send_data(conn, self._pull_reply(num_updates=num_updates, indices=sparse[0],
                                              values=sparse[1], own=own))
             return
-        send_data(conn, self._pull_reply(center=self._wire_center(center, num_updates),
-                                         num_updates=num_updates))
+        # Rebound, not kept: a bfloat16 pull leaves the float32 center free while it
+        # sends, for the next commit to write into (`AlgorithmServer._add_into_spare`).
+        center = self._wire_center(center, num_updates)
+        send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
 
     def _wire_center(self, center, num_updates):
         """``center`` as a pull sends it: bfloat16 when the run's compression is, made
