@@ -351,3 +351,41 @@ def test_an_own_handle_commit_refuses_compression_saying_so():
 def test_compression_needs_float32_weights():
     with pytest.raises(ValueError, match="float32 weights.*float16"):
         codecs.check_weights(codecs.parse("bfloat16"), [((2,), np.float16)])
+
+
+# -- a real worker ------------------------------------------------------------------------
+
+def test_an_elastic_worker_and_the_center_move_by_the_same_topk_commit(started):
+    """AEASGD, rho * lr = 0.5, top-k 1 of 6 and 1 of 2: the worker loses what the center
+    gains, so their sum stays as it was, and it keeps no residual."""
+    from distkeras.executor.replica import ModelReplica
+    from distkeras.workers import AEASGDWorker
+
+    server = started(AlgorithmServer, algorithm=algorithms.AEASGD(),
+                     compression="topk:0.125")
+    model = make_model()
+    model.compile(optimizer="sgd", loss="mse")
+    worker = AEASGDWorker(model, rho=5.0, learning_rate=0.1)
+    worker.model = ModelReplica(model, worker._record_step)
+    worker.master_host, worker.master_port, worker.token = "127.0.0.1", server.port, \
+        server.token
+    worker.worker_id, worker.connect_timeout = 0, 5.0
+    worker.compression = str(server.compression)
+    worker.weight_spec = SPEC  # as `Worker.prepare_model` sets it
+    worker.setup()
+    try:
+        # W - C: the kernel's largest gap is 4 at [2, 0], the bias's -2 at [1].
+        gap = [np.float32([[1, 2], [0.5, -1], [4, 0]]), np.float32([0.5, -2])]
+        weights = [KERNEL + gap[0], BIAS + gap[1]]
+        worker.model.set_weights(weights)
+        worker.communicate()
+        wait_for_updates(server, 1)
+        sent = [np.float32([[0, 0], [0, 0], [2, 0]]), np.float32([0, -1])]  # 0.5 * gap
+        assert as_lists(server.center_variable) == as_lists(
+            [KERNEL + sent[0], BIAS + sent[1]])
+        assert as_lists(worker.model.get_weights()) == as_lists(
+            [weights[0] - sent[0], weights[1] - sent[1]])
+        assert worker.encoder.residual is None
+    finally:
+        worker.teardown()
+    assert server.transport.errors == []
