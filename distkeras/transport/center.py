@@ -183,14 +183,14 @@ class CenterExchange(CenterVariable):
         send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
 
     def _wire_center(self, center, num_updates):
-        """``center`` as a pull sends it: bfloat16 when the run's compression is, made
-        once per update count."""
+        """``center`` as a pull sends it: bfloat16 (`compression.truncated_bfloat16`)
+        when the run's compression is, made once per update count."""
         if self.compression is None or self.compression.kind != codecs.BFLOAT16:
             return center
         with self.mutex:
             made_at, made = self._bfloat16_pull
         if made_at != num_updates:
-            made = codecs.to_bfloat16(center)
+            made = codecs.truncated_bfloat16(center)
             with self.mutex:
                 self._bfloat16_pull = (num_updates, made)
         return made

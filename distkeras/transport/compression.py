@@ -3,8 +3,9 @@
 A run's ``compression`` (`parse`) is None (float32 both ways), ``"bfloat16"`` or
 ``"topk"`` (``"topk:F"``: a fraction F of each layer's entries, 0.01 by default):
 
-- ``"bfloat16"``: commits travel as bfloat16 (field ``"bfloat16"``), and so do pulls;
-  the center stays float32 and the server adds the bfloat16 arrays to it directly.
+- ``"bfloat16"``: commits travel as bfloat16 (field ``"bfloat16"``, rounded to the
+  nearest even), and so do pulls (cut: `truncated_bfloat16`); the center stays float32
+  and the server adds the bfloat16 arrays to it directly.
 - ``"topk"``: a commit is the largest ``F`` of each layer's entries by magnitude, as
   ``"indices"`` (uint32, strictly increasing, into the weights flattened and put end to
   end) and ``"values"`` (float32). Pulls are float32, or only the other workers' top-k
@@ -151,6 +152,23 @@ def to_bfloat16(weights):
     """``weights`` (float32 arrays) rounded to bfloat16, to the nearest even."""
     bfloat16 = _bfloat16()
     return weights_array(np.asarray(layer).astype(bfloat16) for layer in weights)
+
+
+def truncated_bfloat16(weights):
+    """``weights`` (float32 arrays) cut to bfloat16: each value's upper 16 bits.
+
+    Notes:
+        A pull's conversion, on the server: a strided copy, about a third of rounding's
+        CPU. Cut towards zero, a value is off by under one bfloat16 step (2**-8 of it)
+        rather than half of one; the worker's next update is measured from the center
+        it pulled, so the cut never reaches the center.
+    """
+    if not np.little_endian:  # the upper half is not the odd uint16
+        return to_bfloat16(weights)
+    bfloat16 = _bfloat16()
+    return weights_array(
+        np.ascontiguousarray(np.asarray(layer).reshape(-1).view(np.uint16)[1::2])
+        .view(bfloat16).reshape(np.shape(layer)) for layer in weights)
 
 
 def read_commit(data, compression, weight_spec, counts):

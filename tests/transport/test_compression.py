@@ -100,6 +100,15 @@ def test_bfloat16_commit_rounds_to_nearest_even_and_feeds_the_error_back():
     assert sent[0][0, 0] == 2**-8 and encoder.residual[0][0, 0] == 0
 
 
+def test_a_pull_cuts_the_center_to_its_upper_16_bits():
+    # float32(1/3) is 0x3EAAAAAB: cut, 0x3EAA = 0.33203125; rounded, 0x3EAB = 0.333984375.
+    pulled = codecs.truncated_bfloat16(layers([1 / 3, -1 / 3, 2.0, 0, 0, 0], [-0.0, 2.5]))
+    assert pulled[0].dtype == BF16 and pulled[0].shape == (3, 2)
+    assert as_lists(pulled) == [[[0.33203125, -0.33203125], [2.0, 0], [0, 0]], [-0.0, 2.5]]
+    assert np.signbit(np.float32(pulled[1][0]))
+    assert as_lists(codecs.to_bfloat16(layers([1 / 3] * 6, [0, 0])))[0][0][0] == 0.333984375
+
+
 def test_topk_commit_sends_the_largest_entries_of_each_layer_and_keeps_the_rest():
     encoder = codecs.Encoder(codecs.parse("topk:0.5"), SPEC)  # 3 of 6, 1 of 2
     fields, sent = encoder.encode(layers([0.1, -0.5, 0.3, 0.05, -0.2, 0.4], [0.01, -0.02]))
@@ -162,8 +171,10 @@ def test_bfloat16_commits_are_added_to_the_float32_center_and_pulls_are_bfloat16
     assert server.num_updates == 1
     assert as_lists(center_copy(server)) == [kernel.tolist(), bias.tolist()]
     assert [layer.dtype for layer in reply["center"]] == [BF16, BF16]
-    assert as_lists(reply["center"]) == [kernel.astype(BF16).astype(np.float32).tolist(),
-                                         bias.astype(BF16).astype(np.float32).tolist()]
+    # The pull cuts each value to its upper 16 bits (`truncated_bfloat16`).
+    assert reply["center"][0][0, 1] == -0.6640625  # -0.666015625 cut
+    cut = [(layer.view(np.uint32) & 0xFFFF0000).view(np.float32) for layer in (kernel, bias)]
+    assert as_lists(reply["center"]) == as_lists(cut)
     assert server.center_variable[0].dtype == np.float32
 
 
