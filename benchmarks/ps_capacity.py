@@ -358,14 +358,15 @@ def table(results):
 
 
 def ratios(results):
-    """Each case's server CPU and bytes per pair as a ratio of the first compression's in
-    the same case (params, workers): a Markdown table."""
+    """Each case's server CPU and bytes per pair as a ratio of those of the case run just
+    before it with the first compression (a repeated ``--workers`` count: its own round):
+    a Markdown table."""
     lines = ["| params | workers | compression | server CPU ms/pair | x first | "
              "bytes/pair | x first |", "|---|---|---|---|---|---|---|"]
-    first = {}
+    base = None
     for result in results:
-        key = (result["params"], result["workers"])
-        base = first.setdefault(key, result)
+        if result["compression"] == results[0]["compression"]:
+            base = result
         lines.append(
             f"| {result['params'] / 1e6:.3g}M | {result['workers']} | "
             f"{result['compression']} | {result['cpu_ms_per_pair']:.2f} | "
