@@ -18,11 +18,16 @@ second. Wall-clock rates on this shared 2-core machine are printed, not trusted.
     python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 8 --breakdown
     python benchmarks/ps_capacity.py --operations --params 1e7
     python benchmarks/ps_capacity.py --accuracy 30000
+    python benchmarks/ps_capacity.py --params 1e7 --workers 2 --commits 8 \
+        --compression none bfloat16 topk
 
-``--reuse-buffers`` serves with the opt-in ``reuse_buffers``; ``--compare-reuse`` alternates
-it with the default; ``--breakdown`` adds the server's CPU in each operation;
-``--operations`` times the array operations alone; ``--accuracy`` trains ADAG on Spark
-with and without ``reuse_server_buffers``. docs/scaling.md holds the results.
+``--compression`` runs each case once per compression given, side by side, and prints
+each one's server CPU and bytes per pair as a ratio of the first's; ``bytes_per_pair`` is
+counted on the workers' sockets, both ways. ``--reuse-buffers`` serves with the opt-in
+``reuse_buffers``; ``--compare-reuse`` alternates it with the default; ``--breakdown``
+adds the server's CPU in each operation; ``--operations`` times the array operations
+alone; ``--accuracy`` trains ADAG on Spark with and without ``reuse_server_buffers``.
+docs/scaling.md holds the results.
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
 """
@@ -65,40 +70,74 @@ def build_model(params):
     return keras.Sequential(layers)
 
 
-def make_server(kind, model, reuse_buffers=False):
+def make_server(kind, model, reuse_buffers=False, compression=None):
     from distkeras import parameter_servers
 
     if kind == "dynsgd":
         if reuse_buffers:
             raise ValueError("--reuse-buffers: only the adding servers (adag, downpour) "
                              "reuse their buffers")
-        return parameter_servers.DynSGDParameterServer(model, 0)
+        return parameter_servers.DynSGDParameterServer(model, 0, compression=compression)
     cls = {"adag": parameter_servers.ADAGParameterServer,
            "downpour": parameter_servers.DeltaParameterServer}[kind]
-    return cls(model, 0, reuse_buffers=reuse_buffers)
+    return cls(model, 0, reuse_buffers=reuse_buffers, compression=compression)
+
+
+def counting_connection(sock, max_frame_bytes):
+    """A `networking.Connection` that counts the bytes it sends and receives."""
+    from distkeras.transport import networking
+
+    class Counting(networking.Connection):
+        sent = received = 0
+
+        def sendall(self, data):
+            super().sendall(data)
+            self.sent += memoryview(data).nbytes
+
+        def recv_into(self, buffer, nbytes):
+            count = super().recv_into(buffer, nbytes)
+            self.received += count
+            return count
+
+    return Counting(sock, max_frame_bytes=max_frame_bytes)
+
+
+def commit_fields(shapes, compression, seed):
+    """What a simulated worker commits, every time: a float32 ``"delta"`` or its
+    compressed fields (`compression.Encoder`, error feedback off: the same each time)."""
+    from distkeras.transport import compression as codecs
+    from distkeras.transport.networking import weights_array
+
+    rng = np.random.default_rng(seed)
+    # Small finite values: every commit is applied, and the center stays finite.
+    delta = weights_array((rng.standard_normal(shape) * 1e-7).astype(np.float32)
+                          for shape in shapes)
+    if compression is None:
+        return {"delta": delta}
+    encoder = codecs.Encoder(codecs.parse(compression), [(shape, np.float32)
+                                                        for shape in shapes], False)
+    return encoder.encode(delta)[0]
 
 
 def worker_main(host, port, token, worker_id, shapes, commits, period, seed, ready, go,
-                results):
+                results, compression=None):
     """One simulated worker (a spawned process): connect, authenticate, pull, then
     ``commits`` commit+pull pairs, one every ``period`` seconds (0: back to back)."""
     from distkeras.transport import networking
-    from distkeras.transport.networking import weights_array
 
     nbytes = sum(4 * int(np.prod(shape)) for shape in shapes)
-    sock = networking.Connection(networking.connect(host, port),
-                                 max_frame_bytes=2 * nbytes + (1 << 20))
+    sock = counting_connection(networking.connect(host, port), 2 * nbytes + (1 << 20))
     networking.authenticate(sock, token, worker_id)
-    # Small finite values: every commit is applied, and the center stays finite.
-    delta = weights_array(np.full(shape, 1e-7, np.float32) for shape in shapes)
+    fields = commit_fields(shapes, compression, seed)
     networking.send_action(sock, networking.ACTION_PULL)
     last_update = networking.recv_data(sock).get("num_updates", 0)
     ready.put(worker_id)
     go.wait()
     rng = np.random.default_rng(seed)
+    sock.sent = sock.received = 0
     start = time.monotonic()
     phase = rng.uniform(0, period) if period else 0.0
-    latencies, with_weights, late = [], 0, 0
+    latencies, with_weights, sparse, late = [], 0, 0, 0
     for index in range(commits):
         if period:
             due = start + phase + index * period
@@ -109,23 +148,25 @@ def worker_main(host, port, token, worker_id, shapes, commits, period, seed, rea
                 late += 1
         began = time.perf_counter()
         networking.send_action(sock, networking.ACTION_COMMIT)
-        networking.send_data(sock, {"delta": delta, "worker_id": worker_id,
+        networking.send_data(sock, {**fields, "worker_id": worker_id,
                                     "last_update": last_update})
         networking.send_action(sock, networking.ACTION_PULL_UNLESS_OWN)
         reply = networking.recv_data(sock)
         latencies.append(time.perf_counter() - began)
         last_update = reply.get("num_updates", last_update)
         with_weights += "center" in reply
+        sparse += "indices" in reply
     end = time.monotonic()
+    wire_bytes = sock.sent + sock.received
     networking.send_action(sock, networking.ACTION_QUIT)
     networking.close_socket(sock.sock)
     results.put({"worker_id": worker_id, "commits": commits, "start": start, "end": end,
                  "median_latency": float(np.median(latencies)), "with_weights": with_weights,
-                 "late": late, "cpu": time.process_time()})
+                 "sparse": sparse, "bytes": wire_bytes, "late": late, "cpu": time.process_time()})
 
 
 def run_case(params, workers, commits, rate=None, server_kind="adag", model=None,
-             host="127.0.0.1", reuse_buffers=False):
+             host="127.0.0.1", reuse_buffers=False, compression=None):
     """Serves ``workers`` simulated workers of ``commits`` pairs each; returns the figures.
 
     Returns:
@@ -136,7 +177,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     model = model if model is not None else build_model(params)
     shapes = [tuple(weight.shape) for weight in model.get_weights()]
     real_params = sum(int(np.prod(shape)) for shape in shapes)
-    server = make_server(server_kind, model, reuse_buffers)
+    server = make_server(server_kind, model, reuse_buffers, compression)
     server.transport.expect_workers(workers)
     server.start()
     context = multiprocessing.get_context("spawn")
@@ -145,7 +186,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     processes = [context.Process(
         target=worker_main, daemon=True,
         args=(host, server.port, server.token, index, shapes, commits, period, 1000 + index,
-              ready, go, results)) for index in range(workers)]
+              ready, go, results, compression)) for index in range(workers)]
     try:
         for process in processes:
             process.start()
@@ -171,6 +212,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     return {
         "params": real_params, "workers": workers,
         "server": server_kind + (" reuse" if reuse_buffers else ""),
+        "compression": compression or "none",
         "commits_per_worker": commits, "rate_per_worker": rate,
         "server_cpu_s": cpu, "wall_s": wall,
         "cpu_ms_per_pair": 1e3 * cpu / pairs,
@@ -178,9 +220,11 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
         "pairs_per_wall_s": pairs / span,
         "server_cores_busy": cpu / wall,
         "pulls_with_weights": sum(r["with_weights"] for r in reports) / pairs,
+        "pulls_sparse": sum(r["sparse"] for r in reports) / pairs,
         "late_commits": sum(r["late"] for r in reports) / pairs,
         "median_latency_ms": 1e3 * float(np.median([r["median_latency"] for r in reports])),
-        "bytes_per_pair": 8 * real_params,
+        # Measured on the workers' sockets (loopback: the server's are the same bytes).
+        "bytes_per_pair": sum(r["bytes"] for r in reports) / pairs,
     }
 
 
@@ -290,24 +334,45 @@ def compare_reuse(params, workers, commits, rounds):
     return results
 
 
-HEADER = ["params", "workers", "server", "rate/worker", "pairs", "server CPU ms/pair",
-          "pairs/s per server core", "pairs/s (wall)", "server cores busy",
-          "pulls with weights", "median latency ms"]
+HEADER = ["params", "workers", "server", "compression", "rate/worker", "pairs",
+          "server CPU ms/pair", "pairs/s per server core", "pairs/s (wall)",
+          "server cores busy", "pulls with weights", "sparse pulls", "MB/pair",
+          "median latency ms"]
 
 
 def row(result):
     rate = result["rate_per_worker"]
     return [f"{result['params'] / 1e6:.3g}M", result["workers"], result["server"],
-            "flat out" if not rate else f"{rate:g}/s",
+            result.get("compression", "none"), "flat out" if not rate else f"{rate:g}/s",
             result["workers"] * result["commits_per_worker"],
             f"{result['cpu_ms_per_pair']:.2f}", f"{result['pairs_per_core_s']:.0f}",
             f"{result['pairs_per_wall_s']:.0f}", f"{result['server_cores_busy']:.2f}",
-            f"{result['pulls_with_weights']:.2f}", f"{result['median_latency_ms']:.1f}"]
+            f"{result['pulls_with_weights']:.2f}", f"{result.get('pulls_sparse', 0):.2f}",
+            f"{result['bytes_per_pair'] / 1e6:.3f}", f"{result['median_latency_ms']:.1f}"]
 
 
 def table(results):
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(str(cell) for cell in row(r)) + " |" for r in results]
+    return "\n".join(lines)
+
+
+def ratios(results):
+    """Each case's server CPU and bytes per pair as a ratio of those of the case run just
+    before it with the first compression (a repeated ``--workers`` count: its own round):
+    a Markdown table."""
+    lines = ["| params | workers | compression | server CPU ms/pair | x first | "
+             "bytes/pair | x first |", "|---|---|---|---|---|---|---|"]
+    base = None
+    for result in results:
+        if result["compression"] == results[0]["compression"]:
+            base = result
+        lines.append(
+            f"| {result['params'] / 1e6:.3g}M | {result['workers']} | "
+            f"{result['compression']} | {result['cpu_ms_per_pair']:.2f} | "
+            f"{result['cpu_ms_per_pair'] / base['cpu_ms_per_pair']:.3f} | "
+            f"{result['bytes_per_pair']:.0f} | "
+            f"{result['bytes_per_pair'] / base['bytes_per_pair']:.4f} |")
     return "\n".join(lines)
 
 
@@ -332,6 +397,12 @@ def main(argv=None):
                         help="only time the array operations behind a commit+pull")
     parser.add_argument("--reuse-buffers", action="store_true",
                         help="the server's opt-in reuse_buffers (adag, downpour)")
+    parser.add_argument("--compression", nargs="+", default=["none"],
+                        choices=("none", "bfloat16", "topk"),
+                        help="the exchanges' compression; several: each case once per "
+                             "compression, side by side, with ratios to the first")
+    parser.add_argument("--topk-fraction", type=float, default=0.01,
+                        help="top-k's share of each layer's entries (default 0.01)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.commits < 1 or min(args.workers) < 1 or min(args.params) < 1:
@@ -358,10 +429,16 @@ def main(argv=None):
             continue
         model = build_model(params)
         for workers in args.workers:
-            results.append(run_case(int(params), workers, args.commits, args.rate,
-                                    args.server, model, reuse_buffers=args.reuse_buffers))
-            print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+            for name in args.compression:
+                compression = {"none": None, "bfloat16": "bfloat16",
+                               "topk": f"topk:{args.topk_fraction:g}"}[name]
+                results.append(run_case(int(params), workers, args.commits, args.rate,
+                                        args.server, model, reuse_buffers=args.reuse_buffers,
+                                        compression=compression))
+                print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(results))
+    if len(args.compression) > 1:
+        print("\n" + ratios(results))
     if spent is not None:
         pairs = sum(r["workers"] * r["commits_per_worker"] for r in results)
         print("\n| server operation | CPU ms per pair (all cases) |\n|---|---|")

@@ -10,6 +10,9 @@ model in docs/zoo/).
 
     python benchmarks/zoo.py [--models mlp cnn lstm vit embedding] [--runs fit single adag ...]
                              [--limit 12000] [--epochs 3]
+
+A run ``NAME/W`` sets ``communication_window=W``; ``NAME+bfloat16`` or ``NAME+topk`` (or
+``NAME+topk:0.05``) its ``compression``, as in ``--runs adag adag+bfloat16 adag+topk``.
 """
 
 import argparse
@@ -144,9 +147,12 @@ def run(name, kind, train, data, epochs, batch_size):
     keras.backend.clear_session()
     keras.utils.set_random_seed(1)
     model = build_model(kind)
-    trainer_name, extra = RUNS[name.split("/")[0]]
-    if "/" in name:  # "adag/4": that trainer with communication_window=4
-        extra = dict(extra, communication_window=int(name.split("/")[1]))
+    base, _, compression = name.partition("+")
+    trainer_name, extra = RUNS[base.split("/")[0]]
+    if "/" in base:  # "adag/4": that trainer with communication_window=4
+        extra = dict(extra, communication_window=int(base.split("/")[1]))
+    if compression:  # "adag+bfloat16": that trainer with compression="bfloat16"
+        extra = dict(extra, compression=compression)
     start = time.perf_counter()
     clock = EpochClock(start)
     if trainer_name is None:
@@ -226,10 +232,13 @@ def plot(kind, results, folder):
 
 
 def run_name(text):
-    name, _, window = text.partition("/")
-    if name not in RUNS or (window and not window.isdigit()):
+    base, plus, compression = text.partition("+")
+    name, _, window = base.partition("/")
+    if name not in RUNS or (window and not window.isdigit()) or (
+            plus and compression.partition(":")[0] not in ("bfloat16", "topk")):
         raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(RUNS)}, "
-                                         "optionally with /WINDOW (adag/4)")
+                                         "optionally with /WINDOW (adag/4) and "
+                                         "+bfloat16 or +topk (adag+topk)")
     return text
 
 
@@ -237,7 +246,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), type=run_name,
-                        help=f"Of {', '.join(RUNS)}; NAME/W sets communication_window=W.")
+                        help=f"Of {', '.join(RUNS)}; NAME/W sets communication_window=W, "
+                             "NAME+bfloat16 or NAME+topk its compression.")
     parser.add_argument("--limit", type=int, default=12000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)

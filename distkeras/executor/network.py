@@ -11,6 +11,7 @@ from distkeras.executor.failures import send_failure
 from distkeras.executor.step_history import send_history_columns
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
+from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.exchange_checks import checked_update, learning_rate_field
 
@@ -57,6 +58,7 @@ class NetworkWorker(Worker):
     master_port = SpecSetting()
     connect_timeout = SpecSetting()
     communication_window = SpecSetting()
+    compression = SpecSetting()
 
     def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
                  features_col=None, label_col=None, batch_size=None, num_epoch=None,
@@ -74,6 +76,7 @@ class NetworkWorker(Worker):
         self._failure_reported = False
         self._server_learning_rate = None  # the last one a pull brought
         self._applied_learning_rate = None
+        self.encoder = None  # the compression's `codecs.Encoder`, made in `setup`
 
     def setup(self):
         self._failure_reported = False
@@ -84,6 +87,14 @@ class NetworkWorker(Worker):
             max_frame_bytes=reply_limit_bytes(self.model.keras_model))
         networking.authenticate(self.socket, spec.token, self.worker_id,
                                 networking.task_attempt_id())
+        compression = codecs.parse(spec.compression)
+        self.encoder = None if compression is None else codecs.Encoder(
+            compression, self.weight_spec, self.error_feedback())
+
+    def error_feedback(self):
+        """Whether compressed commits carry what the previous ones left out (True: the
+        worker goes on from the center, so what a commit left out is lost otherwise)."""
+        return True
 
     def teardown(self):
         if self.socket is None:
@@ -122,7 +133,7 @@ class NetworkWorker(Worker):
         """Fetches the center variable into ``self.center_variable``."""
         networking.send_action(self.socket, networking.ACTION_PULL)
         data = networking.recv_data(self.socket)
-        self.center_variable = data["center"]
+        self.center_variable = self._pulled_center(data)
         self.last_update = data.get("num_updates", 0)
         self._note_learning_rate(data)
         self.apply_server_learning_rate()
@@ -145,11 +156,21 @@ class NetworkWorker(Worker):
         self.last_update = data.get("num_updates", 0)
         self._note_learning_rate(data)
         if data.get("unchanged") is True:
+            if self.encoder is not None:
+                self.encoder.own_sent = []
             return True
-        if "center" not in data:
-            raise networking.ProtocolError("The server's pull reply carries no center.")
-        self.center_variable = data["center"]
+        self.center_variable = self._pulled_center(data)
         return False
+
+    def _pulled_center(self, data):
+        """The float32 center a pull reply carries (see `codecs.Encoder.take_pull`)."""
+        if self.encoder is not None:
+            center = self.encoder.take_pull(data, self.center_variable)
+        else:
+            center = data.get("center")
+        if center is None:
+            raise networking.ProtocolError("The server's pull reply carries no center.")
+        return center
 
     def _note_learning_rate(self, data):
         """Keeps the learning rate a pull reply carries (the driver's callbacks set it)."""
@@ -169,19 +190,42 @@ class NetworkWorker(Worker):
         logger.info("Worker %s: learning rate %g from the driver", self.worker_id, rate)
 
     def commit(self, delta, **extra):
-        """Sends an update (``delta``, plus any extra fields) to the parameter server."""
-        self.send_commit(delta, **extra)
+        """Sends an update (``delta``, plus any extra fields) to the parameter server.
+
+        Returns:
+            The update as the server applies it: ``delta``, or what its compression kept
+            of it (plus what earlier commits left out).
+        """
+        sent = self.send_commit(delta, **extra)
         if self.history_due():
             self.flush_history()
+        return sent
 
     def send_commit(self, delta, **extra):
-        """Sends the commit message alone (no history)."""
+        """Sends the commit message alone (no history); returns the update as applied."""
+        message, sent = self.commit_message(delta, **extra)
+        self.send_commit_message(message, sent)
+        return sent
+
+    def commit_message(self, delta, **extra):
+        """The commit message of ``delta`` (compressed, where the run compresses) and the
+        update as the server applies it."""
         delta = checked_update(delta, self.weight_spec, f"{type(self).__name__}.commit()")
-        message = {"delta": delta, "worker_id": self.worker_id,
-                   "last_update": self.last_update}
+        message = {"worker_id": self.worker_id, "last_update": self.last_update}
+        if self.encoder is None:
+            message["delta"], sent = delta, delta
+        else:
+            fields, sent = self.encoder.encode(delta)
+            message.update(fields)
         message.update(extra)
+        return message, sent
+
+    def send_commit_message(self, message, sent):
+        """Sends a `commit_message`; notes ``sent`` for the next sparse pull reply."""
         networking.send_action(self.socket, networking.ACTION_COMMIT)
         networking.send_data(self.socket, message)
+        if self.encoder is not None:
+            self.encoder.sent(sent)
 
     def history_due(self):
         """Whether the recorded steps should travel with this commit: every

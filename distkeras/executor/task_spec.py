@@ -62,6 +62,8 @@ class TaskSpec:
         progress_address: ``(host, port)`` of the driver's progress server, or None.
         communication_window: Local steps between two commits.
         overlap_communication: Exchange with the server while the next window trains.
+        compression: The exchanges' compression, as `transport.compression.parse` reads
+            it (``"bfloat16"``, ``"topk:0.01"``), or None.
         history_every_seconds: How often the steps' records travel with the commits;
             None: the worker class's ``HISTORY_EVERY_SECONDS``.
         algorithm: The `algorithms.Algorithm` a windowed worker runs (its
@@ -97,6 +99,7 @@ class TaskSpec:
     progress_address: Optional[tuple] = None
     communication_window: Optional[int] = None
     overlap_communication: bool = False
+    compression: Optional[str] = None
     history_every_seconds: Optional[float] = None
     algorithm: Any = None
     optimizer_state: Any = dataclasses.field(default=None, repr=False)

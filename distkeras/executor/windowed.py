@@ -105,7 +105,10 @@ class WindowedWorker(NetworkWorker):
         pulled = self.center_variable
         update = self.window_update(weights, pulled)
         sends_pulled = algorithm is not None and algorithm.sends_pulled
-        self.commit(update, **({"center": pulled} if sends_pulled else {}))
+        sent = self.commit(update, **({"center": pulled} if sends_pulled else {}))
+        # What the server applies: what compression kept of the update, or the update
+        # itself (a subclass's own commit() may return nothing).
+        update = update if sent is None else sent
         if not pull_first:
             if self.pull_unless_own():
                 # Only this commit moved the center: the server's own addition, done here.
@@ -116,6 +119,14 @@ class WindowedWorker(NetworkWorker):
         else:
             self.model.set_weights(algorithm.continue_from(weights, update,
                                                            self.center_variable))
+
+    def error_feedback(self):
+        """Compressed commits carry what earlier ones left out, unless the algorithm goes
+        on from the worker's own weights (elastic averaging): what was not sent then
+        stays in them, and the worker and the center move by what was sent."""
+        algorithm = self.spec.algorithm
+        return algorithm is None or \
+            type(algorithm).continue_from is algorithms.Algorithm.continue_from
 
     def window_update(self, weights, start):
         """The commit for a window that began at ``start`` and ended at ``weights``:
@@ -152,16 +163,18 @@ class WindowedWorker(NetworkWorker):
         update = self.window_update(self.model.get_weights(), self.window_start)
         self.wait_for_exchange()  # the previous exchange's center is in center_variable
         self.apply_server_learning_rate()  # one it brought, here on the training thread
-        self.window_start = update_rules.add_update(self.center_variable, update)
+        # Encoded here, after the last exchange: its error feedback runs in order.
+        message, sent = self.commit_message(update)
+        self.window_start = update_rules.add_update(self.center_variable, sent)
         self.model.set_weights(self.window_start)
         history = self.drain_history() if self.history_due() else None
         if self._exchanger is None:
             self._exchanger = ThreadPoolExecutor(1, thread_name_prefix="distkeras-exchange")
         self._pending_exchange = self._exchanger.submit(
-            self._exchange, update, history, self.window_start)
+            self._exchange, message, sent, history, self.window_start)
 
-    def _exchange(self, update, history, center_if_only_own):
-        self.send_commit(update)
+    def _exchange(self, message, sent, history, center_if_only_own):
+        self.send_commit_message(message, sent)
         if history is not None:
             self.send_history(*history)
         if self.pull_unless_own():

@@ -16,6 +16,7 @@ from distkeras.algorithms.arguments import check_communication_window, check_int
 from distkeras.training.checks import uses_ema
 from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.trainer import Trainer
+from distkeras.transport import compression as codecs
 from distkeras.transport import parameter_servers
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,13 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             worker and writes each new center into memory it used before
             (`AlgorithmServer`'s ``reuse_buffers``): the same centers bit for bit, for less
             server CPU per commit on large models (docs/scaling.md).
+        compression: None (float32 both ways), ``"bfloat16"`` (commits and pulls in
+            bfloat16) or ``"topk"`` (each commit sends the largest 1% of each layer's
+            entries; ``"topk:0.05"`` another share; pulls float32, or the other workers'
+            top-k commits only). The center stays float32, and each worker adds what a
+            commit left out to its next one (docs/guide/compression.md). Not for
+            Experimental, whose commits carry the center they pulled, nor for a trainer
+            without an algorithm (the escape hatch).
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
             not given take their declared defaults. The built-ins' trainers take theirs
             by position too, after ``communication_window`` (`distkeras.trainers`).
@@ -136,7 +144,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
-                 overlap_communication=False, reuse_server_buffers=False, **hyperparameters):
+                 overlap_communication=False, reuse_server_buffers=False, compression=None,
+                 **hyperparameters):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -146,6 +155,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         self.worker_timeout = worker_timeout
         self.overlap_communication = overlap_communication
         self.reuse_server_buffers = reuse_server_buffers
+        self.compression = compression
         declared = {parameter.name: parameter.default for parameter in
                     (self.algorithm.hyperparameters if self.algorithm else ())}
         for name in hyperparameters:
@@ -185,6 +195,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                       overlap_communication=self.overlap_communication)
         if self.reuse_server_buffers:
             config.update(reuse_server_buffers=True)
+        if self.compression is not None:
+            config.update(compression=self.compression)
         config.update(self.hyperparameter_values())
         return config
 
@@ -209,10 +221,28 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 raise ValueError(
                     f"`reuse_server_buffers` is for rules that add commits as sent; "
                     f"{type(self).__name__}'s does not. Leave it False.")
+        compression = codecs.parse(settings.compression)
+        if compression is not None and self.algorithm is None:
+            raise ValueError(
+                f"{type(self).__name__} has no algorithm: its worker and server (the "
+                "escape hatch) exchange float32 weights. Use compression=None.")
         return settings
 
     def make_plan(self, run):
-        return self.plan(run, self.allocate_worker, self.allocate_parameter_server)
+        return self.plan(run, self.allocate_worker, self.checked_parameter_server)
+
+    def checked_parameter_server(self):
+        """`allocate_parameter_server`'s server, checked to serve the run's compression
+        (a subclass's own server reads float32 commits)."""
+        server = self.allocate_parameter_server()
+        wanted = codecs.parse(self.compression)
+        if wanted != getattr(server, "compression", None):
+            raise ValueError(
+                f"{type(self).__name__}.allocate_parameter_server() returned a "
+                f"{type(server).__name__}, which does not serve compression="
+                f"{self.compression!r}. Use compression=None, or return the algorithm's "
+                "AlgorithmServer with that compression.")
+        return server
 
     def allocate_worker(self):
         """Returns the worker that every task runs: the algorithm's, or the subclass's."""
@@ -229,7 +259,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
         return parameter_servers.AlgorithmServer(
             self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
-            algorithm=self.make_algorithm())
+            algorithm=self.make_algorithm(), compression=self.compression)
 
     def get_staleness(self):
         """Per commit, ``(worker_id, updates by others since that worker's pull)``."""

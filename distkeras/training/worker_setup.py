@@ -12,6 +12,7 @@ from distkeras.keras_io import model_state
 from distkeras.keras_io.compile_config import (compile_arguments, optimizer_as_compiled,
                                                serialize_keras_object, with_learning_rate)
 from distkeras.training.spark_jobs import register_user_module
+from distkeras.transport import compression as codecs
 
 # With validation or callbacks, workers report (and the monitor looks) this often, so that
 # the end of an epoch is seen within about this long.
@@ -134,6 +135,9 @@ def configure_parameter_server_worker(run, worker):
         spec = spec.replace(history_every_seconds=VALIDATING_REPORT_SECONDS)
     if settings.overlap_communication:
         spec = spec.replace(overlap_communication=True)
+    compression = codecs.parse(getattr(settings, "compression", None))
+    if compression is not None:
+        spec = spec.replace(compression=str(compression))
     worker.spec = spec
     if settings.overlap_communication:
         checker = getattr(worker, "check_overlap", None)

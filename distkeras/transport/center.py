@@ -14,12 +14,14 @@ it itself (``C_pull + update``, the same float32 additions), which saves sending
 weights back. That is every exchange of a lone worker.
 """
 
+import collections
 import contextlib
 import threading
 
 import numpy as np
 
 from distkeras.errors import DistkerasError
+from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.networking import send_data, weights_array
 from distkeras.keras_io.archives import deserialize_model, serialize_model
@@ -97,6 +99,12 @@ class CenterExchange(CenterVariable):
         self.optimizer_learning_rate = None
         self.refused = 0
         self.refused_by_worker = {}  # worker id: commits refused (NaN, ...)
+        # The run's `compression.Compression` (set by the server), the top-k commits of a
+        # rule that adds them as sent (`log_sparse`), and the last bfloat16 pull.
+        self.compression = None
+        self.sparse_log = None
+        self._log_bytes = 0
+        self._bfloat16_pull = (None, None)
 
     def prepare_connection(self, conn):
         """Sets a new connection's counts: the update it last pulled, and its commits
@@ -104,6 +112,7 @@ class CenterExchange(CenterVariable):
         conn.last_pull_update = 0
         conn.own_updates = conn.own_commits = 0
         conn.counted = False
+        conn.pulled = False
 
     def next_update(self, conn):
         """Counts one applied commit and records its staleness. Call under ``self.mutex``.
@@ -135,16 +144,93 @@ class CenterExchange(CenterVariable):
             raise RefusedUpdate("it holds NaN or infinite values")
         return update
 
+    def compress(self, compression, adds_commits_as_sent):
+        """Serves the pulls of a run with ``compression`` (a `compression.Compression`
+        or None); a top-k run whose rule adds commits as sent logs them (`log_sparse`)."""
+        self.compression = compression
+        if compression is None:
+            return
+        self.topk_counts = codecs.topk_counts(compression, self.weight_spec)
+        self.starts = codecs.offsets(self.weight_spec)
+        if compression.kind == codecs.TOPK and adds_commits_as_sent:
+            self.sparse_log = collections.deque()
+
     def handle_pull(self, conn, addr):
-        """Sends the center variable and the update count read under one lock."""
+        """Sends the center variable and the update count read under one lock.
+
+        With compression, the center travels as the run's compression says: bfloat16, or
+        (top-k, a rule that adds commits as sent) only the other workers' top-k commits
+        since this connection's last pull when those are fewer bytes (`sparse_since`).
+        """
         with self.mutex:
-            # Handlers replace the center variable, never modify it in place, so this
-            # reference stays a consistent snapshot after the lock is released.
+            # Handlers replace the center variable, or change it in place only where
+            # nothing else holds it (top-k), so this reference stays a consistent
+            # snapshot after the lock is released.
             center = self.center_variable
             num_updates = self.num_updates
+            sparse = self.sparse_since(conn, num_updates)
+            own = conn.own_updates
             conn.last_pull_update = num_updates
             conn.own_updates = conn.own_commits = 0
+            conn.pulled = True
+        if sparse is not None:
+            send_data(conn, self._pull_reply(num_updates=num_updates, indices=sparse[0],
+                                             values=sparse[1], own=own))
+            return
+        # Rebound, not kept: a bfloat16 pull leaves the float32 center free while it
+        # sends, for the next commit to write into (`AlgorithmServer._add_into_spare`).
+        center = self._wire_center(center, num_updates)
         send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
+
+    def _wire_center(self, center, num_updates):
+        """``center`` as a pull sends it: bfloat16 (`compression.truncated_bfloat16`)
+        when the run's compression is, made once per update count."""
+        if self.compression is None or self.compression.kind != codecs.BFLOAT16:
+            return center
+        with self.mutex:
+            made_at, made = self._bfloat16_pull
+        if made_at != num_updates:
+            made = codecs.truncated_bfloat16(center)
+            with self.mutex:
+                self._bfloat16_pull = (num_updates, made)
+        return made
+
+    def log_sparse(self, conn, indices, values):
+        """Keeps an applied top-k commit for the pulls of other workers; call under
+        ``mutex`` before `next_update` counts it. The log keeps the latest commits up to
+        the model's float32 bytes: a sparse reply is never larger than a full pull."""
+        if self.sparse_log is None:
+            return
+        entry = (self.num_updates, conn, indices.copy(), values.copy())
+        self.sparse_log.append(entry)
+        self._log_bytes += indices.nbytes + values.nbytes
+        while self._log_bytes > self._sparse_limit():
+            _, _, old_indices, old_values = self.sparse_log.popleft()
+            self._log_bytes -= old_indices.nbytes + old_values.nbytes
+
+    def _sparse_limit(self):
+        return sum(weight.nbytes for weight in self.center_variable)
+
+    def sparse_since(self, conn, num_updates):
+        """``(indices, values)`` of the other workers' top-k commits applied since
+        ``conn``'s last pull, or None when a full pull must answer (its first pull, a
+        refused commit of its own, commits no longer logged). Call under ``mutex``."""
+        log = self.sparse_log
+        if log is None or not conn.pulled or conn.own_updates != conn.own_commits:
+            return None
+        since = conn.last_pull_update
+        if since < num_updates and (not log or log[0][0] > since):
+            return None
+        indices, values = [], []
+        for number, owner, entry_indices, entry_values in reversed(log):
+            if number < since:
+                break
+            if owner is not conn:
+                indices.append(entry_indices)
+                values.append(entry_values)
+        if not indices:
+            return np.zeros(0, np.uint32), np.zeros(0, np.float32)
+        return np.concatenate(indices[::-1]), np.concatenate(values[::-1])
 
     def _pull_reply(self, **fields):
         """A pull's reply: ``fields``, and the workers' learning rate once the driver set
@@ -172,6 +258,7 @@ class CenterExchange(CenterVariable):
             only_own = (num_updates - conn.last_pull_update == conn.own_updates
                         and conn.own_updates == conn.own_commits)
             if only_own:
+                conn.pulled = True
                 conn.last_pull_update = num_updates
                 conn.own_updates = conn.own_commits = 0
         if only_own:

@@ -24,6 +24,7 @@ import numpy as np
 from distkeras import algorithms
 from distkeras.algorithms import ServerContext
 from distkeras.algorithms import update_rules
+from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
                                         refusing_nonfinite)
@@ -280,9 +281,12 @@ class AlgorithmServer(SocketParameterServer):
             memory). The centers are the same, bit for bit: only where the bytes live
             changes.
         algorithm: The `Algorithm`; None: the class's ``algorithm_class()``.
+        compression: None, ``"bfloat16"`` or ``"topk"`` (``"topk:F"``): what the workers'
+            commits and the pulls carry (`compression.parse`); the center stays float32.
 
     Raises:
-        ValueError: If ``reuse_buffers`` is not a bool.
+        ValueError: If ``reuse_buffers`` is not a bool, ``compression`` is not one of
+            those, or cannot serve this model, rule or class (`compression.check_server`).
 
     Notes:
         ``reuse_buffers``: for a large model, most of the server's CPU per commit and pull
@@ -296,7 +300,7 @@ class AlgorithmServer(SocketParameterServer):
     commit_field = "delta"
 
     def __init__(self, model, master_port=0, host="127.0.0.1", handshake_timeout=30.0,
-                 reuse_buffers=False, algorithm=None):
+                 reuse_buffers=False, algorithm=None, compression=None):
         super().__init__(model, master_port, host, handshake_timeout)
         if not isinstance(reuse_buffers, bool):
             raise ValueError("`reuse_buffers` must be True or False. Received: "
@@ -307,11 +311,22 @@ class AlgorithmServer(SocketParameterServer):
         # Non-trainable weights (BatchNormalization's statistics): see `update_rules`.
         self.trainable = update_rules.trainable_flags(model)
         self.algorithm_state = {}  # the algorithm's own (`ServerContext.state`)
+        self.compression = codecs.parse(compression)
+        # A subclass's own handle_commit (the escape hatch) reads float32 commits.
+        codecs.check_server(self.compression, self.algorithm, self.center.weight_spec,
+                            type(self).handle_commit is not AlgorithmServer.handle_commit,
+                            type(self).__name__)
+        self.field_specs = codecs.field_specs(self.compression, self.center.weight_spec)
+        self.center.compress(self.compression, self.algorithm.adds_commits_as_sent)
 
     def handle_commit(self, conn, addr):
         """Receives one commit, checks it and applies it with the algorithm."""
         algorithm, center = self.algorithm, self.center
-        if algorithm.adds_commits_as_sent:
+        if self.compression is not None:
+            data, update = self._compressed_commit(conn)
+            if update is None:  # added as sent
+                return
+        elif algorithm.adds_commits_as_sent:
             data = recv_data(conn, reuse_body=self.reuse_buffers)
             field = self.commit_field
             update = center.model_update(data[field] if field in data else data.get("delta"))
@@ -320,8 +335,9 @@ class AlgorithmServer(SocketParameterServer):
                                 else update_rules.add_update, update)
                 center.next_update(conn)
             return
-        data = recv_data(conn)
-        update = center.model_update(data.get(self.commit_field))
+        else:
+            data = recv_data(conn)
+            update = center.model_update(data.get(self.commit_field))
         pulled = center.model_update(data.get("center")) if algorithm.sends_pulled else None
         last_update = data.get("last_update")
         if algorithm.uses_staleness and (isinstance(last_update, bool)
@@ -341,6 +357,50 @@ class AlgorithmServer(SocketParameterServer):
                 new_center = algorithm.apply(center.center_variable, update, context)
             center.center_variable = new_center
             center.next_update(conn)
+
+    def _compressed_commit(self, conn):
+        """Reads a compressed commit (`compression.read_commit`) and adds it from its
+        compressed form where the rule adds commits as sent.
+
+        Returns:
+            ``(message, None)`` once added, else ``(message, the float32 update)`` for
+            the algorithm's `apply`.
+        """
+        center, compression = self.center, self.compression
+        # Applied (copied out) before this connection reads its next frame.
+        data = recv_data(conn, reuse_body=True)
+        payload = codecs.read_commit(data, compression, center.weight_spec,
+                                     center.topk_counts)
+        topk = compression.kind == codecs.TOPK
+        finite = (np.isfinite(payload[1]).all() if topk
+                  else codecs.bfloat16_finite(payload))
+        if not finite and not center.allow_nonfinite:
+            raise RefusedUpdate("it holds NaN or infinite values")
+        if not self.algorithm.adds_commits_as_sent:
+            return data, codecs.dense(compression, payload, center.weight_spec)
+        with center.mutex:
+            if topk:
+                self._add_sparse(*payload)
+                center.log_sparse(conn, *payload)
+            else:
+                # numpy casts the bfloat16 operand in small buffers: no float32 copy.
+                self.apply_rule(self._add_into_spare, payload)
+            center.next_update(conn)
+        return data, None
+
+    def _add_sparse(self, indices, values):
+        """Adds a top-k commit to the center in place, or to a copy where anything else
+        holds it (a pull sending it); call under ``mutex``. An overflow raises
+        `RefusedUpdate` and leaves the center unchanged."""
+        center = self.center
+        unheld = weights_array([np.empty(0)])
+        holders = [unheld]  # held as the center is, by an attribute and a local name
+        weights = center.center_variable
+        if not _unshared(weights, holders[0]):
+            weights = weights_array(layer.copy() for layer in weights)
+        with refusing_nonfinite(center.allow_nonfinite):
+            codecs.add_sparse(weights, indices, values, center.starts)
+        center.center_variable = weights
 
     def _add_into_spare(self, center, update):
         """``center + update`` written into the spare center; call under ``self.mutex``.

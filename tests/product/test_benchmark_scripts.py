@@ -1,9 +1,12 @@
 """The benchmark scripts' own logic, without running a benchmark (they are run by hand)."""
 
+import argparse
 import importlib.util
 import os
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
@@ -108,3 +111,12 @@ def test_parquet_feed_compares_each_path_with_sparks_and_the_feed_net_of_an_empt
     assert rows["feed direct"][4] == "2.00 |" and rows["feed none"][3:] == ["-", "- |"]
     assert rows["predict mlp direct"][4] == "2.00 |"  # nothing taken off outside the feed
     assert rows["predict mlp driver"][4] == "4.00 |" and rows["predict mlp spark"][4] == "- |"
+
+
+def test_zoo_runs_name_a_window_and_a_compression():
+    zoo = load_script("zoo")
+    for name in ("adag", "adag/4", "adag+bfloat16", "adag/4+topk", "downpour+topk:0.05"):
+        assert zoo.run_name(name) == name
+    for name in ("adag+int8", "adag/x", "nope+topk"):
+        with pytest.raises(argparse.ArgumentTypeError, match="adag\\+topk"):
+            zoo.run_name(name)

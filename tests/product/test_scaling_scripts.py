@@ -23,11 +23,34 @@ def test_ps_capacity_serves_every_commit_of_its_simulated_workers(tmp_path):
     for result in results:
         # The 4 Dense(w -> w) layers of the simulated model hold about --params.
         assert 1500 < result["params"] < 2500
-        assert result["bytes_per_pair"] == 8 * result["params"]
         assert result["server_cpu_s"] > 0 and result["cpu_ms_per_pair"] > 0
     # A lone worker's pulls carry no weights: only its own commits moved the center.
     assert results[0]["pulls_with_weights"] == 0
-    assert "| 2 | adag | flat out | 6 |" in run.stdout
+    # Measured on the sockets: the commit's 4 bytes per parameter and the frames' headers
+    # (a lone worker's pulls carry none); the pulls' 4 more with 2 workers.
+    assert 4 * results[0]["params"] < results[0]["bytes_per_pair"] < 4.5 * results[0]["params"]
+    assert 4 * results[1]["params"] < results[1]["bytes_per_pair"] < 8.5 * results[1]["params"]
+    assert "| 2 | adag | none | flat out | 6 |" in run.stdout
+
+
+def test_ps_capacity_measures_each_compression_side_by_side(tmp_path):
+    output = tmp_path / "capacity.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"), "--params", "20000",
+         "--workers", "2", "--commits", "3", "--compression", "none", "bfloat16", "topk",
+         "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    none, bfloat16, topk = json.loads(output.read_text())
+    assert [none["compression"], bfloat16["compression"], topk["compression"]] == \
+        ["none", "bfloat16", "topk:0.01"]
+    assert all(result["params"] == none["params"] for result in (bfloat16, topk))
+    # The weights' bytes, 4 or 2 per entry, in each commit and each pull that carries them,
+    # plus the frames' headers; top-k's commits are 1% of the entries at 8 bytes each.
+    for result, size in ((none, 4), (bfloat16, 2)):
+        weights = size * result["params"] * (1 + result["pulls_with_weights"])
+        assert weights < result["bytes_per_pair"] < weights + 2000
+    assert topk["bytes_per_pair"] < 4 * none["params"] * (topk["pulls_with_weights"] + 0.1)
+    assert "x first" in run.stdout
 
 
 def test_ps_capacity_model_width_matches_the_parameter_count():
