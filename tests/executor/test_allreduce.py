@@ -1,0 +1,101 @@
+"""AllReduceTrainer's worker without Spark: two child processes on 127.0.0.1 join one JAX
+distributed job; their replicas match each other and one process taking the global
+batch."""
+
+import os
+import threading
+
+import keras
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from distkeras.executor.allreduce import (PARTITION_FILE, AllReduceWorker, ChildJob,
+                                          free_port, write_partition)
+from distkeras.keras_io.archives import serialize_model
+from distkeras.keras_io.model_state import seed_states, seed_worker_generators
+from worker_support import arrays
+
+BATCH = 8  # per worker
+ROWS = 64  # per worker
+
+
+def bn_model():
+    """Dense -> BatchNormalization -> Dropout -> softmax, seeded."""
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="relu"),
+                             keras.layers.BatchNormalization(), keras.layers.Dropout(0.3),
+                             keras.layers.Dense(3, activation="softmax")])
+
+
+def batches_of(x, y):
+    yield pa.RecordBatch.from_arrays(
+        [pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1]),
+         pa.FixedSizeListArray.from_arrays(pa.array(y.ravel()), y.shape[1])],
+        names=["features", "label"])
+
+
+def make_worker(model_bytes, states, timeout=60):
+    worker = AllReduceWorker(model_bytes, collective_timeout=timeout, optimizer="adam",
+                             loss="categorical_crossentropy", metrics=["accuracy"],
+                             features_col="features", label_col="label",
+                             batch_size=BATCH, num_epoch=1)
+    worker.spec = worker.spec.replace(backend="jax", return_optimizer_state=True,
+                                      seed_states=states)
+    return worker
+
+
+def run_two(tmp_path, model, parts, epochs=1, rows=None, timeout=60):
+    """Runs one child per ``(x, y)`` of ``parts`` together; returns the replies (or the
+    errors) by worker."""
+    port = free_port("127.0.0.1")
+    model_bytes, states = serialize_model(model), seed_states(model)
+    replies = [None] * len(parts)
+
+    def one(index):
+        directory = tmp_path / f"w{index}"
+        directory.mkdir()
+        count = write_partition(batches_of(*parts[index]), str(directory / PARTITION_FILE))
+        job = ChildJob(f"127.0.0.1:{port}", len(parts), index,
+                       rows or min(len(x) for x, _ in parts), epochs, timeout=timeout)
+        assert count == len(parts[index][0])
+        try:
+            replies[index] = make_worker(model_bytes, states, timeout).train_in_child(
+                str(directory), job, [(3,)])
+        except Exception as error:  # the test reads it
+            replies[index] = error
+
+    threads = [threading.Thread(target=one, args=(index,)) for index in range(len(parts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    return replies
+
+
+def test_replicas_match_each_other_and_one_process_on_the_global_batch(tmp_path):
+    x, y = arrays(2 * ROWS, seed=5)
+    model = bn_model()
+    # Worker i's step s takes rows [s*BATCH, (s+1)*BATCH) of its own partition.
+    parts = [(x[:ROWS], y[:ROWS]), (x[ROWS:], y[ROWS:])]
+    replies = run_two(tmp_path, model, parts, epochs=2)
+    for reply in replies:
+        assert isinstance(reply, dict), reply
+    first, second = ([np.asarray(w) for w in reply["weights"]] for reply in replies)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)  # identical, bit for bit
+
+    # One process: the same steps, each on the two workers' minibatches together.
+    keras.utils.set_random_seed(3)
+    alone = keras.models.clone_model(model)
+    alone.set_weights(model.get_weights())
+    alone.compile("adam", "categorical_crossentropy", metrics=["accuracy"])
+    seed_worker_generators(alone, seed_states(model), 0, 0)  # as worker 0's
+    for _ in range(2):
+        for step in range(ROWS // BATCH):
+            rows = slice(step * BATCH, (step + 1) * BATCH)
+            alone.train_on_batch(np.concatenate([parts[0][0][rows], parts[1][0][rows]]),
+                                 np.concatenate([parts[0][1][rows], parts[1][1][rows]]))
+    for a, b in zip(first, alone.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert replies[0]["samples"] == 2 * ROWS  # both epochs of its rows
