@@ -228,7 +228,9 @@ class AllReduceWorker(SequentialWorker):
                 raise pickle.load(handle)  # our child's error, from a local file
         if status != 0:
             with open(os.path.join(directory, STDERR_FILE), "rb") as handle:
-                tail = handle.read()[-2000:].decode("utf-8", "replace").strip()
+                text = handle.read().decode("utf-8", "replace")
+            # JAX's fatal errors end with a native stack trace that says nothing more.
+            tail = text.split("*** Check failure stack trace", 1)[0][-2000:].strip()
             raise RuntimeError(f"The all-reduce process of worker {job.process_id} exited "
                                f"with status {status} (a worker lost, or killed): {tail}")
         with open(os.path.join(directory, REPLY_FILE), "rb") as handle:
@@ -238,9 +240,10 @@ class AllReduceWorker(SequentialWorker):
 
     # -- in the child ------------------------------------------------------------------
 
-    def run_child(self, path, job, label_shapes):
+    def run_child(self, path, job, label_shapes, started=None):
         """Trains on the Arrow file at ``path`` as ``job`` says (``jax.distributed`` is
-        up); returns the reply."""
+        up); returns the reply, with the seconds the child took to start (``started``:
+        when it did) and to train."""
         import jax
         import keras
 
@@ -250,7 +253,16 @@ class AllReduceWorker(SequentialWorker):
         keras.utils.set_random_seed(job.num_processes)
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=jax.devices()))
-        return SequentialWorker.run(self, job.process_id, epochs_of(path, job), label_shapes)
+        self._started = time.time() if started is None else started
+        message = SequentialWorker.run(self, job.process_id, epochs_of(path, job),
+                                       label_shapes)
+        message["start_seconds"] = self._ready - self._started
+        message["train_seconds"] = time.time() - self._ready
+        return message
+
+    def setup(self):
+        self._ready = time.time()  # the model built, its first step (and compile) next
+        super().setup()
 
     def prepare_model(self):
         # Every replica draws the same random numbers (dropout's masks, of the global
@@ -274,6 +286,7 @@ def _exit_when_parent_leaves():
 def child_main(directory):
     """The child process: joins the distributed job, trains, writes its reply (or its
     error) to ``directory``; returns the exit status."""
+    started = time.time()
     _exit_when_parent_leaves()
     with open(os.path.join(directory, JOB_FILE)) as handle:
         job = ChildJob(**json.load(handle))
@@ -289,7 +302,7 @@ def child_main(directory):
         with open(os.path.join(directory, WORKER_FILE), "rb") as handle:
             worker, label_shapes = pickle.load(handle)  # our parent's, from a local file
         message = worker.run_child(os.path.join(directory, PARTITION_FILE), job,
-                                   label_shapes)
+                                   label_shapes, started)
         with open(os.path.join(directory, REPLY_FILE), "wb") as handle:
             handle.write(networking.encode_message(message))
         jax.distributed.shutdown()  # waits for the others: the coordinator is task 0's

@@ -137,9 +137,10 @@ class AllReducePlan(Plan):
                     f"AllReduceTrainer: worker {message['worker_id']} ended with weights "
                     "other than worker 0's; the all-reduce did not keep the replicas "
                     "together.")
-        logger.info("%s: the workers' processes ran %s seconds (start included).",
-                    run.label, ", ".join(f"{message.get('child_seconds', 0):.1f}"
-                                         for message in messages))
+        logger.info("%s: the workers' processes took %s seconds to start and %s to train "
+                    "(first step's compile included).", run.label,
+                    ", ".join(f"{message.get('start_seconds', 0):.1f}" for message in messages),
+                    ", ".join(f"{message.get('train_seconds', 0):.1f}" for message in messages))
         if first.get("optimizer_state") is not None:
             run.optimizer_state = list(first["optimizer_state"])
         return first

@@ -99,3 +99,49 @@ def test_replicas_match_each_other_and_one_process_on_the_global_batch(tmp_path)
     for a, b in zip(first, alone.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert replies[0]["samples"] == 2 * ROWS  # both epochs of its rows
+
+
+def _children_on(directory):
+    """The pids of the all-reduce child processes started on ``directory``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                arguments = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if b"distkeras.executor.allreduce" in arguments and \
+                str(directory).encode() in arguments:
+            found.append(int(entry))
+    return found
+
+
+def test_a_lost_worker_fails_the_others_instead_of_hanging_them(tmp_path):
+    import signal
+    import time
+
+    x, y = arrays(2 * ROWS, seed=5)
+    parts = [(x[:ROWS], y[:ROWS]), (x[ROWS:], y[ROWS:])]
+    replies = []
+
+    def kill_worker_1():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            pids = _children_on(tmp_path / "w1")
+            if pids:
+                time.sleep(2)  # starting, or training
+                os.kill(pids[0], signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_worker_1)
+    killer.start()
+    started = time.time()
+    # Many epochs: the training outlasts the kill.
+    replies = run_two(tmp_path, bn_model(), parts, epochs=2000, timeout=10)
+    killer.join()
+    assert isinstance(replies[1], RuntimeError) and "status -9" in str(replies[1])
+    assert isinstance(replies[0], Exception), replies[0]
+    assert time.time() - started < 200
