@@ -1,4 +1,5 @@
-"""A model zoo on Fashion-MNIST: plain `fit`, SingleTrainer and the parameter-server trainers.
+"""A model zoo on Fashion-MNIST: plain `fit`, SingleTrainer, AllReduceTrainer and the
+parameter-server trainers.
 
 Five kinds of model (an MLP, a CNN with BatchNormalization and Dropout, an LSTM over the 28
 image rows, a small Transformer encoder over patches, an Embedding over quantized pixels),
@@ -23,6 +24,9 @@ MODELS = ("mlp", "cnn", "lstm", "vit", "embedding")
 # Run name: (trainer class, extra arguments); "fit" is Keras's own.
 RUNS = {
     "fit": (None, {}),
+    # `fit` at 2 workers' global batch: what AllReduceTrainer's steps take.
+    "fit2x": (None, {"batch_scale": 2}),
+    "allreduce": ("AllReduceTrainer", {"num_workers": 2}),
     "single": ("SingleTrainer", {}),
     "adag": ("ADAG", {"num_workers": 2}),
     "downpour": ("DOWNPOUR", {"num_workers": 2}),
@@ -151,7 +155,8 @@ def run(name, kind, train, data, epochs, batch_size):
     clock = EpochClock(start)
     if trainer_name is None:
         model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
-        model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, verbose=0,
+        model.fit(x_train, y_train, batch_size=batch_size * extra.get("batch_scale", 1),
+                  epochs=epochs, verbose=0,
                   validation_data=(x_val, y_val), callbacks=[clock])
         trained, first_step = model, clock.first_step
         # From the first epoch's end to the last's (the first holds the compiles).
