@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+
 from distkeras.errors import InvalidDataError
 from distkeras.executor.epochs import EPOCH_END
 from distkeras.executor.failures import one_line
@@ -114,8 +116,7 @@ def epochs_of(path, job):
     """The record batches of ``job.num_epoch`` passes over the first ``job.rows`` rows of
     the Arrow file at ``path`` (each later pass reordered with ``job.shuffle``), with an
     `EPOCH_END` between two passes."""
-    import numpy as np
-    import pyarrow as pa  # in the child, as the feed
+    import pyarrow as pa  # in the child, as the feed: the driver's modules load without it
 
     generator = np.random.default_rng(
         None if job.seed is None else [job.seed, job.process_id])
@@ -244,6 +245,8 @@ class AllReduceWorker(SequentialWorker):
         """Trains on the Arrow file at ``path`` as ``job`` says (``jax.distributed`` is
         up); returns the reply, with the seconds the child took to start (``started``:
         when it did) and to train."""
+        # In the child, once `child_main` initialized jax.distributed (before any JAX
+        # computation, as it must be).
         import jax
         import keras
 

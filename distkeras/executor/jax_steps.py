@@ -123,7 +123,7 @@ class JaxTrainStep:
     """
 
     def __init__(self, model):
-        import keras
+        import keras  # as in `supported`: Keras is loaded by then, its backend chosen
 
         self.model = model
         # Under a data-parallel distribution (AllReduceTrainer's workers) each step's

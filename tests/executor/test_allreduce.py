@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from distkeras.executor.allreduce import (PARTITION_FILE, AllReduceWorker, ChildJob,
-                                          free_port, write_partition)
+                                          epochs_of, free_port, write_partition)
+from distkeras.executor.epochs import EPOCH_END
 from distkeras.keras_io.archives import serialize_model
 from distkeras.keras_io.model_state import seed_states, seed_worker_generators
 from worker_support import arrays
@@ -71,6 +72,36 @@ def run_two(tmp_path, model, parts, epochs=1, rows=None, timeout=60):
     for thread in threads:
         thread.join(timeout=240)
     return replies
+
+
+def test_a_worker_takes_the_smallest_partitions_rows_each_epoch(tmp_path):
+    x, y = arrays(300, seed=1)
+    path = str(tmp_path / PARTITION_FILE)
+
+    def record_batches():
+        for start in range(0, 300, 128):  # 128, 128, 44 rows
+            yield from batches_of(x[start:start + 128], y[start:start + 128])
+
+    assert write_partition(record_batches(), path) == 300
+    for shuffle in (False, True):
+        job = ChildJob("127.0.0.1:1", 2, 1, rows=150, num_epoch=3, shuffle=shuffle, seed=4)
+        epochs, current = [], []
+        for batch in epochs_of(path, job):
+            if batch is EPOCH_END:
+                epochs.append(current)
+                current = []
+            else:
+                current.append(batch)
+        epochs.append(current)
+        assert len(epochs) == 3
+        rows = [np.concatenate([b.column("features").flatten().to_numpy().reshape(-1, 6)
+                                for b in epoch]) for epoch in epochs]
+        # The first 150 rows, every epoch (reordered from the second when shuffled).
+        np.testing.assert_array_equal(rows[0], x[:150])
+        for later in rows[1:]:
+            assert len(later) == 150
+            np.testing.assert_array_equal(np.sort(later, axis=0), np.sort(x[:150], axis=0))
+            assert shuffle != np.array_equal(later, x[:150])
 
 
 def test_replicas_match_each_other_and_one_process_on_the_global_batch(tmp_path):
