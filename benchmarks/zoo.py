@@ -137,6 +137,19 @@ def steps_rate(records):
     return rate(Records())
 
 
+def steps_rate_by_epoch(records):
+    """`steps_rate` of each epoch's records apart, summed: for a trainer that runs an epoch
+    per Spark job (AllReduceTrainer with validation), whose jobs' starts would count."""
+    samples = seconds = 0.0
+    for epoch in sorted({record["epoch"] for record in records}):
+        of_epoch = [record for record in records if record["epoch"] == epoch]
+        rate = steps_rate(of_epoch)
+        if rate:
+            count = sum(record["batch_size"] for record in of_epoch)
+            samples, seconds = samples + count, seconds + count / rate
+    return samples / seconds if seconds else None
+
+
 def run(name, kind, train, data, epochs, batch_size):
     """Trains the model ``kind`` with the run ``name``; returns its measurements."""
     import keras
@@ -175,7 +188,8 @@ def run(name, kind, train, data, epochs, batch_size):
                                 callbacks=[clock])
         records = trainer.get_history()
         first_step = min(record["timestamp"] for record in records) - wall_start
-        rate = steps_rate(records)
+        rate = steps_rate_by_epoch(records) if trainer_name == "AllReduceTrainer" \
+            else steps_rate(records)
     seconds = time.perf_counter() - start
     return {"run": name, "seconds": seconds, "first_step": first_step, "rate": rate,
             "accuracy": test_accuracy(trained, x_test, labels), "points": clock.points}
