@@ -37,6 +37,7 @@ from distkeras.errors import InvalidDataError
 from distkeras.executor.epochs import EPOCH_END
 from distkeras.executor.failures import one_line
 from distkeras.executor.sequential import SequentialWorker
+from distkeras.keras_io.archives import tensorflow_only_once_imported
 from distkeras.transport import networking
 
 logger = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ class AllReduceWorker(SequentialWorker):
         # The variables a layer builds are placed as one array of all processes, which
         # JAX checks are alike: their initial draws (replaced by the model's weights
         # right after) come from one seed everywhere.
+        tensorflow_only_once_imported("keras.src.utils.rng_utils")  # not TF for a seed
         keras.utils.set_random_seed(job.num_processes)
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=jax.devices()))
