@@ -193,11 +193,9 @@ class AllReduceWorker(SequentialWorker):
                     f"AllReduceTrainer: a worker's partition has no rows (rows per "
                     f"partition: {counts}); every worker takes as many steps as the "
                     "smallest. Repartition the DataFrame evenly, or use fewer workers.")
-            if max(counts) > job.rows and context.partitionId() == 0:
-                logger.warning("AllReduceTrainer: uneven partitions (rows: %s); every "
-                               "worker trains on %d rows per epoch, the smallest's.",
-                               counts, job.rows)
-            return self.train_in_child(directory, job, label_shapes)
+            message = self.train_in_child(directory, job, label_shapes)
+            message["partition_rows"] = counts  # the driver warns of uneven ones
+            return message
 
     def train_in_child(self, directory, job, label_shapes):
         """Starts the child on ``directory`` (which holds the partition's Arrow file) as

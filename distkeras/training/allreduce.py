@@ -130,6 +130,13 @@ class AllReducePlan(Plan):
             run.history.extend(history_records(unpack_history(message)))
             run.metric_states.extend(unpack_metric_states(message, message["worker_id"]))
         first = messages[0]
+        counts = first.get("partition_rows") or []
+        if counts and max(counts) > min(counts):
+            logger.warning(
+                "%s: uneven partitions (rows: %s); every worker trains on the smallest's "
+                "%d rows per epoch, leaving %d rows out. Repartition the DataFrame evenly "
+                "(df.repartition(%d)), or pass train(df, shuffle=True).", run.label,
+                counts, min(counts), sum(counts) - len(counts) * min(counts), count)
         for message in messages[1:]:
             if not all(np.array_equal(a, b) for a, b in zip(first["weights"],
                                                              message["weights"])):

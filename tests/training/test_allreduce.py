@@ -1,6 +1,8 @@
 """AllReduceTrainer on the shared local[2] Spark session: a real barrier stage of two
 workers whose steps all-reduce; what it refuses before any Spark job."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,8 @@ def _trainer(**kwargs):
 
 def test_two_workers_learn_in_one_barrier_job(fashion_train, fashion_test):
     trainer = _trainer(num_workers=2, num_epoch=2)
-    model = trainer.train(fashion_train.limit(3000).repartition(2), verbose=0)
+    # verbose=2: the workers' steps reach the driver's progress from their child processes.
+    model = trainer.train(fashion_train.limit(3000).repartition(2), verbose=2)
     assert accuracy(model, fashion_test) > 0.7
     history = trainer.get_history()
     by_worker = {worker: [r for r in history if r["worker_id"] == worker] for worker in (0, 1)}
@@ -74,7 +77,8 @@ def test_the_trainer_is_registered_and_round_trips_its_config():
     trainer = _trainer(num_workers=2, collective_timeout=30)
     config = trainer.get_config()
     assert "parallelism_factor" not in config and config["collective_timeout"] == 30
-    again = type(trainer).from_config(config, keras_model=build_mlp(8))
+    again = type(trainer).from_config(json.loads(json.dumps(config)),
+                                      keras_model=build_mlp(8))
     assert again.get_config() == config
     with pytest.raises(ValueError, match="collective_timeout"):
         _trainer(collective_timeout=0).validate_arguments()
