@@ -1,4 +1,5 @@
-"""A model zoo on Fashion-MNIST: plain `fit`, SingleTrainer and the parameter-server trainers.
+"""A model zoo on Fashion-MNIST: plain `fit`, SingleTrainer, AllReduceTrainer and the
+parameter-server trainers.
 
 Five kinds of model (an MLP, a CNN with BatchNormalization and Dropout, an LSTM over the 28
 image rows, a small Transformer encoder over patches, an Embedding over quantized pixels),
@@ -26,6 +27,9 @@ MODELS = ("mlp", "cnn", "lstm", "vit", "embedding")
 # Run name: (trainer class, extra arguments); "fit" is Keras's own.
 RUNS = {
     "fit": (None, {}),
+    # `fit` at 2 workers' global batch: what AllReduceTrainer's steps take.
+    "fit2x": (None, {"batch_scale": 2}),
+    "allreduce": ("AllReduceTrainer", {"num_workers": 2}),
     "single": ("SingleTrainer", {}),
     "adag": ("ADAG", {"num_workers": 2}),
     "downpour": ("DOWNPOUR", {"num_workers": 2}),
@@ -136,6 +140,19 @@ def steps_rate(records):
     return rate(Records())
 
 
+def steps_rate_by_epoch(records):
+    """`steps_rate` of each epoch's records apart, summed: for a trainer that runs an epoch
+    per Spark job (AllReduceTrainer with validation), whose jobs' starts would count."""
+    samples = seconds = 0.0
+    for epoch in sorted({record["epoch"] for record in records}):
+        of_epoch = [record for record in records if record["epoch"] == epoch]
+        rate = steps_rate(of_epoch)
+        if rate:
+            count = sum(record["batch_size"] for record in of_epoch)
+            samples, seconds = samples + count, seconds + count / rate
+    return samples / seconds if seconds else None
+
+
 def run(name, kind, train, data, epochs, batch_size):
     """Trains the model ``kind`` with the run ``name``; returns its measurements."""
     import keras
@@ -157,7 +174,8 @@ def run(name, kind, train, data, epochs, batch_size):
     clock = EpochClock(start)
     if trainer_name is None:
         model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
-        model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, verbose=0,
+        model.fit(x_train, y_train, batch_size=batch_size * extra.get("batch_scale", 1),
+                  epochs=epochs, verbose=0,
                   validation_data=(x_val, y_val), callbacks=[clock])
         trained, first_step = model, clock.first_step
         # From the first epoch's end to the last's (the first holds the compiles).
@@ -176,7 +194,8 @@ def run(name, kind, train, data, epochs, batch_size):
                                 callbacks=[clock])
         records = trainer.get_history()
         first_step = min(record["timestamp"] for record in records) - wall_start
-        rate = steps_rate(records)
+        rate = steps_rate_by_epoch(records) if trainer_name == "AllReduceTrainer" \
+            else steps_rate(records)
     seconds = time.perf_counter() - start
     return {"run": name, "seconds": seconds, "first_step": first_step, "rate": rate,
             "accuracy": test_accuracy(trained, x_test, labels), "points": clock.points}

@@ -23,7 +23,8 @@ _EXPORTS = {
     "Hyperparameter": "distkeras.algorithms",
     "ModelPredictor": "distkeras.predictors",
     **{name: "distkeras.trainers" for name in (
-        "Trainer", "trainer_for", "SingleTrainer", "AveragingTrainer", "EnsembleTrainer")},
+        "Trainer", "trainer_for", "SingleTrainer", "AveragingTrainer", "EnsembleTrainer",
+        "AllReduceTrainer")},
 }
 
 

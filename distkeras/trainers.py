@@ -17,6 +17,7 @@ registration (`training.algorithm_trainers`). `TrainingError`, defined in
 from distkeras.algorithms.eamsgd import carries_momentum
 from distkeras.errors import TrainingError
 from distkeras.training.algorithm_trainers import builtin_trainers
+from distkeras.training.allreduce import AllReduceTrainer
 from distkeras.training.asynchronous import (AlgorithmTrainer, AsynchronousDistributedTrainer,
                                              DistributedTrainer, trainer_for)
 from distkeras.training.sequential import AveragingTrainer, EnsembleTrainer, SingleTrainer
@@ -36,7 +37,7 @@ def __getattr__(name):
 
 
 # The names written here, then the built-in algorithms' trainers, by their registration.
-__all__ = ["AlgorithmTrainer", "AsynchronousDistributedTrainer", "AveragingTrainer",
+__all__ = ["AlgorithmTrainer", "AllReduceTrainer", "AsynchronousDistributedTrainer", "AveragingTrainer",
            "DistributedTrainer", "EnsembleTrainer", "SingleTrainer", "Trainer", "TrainingError",
            "carries_momentum", "trainer_for"]
 __all__ += list(builtin_trainers())

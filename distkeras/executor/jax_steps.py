@@ -123,9 +123,15 @@ class JaxTrainStep:
     """
 
     def __init__(self, model):
+        import keras  # as in `supported`: Keras is loaded by then, its backend chosen
+
         self.model = model
-        self.call_length = CallLength(
-            True if (getattr(model, "steps_per_execution", 1) or 1) > 1 else None)
+        # Under a data-parallel distribution (AllReduceTrainer's workers) each step's
+        # batch is this process's part of a global batch, and a step runs alone (a
+        # window's stacked batches are not laid out for it).
+        self.distributed = keras.distribution.distribution() is not None
+        self.call_length = CallLength(False if self.distributed else (
+            True if (getattr(model, "steps_per_execution", 1) or 1) > 1 else None))
         self.state = None  # (trainable, non_trainable, optimizer) JAX arrays, or None
         self._step = None
         self._window = None
@@ -137,12 +143,15 @@ class JaxTrainStep:
 
     @staticmethod
     def supported(model):
-        """Whether the fast path applies (JAX backend, jit-compiled, single device)."""
+        """Whether the fast path applies (JAX backend, jit-compiled, on one device or
+        under Keras's ``DataParallel`` distribution)."""
         import keras
 
+        distribution = keras.distribution.distribution()
         return (keras.backend.backend() == "jax" and not model.run_eagerly
                 and getattr(model, "jit_compile", True)
-                and keras.distribution.distribution() is None)
+                and (distribution is None
+                     or type(distribution) is keras.distribution.DataParallel))
 
     def _build(self, data):
         model = self.model
@@ -193,6 +202,8 @@ class JaxTrainStep:
         data = fit_data(x, y, sample_weight)
         if self._step is None:
             self._build(data)
+        if self.distributed:
+            data = distribute_data(data)
         if self.state is None:
             self._load_state()
         self.call_length.before_step()
@@ -265,6 +276,15 @@ class JaxTrainStep:
             for variable, value in zip(variables, values):
                 variable.assign(value)
         self.state = None  # the variables hold the truth now; re-read them at the next step
+
+
+def distribute_data(data):
+    """``data`` (this process's part of a global batch) as global JAX arrays, laid out
+    by the Keras distribution in effect, as Keras's own `fit` lays out its batches."""
+    # Keras's JAX trainer's own helper: the layout is the distribution's business.
+    from keras.src.backend.jax.trainer import _distribute_data
+
+    return _distribute_data(data)
 
 
 def _summed_metric_positions(model):

@@ -1,6 +1,7 @@
 """Trainer classes by name: the built-ins and plug-ins installed on this machine.
 
-The built-ins are the three sequential trainers and one trainer per registered algorithm
+The built-ins are the trainers without an algorithm (the three sequential trainers and
+AllReduceTrainer) and one trainer per registered algorithm
 (`algorithms.register`, `algorithm_trainers`). A package can add its own trainer (for
 example a researcher's new optimizer installed on the cluster) with an entry point in the
 group ``distkeras.trainers``::
@@ -21,6 +22,7 @@ from importlib import metadata
 
 from distkeras import algorithms
 from distkeras.training.algorithm_trainers import builtin_trainers
+from distkeras.training.allreduce import AllReduceTrainer
 from distkeras.training.asynchronous import trainer_for
 from distkeras.training.sequential import AveragingTrainer, EnsembleTrainer, SingleTrainer
 from distkeras.training.trainer import Trainer
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "distkeras.trainers"
 _SEQUENTIAL = {cls.__name__: cls for cls in (SingleTrainer, AveragingTrainer,
-                                              EnsembleTrainer)}
+                                              EnsembleTrainer, AllReduceTrainer)}
 # The built-ins' names when this module was imported (`trainer_classes` reads the
 # algorithms registered since too).
 BUILTIN_TRAINERS = (*_SEQUENTIAL, *algorithms.registered())
