@@ -17,7 +17,7 @@ from distkeras.algorithms.arguments import check_int
 from distkeras.data import frame_layout
 from distkeras.data import parquet_source
 from distkeras.errors import TrainingError
-from distkeras.executor import affinity
+from distkeras.session import concurrent_task_slots
 from distkeras.executor.allreduce import AllReduceWorker
 from distkeras.executor.epochs import Replay
 from distkeras.keras_io import model_state
@@ -30,13 +30,13 @@ from distkeras.transport.history_messages import (history_records, unpack_histor
 logger = logging.getLogger(__name__)
 
 
-def check_slots(spark_context, num_workers):
+def check_slots(spark, num_workers):
     """Refuses a barrier stage of ``num_workers`` tasks that Spark cannot run at once.
 
     Raises:
         ValueError: Naming the slots needed and those the application has.
     """
-    slots = affinity.concurrent_task_slots(spark_context)
+    slots = concurrent_task_slots(spark)
     if slots is not None and slots < num_workers:
         raise ValueError(
             f"AllReduceTrainer runs its {num_workers} workers as one barrier stage, which "
@@ -67,7 +67,7 @@ class AllReducePlan(Plan):
 
     def train(self, frame, label_shapes, shuffle):
         run, settings = self.run, self.settings
-        check_slots(frame.sparkSession.sparkContext, settings.num_workers)
+        check_slots(frame.sparkSession, settings.num_workers)
         model = deserialize_model(serialize_model(settings.master_model))
         if run.validator is None:
             layout = self.barrier_layout(frame, shuffle, seed=None)
@@ -116,13 +116,13 @@ class AllReducePlan(Plan):
         worker.iteration = 1 + max((record["iteration"] for record in run.history
                                     if not record.get("superseded")), default=0)
         count = settings.num_workers
-        job_group = self.new_job_group()
-        with self.progress(layout.sparkSession, worker, samples, description, job_group,
+        job_tag = self.new_job_tag()
+        with self.progress(layout.sparkSession, worker, samples, description, job_tag,
                            count) as reported:
             # Each task replays its own epochs in its child: Spark feeds it once.
             messages = self.run_workers(
                 layout, count, worker, label_shapes,
-                f"distkeras {description} ({count} workers, all-reduce)", job_group,
+                f"distkeras {description} ({count} workers, all-reduce)", job_tag,
                 barrier=True)
         run.history.extend(reported)
         messages.sort(key=lambda message: message["worker_id"])
