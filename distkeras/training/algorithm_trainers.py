@@ -50,11 +50,13 @@ class AEASGD(AsynchronousDistributedTrainer):
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False, reuse_server_buffers=False):
+                 overlap_communication=False, reuse_server_buffers=False,
+                 parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication, reuse_server_buffers, rho=rho)
+                         worker_timeout, overlap_communication, reuse_server_buffers, rho=rho,
+                         parameter_server_location=parameter_server_location)
 
 
 class EAMSGD(AsynchronousDistributedTrainer):
@@ -66,12 +68,12 @@ class EAMSGD(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=None, master_port=0, loss_weights=None, parallelism_factor=1,
                  worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False):
+                 reuse_server_buffers=False, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, rho=rho,
-                         momentum=momentum)
+                         momentum=momentum, parameter_server_location=parameter_server_location)
 
 
 class Experimental(AsynchronousDistributedTrainer):
@@ -82,11 +84,13 @@ class Experimental(AsynchronousDistributedTrainer):
                  num_workers=2, batch_size=32, features_col="features", label_col="label",
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
                  loss_weights=None, parallelism_factor=1, worker_timeout=None,
-                 overlap_communication=False, reuse_server_buffers=False):
+                 overlap_communication=False, reuse_server_buffers=False,
+                 parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication, reuse_server_buffers)
+                         worker_timeout, overlap_communication, reuse_server_buffers,
+                         parameter_server_location=parameter_server_location)
 
 
 class DiLoCo(AsynchronousDistributedTrainer):
@@ -98,11 +102,12 @@ class DiLoCo(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, outer_learning_rate=0.5,
                  outer_momentum=0.5, master_port=0, loss_weights=None, parallelism_factor=1,
                  learning_rate=None, worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False):
+                 reuse_server_buffers=False, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers,
+                         parameter_server_location=parameter_server_location,
                          outer_learning_rate=outer_learning_rate,
                          outer_momentum=outer_momentum)
 
@@ -116,11 +121,13 @@ class FedAdam(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, server_learning_rate=0.01,
                  beta_1=0.0, beta_2=0.99, epsilon=0.01, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
-                 overlap_communication=False, reuse_server_buffers=False):
+                 overlap_communication=False, reuse_server_buffers=False,
+                 parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers,
+                         parameter_server_location=parameter_server_location,
                          server_learning_rate=server_learning_rate, beta_1=beta_1,
                          beta_2=beta_2, epsilon=epsilon)
 
