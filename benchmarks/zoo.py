@@ -9,7 +9,10 @@ accuracy, and the validation accuracy after every epoch against wall time (one p
 model in docs/zoo/).
 
     python benchmarks/zoo.py [--models mlp cnn lstm vit embedding] [--runs fit single adag ...]
-                             [--limit 12000] [--epochs 3]
+                             [--limit 12000] [--epochs 3] [--placement driver executor]
+
+``--placement`` runs each parameter-server trainer with its server on the driver, in the
+Spark job (``parameter_server_location="executor"``), or both, one after the other.
 """
 
 import argparse
@@ -133,8 +136,9 @@ def steps_rate(records):
     return rate(Records())
 
 
-def run(name, kind, train, data, epochs, batch_size):
-    """Trains the model ``kind`` with the run ``name``; returns its measurements."""
+def run(name, kind, train, data, epochs, batch_size, placement=None):
+    """Trains the model ``kind`` with the run ``name`` (a parameter-server trainer with its
+    server at ``placement``, when given); returns its measurements."""
     import keras
 
     from distkeras import trainers
@@ -164,6 +168,8 @@ def run(name, kind, train, data, epochs, batch_size):
                          batch_size=batch_size, num_epoch=epochs, features_col="features",
                          label_col="label")
         arguments.update(extra)
+        if placement is not None:
+            arguments.update(parameter_server_location=placement)
         trainer = getattr(trainers, trainer_name)(**arguments)
         wall_start = time.time()
         trained = trainer.train(train, verbose=0, validation_data=(x_val, y_val),
@@ -172,6 +178,8 @@ def run(name, kind, train, data, epochs, batch_size):
         first_step = min(record["timestamp"] for record in records) - wall_start
         rate = steps_rate(records)
     seconds = time.perf_counter() - start
+    if placement is not None:
+        name = f"{name} ({placement})"
     return {"run": name, "seconds": seconds, "first_step": first_step, "rate": rate,
             "accuracy": test_accuracy(trained, x_test, labels), "points": clock.points}
 
@@ -243,6 +251,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--validation", type=int, default=2000)
     parser.add_argument("--title", default="Model zoo")
+    parser.add_argument("--placement", nargs="+", choices=("driver", "executor"),
+                        help="Where the parameter-server trainers' server runs (several: "
+                             "each run once per placement). Default: the trainers' own.")
     args = parser.parse_args()
     import report
     from distkeras.session import local_spark_session, warm_up_executors
@@ -255,9 +266,12 @@ def main():
         frame, data = load(spark, kind, args.limit, args.validation)
         results = []
         for name in args.runs:
-            result = run(name, kind, frame, data, args.epochs, args.batch_size)
-            print(kind, result, flush=True)
-            results.append(result)
+            server = RUNS[name.split("/")[0]][0] not in (None, "SingleTrainer")
+            for placement in (args.placement or [None]) if server else [None]:
+                result = run(name, kind, frame, data, args.epochs, args.batch_size,
+                             placement)
+                print(kind, result, flush=True)
+                results.append(result)
         frame.unpersist()
         fit = next((r for r in results if r["run"] == "fit"), None)
         rows = [[r["run"], f"{r['seconds']:.1f}",

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import threading
 import time
 from urllib.parse import urlparse
@@ -28,11 +29,10 @@ from distkeras.executor import failures
 from distkeras.executor.epochs import Replay
 from distkeras.training import epoch_metrics
 from distkeras.training import worker_setup
-from distkeras.training.checkpoints import restore, save_checkpoint
+from distkeras.training.checkpoints import load_checkpoint, restore, save_checkpoint
 from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.shortfalls import warn_if_nothing_committed, warn_if_trained_short
-from distkeras.training.spark_jobs import (UNRETRYABLE, register_user_module, reply_batch,
-                                           train_partition)
+from distkeras.training.spark_jobs import reply_batch, train_partition
 from distkeras.training.validator import epoch_logs
 from distkeras.transport import history_messages
 from distkeras.transport.networking import weights_array
@@ -176,16 +176,17 @@ def train_on_executor(plan, frame, label_shapes, shuffle):
     worker_setup.configure_parameter_server_worker(run, worker)
     worker.spec = worker.spec.replace(token=token)
     make_server = plan.make_server
-    register_user_module(getattr(make_server, "__self__", None))
     options = {"num_tasks": num_tasks, "num_epoch": settings.num_epoch, "name": run.name,
                "checkpoint_dir": folder, "checkpoint_every": run.checkpoint_every,
                "resume": bool(run.resume), "worker_timeout": settings.worker_timeout,
-               "epoch_ends": run.validator is not None, "token": token}
+               "epoch_ends": run.validator is not None, "token": token,
+               # Names this run's checkpoints (not the token: a secret stays off the disk).
+               "run": secrets.token_hex(8)}
     job = hosting_job(worker, _pickled(make_server), options, label_shapes,
                       Replay(settings.num_epoch, shuffle))
     logger.info("%s: the parameter server runs in the task of partition 0; the driver "
                 "shows the run once it has ended.", run.label)
-    updates_before = 0
+    started = time.monotonic()
     try:
         messages = plan.run_workers(
             layout, num_tasks, worker, label_shapes,
@@ -201,8 +202,9 @@ def train_on_executor(plan, frame, label_shapes, shuffle):
     errors = reply.get(_PREFIX + "errors") or []
     if errors:
         raise TrainingError(f"The parameter server failed: {errors[0]}")
-    _validate_epochs(run, epoch_ends)
     updates_before = int(reply.get(_PREFIX + "updates_before", 0))
+    _report(run, server.num_updates - updates_before, time.monotonic() - started)
+    _validate_epochs(run, epoch_ends)
     warn_if_nothing_committed(run.name, server.num_updates - updates_before, server, worker,
                               run.history)
     warn_if_trained_short(run.name, worker, run.history, run.progress_total,
@@ -212,9 +214,14 @@ def train_on_executor(plan, frame, label_shapes, shuffle):
 
 def _pickled(make_server):
     """``make_server`` as bytes for the task, which loads it once Keras's backend is set
-    (a Keras model loaded first would import Keras on the wrong one)."""
+    (a Keras model loaded first would import Keras on the wrong one). A trainer class of
+    the user's own (the escape hatch) travels by value, as its worker does."""
     from pyspark import cloudpickle  # Spark's own: what it ships closures with
 
+    owner = getattr(make_server, "__self__", None)
+    module = sys.modules.get(type(owner).__module__) if owner is not None else None
+    if module is not None and module.__name__.split(".")[0] not in ("distkeras", "__main__"):
+        cloudpickle.register_pickle_by_value(module)
     return cloudpickle.dumps(make_server)
 
 
@@ -250,6 +257,22 @@ def _take_server_reply(reply, server, run):
             for epoch, count in enumerate(samples, start=1)]
 
 
+def _report(run, commits, seconds):
+    """Writes the line a driver's progress ends with (samples, commits/s, the last steps'
+    loss), where ``verbose``: the job's server could not show it while it trained."""
+    if not run.verbose:
+        return
+    records = [record for record in run.history if not record.get("superseded")]
+    samples = sum(record.get("batch_size", 0) for record in records)
+    done = f"{samples}/{run.progress_total}" if run.progress_total else f"{samples}"
+    losses = [record["loss"] for record in records[-50:] if "loss" in record]
+    loss = f", loss={sum(losses) / len(losses):.4f}" if losses else ""
+    sys.stderr.write(f"{run.label}: {done} samples, {seconds:.0f} s, "
+                     f"commits/s={commits / max(seconds, 1e-9):.1f}{loss} (the server ran "
+                     "in the job: no live progress)\n")
+    sys.stderr.flush()
+
+
 def _validate_epochs(run, epoch_ends):
     """Runs the driver's end of each epoch but the last (validation, callbacks) on the
     center the server kept as it ended, after the job: nothing can stop the training or
@@ -263,9 +286,10 @@ def _validate_epochs(run, epoch_ends):
         try:
             run.validator.evaluate(list(weights), epoch, samples, logs.pop("loss", None), logs)
             if run.validator.stop_requested:
-                logger.warning("%s: a callback asked to stop after epoch %d, read after the "
-                               "training (its server ran in the job): the model is the "
-                               "last epoch's.", run.label, epoch)
+                logger.warning("%s: a callback asked to stop after epoch %d, which it "
+                               "saw once the training had ended (the server ran in the "
+                               "job): the workers trained every epoch; the model returned "
+                               "holds that epoch's center.", run.label, epoch)
                 return
             run.validator.epoch_begin(epoch + 1)
         except Exception as cause:  # the user's callback: say where it failed
@@ -346,7 +370,7 @@ class HostedServer:
         self._done = threading.Event()
         server, folder = self.server, options["checkpoint_dir"]
         # A retried stage starts again from the center the failed one last saved.
-        if folder is not None and (options["resume"] or context.stageAttemptNumber() > 0):
+        if folder is not None and (options["resume"] or self._saved_by_this_run(folder)):
             restore(server, folder, options["name"])
         self.updates_before = server.num_updates
         host = context.getTaskInfos()[context.partitionId()].address.rsplit(":", 1)[0]
@@ -362,6 +386,12 @@ class HostedServer:
                                        name="distkeras-ps-watch")
         self._watch.start()
 
+    def _saved_by_this_run(self, folder):
+        """Whether ``folder``'s checkpoint is this run's: an earlier attempt of the stage
+        wrote it (Python's task context does not say which attempt this is)."""
+        checkpoint = load_checkpoint(folder, self.server.center.weight_spec)
+        return checkpoint is not None and checkpoint.get("run") == self.options["run"]
+
     def _worker_failed(self, worker_id, error):
         """A worker reported an error no retry gets past: keep the center reached."""
         self._checkpoint()
@@ -371,7 +401,7 @@ class HostedServer:
         if folder is None or self.server.num_updates == self.updates_before:
             return
         try:
-            save_checkpoint(folder, self.server, self.options["name"])
+            save_checkpoint(folder, self.server, self.options["name"], self.options["run"])
         except Exception as error:  # a full disk must not end the training it protects
             logger.warning("Could not write a checkpoint to %s: %s", folder, error)
 
@@ -432,7 +462,8 @@ class HostedServer:
         self.server.transport.wait_for_goodbyes(timeout=10.0)
         self._stop()
         if self.options["checkpoint_dir"] is not None:
-            save_checkpoint(self.options["checkpoint_dir"], self.server, self.options["name"])
+            save_checkpoint(self.options["checkpoint_dir"], self.server, self.options["name"],
+                            self.options["run"])
         return self._reply()
 
     def _reply(self):

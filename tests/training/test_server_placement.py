@@ -2,7 +2,9 @@
 barrier stages on the tests' local Spark, real sockets, the trainers' own paths."""
 
 import os
+import re
 
+import numpy as np
 import pytest
 from conftest import accuracy, build_mlp
 
@@ -64,11 +66,14 @@ def test_too_few_slots_for_the_barrier_stage_is_refused_before_the_job(spark,
 
 
 @pytest.mark.parametrize("name", ["ADAG", "AEASGD"])
-def test_trains_with_the_server_in_the_job(fashion_train, fashion_test, name):
+def test_trains_with_the_server_in_the_job(fashion_train, fashion_test, capsys, name):
     trainer = getattr(trainers, name)(build_mlp(), "adam", "categorical_crossentropy",
                                       num_workers=2, batch_size=32, **EXECUTOR)
-    model = trainer.train(fashion_train.limit(3000), verbose=0)
+    model = trainer.train(fashion_train.limit(3000), verbose=2)
     assert accuracy(model, fashion_test) > 0.6
+    # No live progress: the line it would have ended with, once the job has ended.
+    assert re.search(rf"^{name}: 3000/3000 samples, \d+ s, commits/s=[\d.]+, loss=[\d.]+ "
+                     r"\(the server ran in the job", capsys.readouterr().err, re.M)
     history = trainer.get_history()
     assert {record["worker_id"] for record in history} == {0, 1}
     assert sum(record["batch_size"] for record in history) == 3000
@@ -89,13 +94,17 @@ def test_validation_and_callbacks_run_on_each_epochs_center(fashion_train, fashi
         on_epoch_end=lambda epoch, logs: seen.append((epoch, sorted(logs))))
     trainer = trainers.DOWNPOUR(build_mlp(), "adam", "categorical_crossentropy",
                                 num_workers=2, num_epoch=3, metrics=["accuracy"], **EXECUTOR)
-    trainer.train(fashion_train.limit(2000), verbose=0, validation_data=fashion_test,
+    images, labels = fashion_test
+    trainer.train(fashion_train.limit(2000), verbose=0,
+                  validation_data=(images, np.eye(10, dtype="float32")[labels]),
                   callbacks=[callback])
     records = trainer.get_validation_history()
     assert [record["epoch"] for record in records] == [1, 2, 3]
     # Each epoch's center, not the last one three times.
     assert len({record["val_loss"] for record in records}) == 3
-    assert [record["samples"] for record in records] == [2000, 4000, 6000]
+    # The samples the center held as each epoch ended (a worker ahead has trained on).
+    samples = [record["samples"] for record in records]
+    assert 2000 <= samples[0] < samples[1] < samples[2] == 6000
     assert [epoch for epoch, _ in seen] == [0, 1, 2]
     assert "val_loss" in seen[0][1] and "loss" in seen[0][1]
 
@@ -132,14 +141,14 @@ def test_a_checkpoint_folder_executors_cannot_write_is_refused(fashion_train):
 
 
 class DyingOnceWorker(ADAGWorker):
-    """Its process dies mid-training in the first attempt of the stage (a lost executor)."""
+    """Its process dies mid-training the first time (a lost executor); ``marker``: the file
+    that says it has died once."""
+
+    marker = None
 
     def communicate(self):
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if self.worker_id == 1 and context.stageAttemptNumber() == 0 and \
-                self.iteration >= 24:
+        if self.worker_id == 1 and self.iteration >= 24 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
             os._exit(17)  # no cleanup, no goodbye: like a killed Python worker
         super().communicate()
 
@@ -152,10 +161,12 @@ class DyingOnceADAG(trainers.ADAG):
 def test_a_lost_worker_restarts_the_stage_from_the_checkpoint(fashion_train, fashion_test,
                                                               tmp_path):
     folder = str(tmp_path / "checkpoints")
+    DyingOnceWorker.marker = str(tmp_path / "died")
     trainer = DyingOnceADAG(build_mlp(), "adam", "categorical_crossentropy", num_workers=2,
                             communication_window=4, **EXECUTOR)
     model = trainer.train(fashion_train.limit(3000), verbose=0, checkpoint_dir=folder,
                           checkpoint_every=0.2)
+    assert os.path.exists(DyingOnceWorker.marker)
     assert accuracy(model, fashion_test) > 0.6
     # The retried stage trained every partition again, on from the checkpoint's center: its
     # update count goes on from the failed attempt's.
@@ -183,3 +194,28 @@ def test_a_failing_worker_fails_the_training_without_hanging(fashion_train):
                           **EXECUTOR)
     with pytest.raises(TrainingError, match="disk full on this executor"):
         trainer.train(fashion_train.limit(600), verbose=0)
+
+
+class SleepyWorker(ADAGWorker):
+    """Worker 1 commits once, then hangs (stuck on I/O, a deadlock)."""
+
+    def communicate(self):
+        import time
+
+        super().communicate()
+        if self.worker_id == 1:
+            time.sleep(600)
+
+
+class SleepyADAG(trainers.ADAG):
+    def allocate_worker(self):
+        return SleepyWorker(self.master_model)
+
+
+def test_a_stalled_worker_is_named_by_the_servers_task(fashion_train):
+    trainer = SleepyADAG(build_mlp(), "adam", "categorical_crossentropy", num_workers=2,
+                         worker_timeout=3, **EXECUTOR)
+    with pytest.raises(TrainingError, match=r"the parameter server stopped the training: "
+                                            r"worker 1 sent nothing for \d+ s "
+                                            r"\(worker_timeout=3\)"):
+        trainer.train(fashion_train.limit(1000), verbose=0)
