@@ -329,9 +329,8 @@ def hosting_job(worker, server_bytes, options, label_shapes, replay):
                                           label_shapes)
             except failures.WorkerFailure as error:
                 if hosted is not None and hosted.stopped_because:
-                    raise failures.WorkerFailure(
-                        f"the parameter server stopped the training: "
-                        f"{hosted.stopped_because}") from error
+                    raise TrainingError(f"The parameter server stopped the training: "
+                                        f"{hosted.stopped_because}") from error
                 raise
             if hosted is not None:
                 message = dict(message, **hosted.finish())
@@ -448,13 +447,13 @@ class HostedServer:
         returns its part of the reply.
 
         Raises:
-            WorkerFailure: When the server was stopped (a stall, a handler's error).
+            TrainingError: When the server was stopped (a stall, a handler's error).
         """
         sink, tasks = self.server.sink, range(self.options["num_tasks"])
         while True:
             if self.stopped_because:
-                raise failures.WorkerFailure(
-                    f"the parameter server stopped the training: {self.stopped_because}")
+                raise TrainingError(f"The parameter server stopped the training: "
+                                    f"{self.stopped_because}")
             failed = {worker_id for worker_id, _ in sink.worker_failures}
             if set(tasks) <= sink.finished() | failed:
                 break
