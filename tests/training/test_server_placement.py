@@ -219,3 +219,18 @@ def test_a_stalled_worker_is_named_by_the_servers_task(fashion_train):
                                             r"worker 1 sent nothing for \d+ s "
                                             r"\(worker_timeout=3\)"):
         trainer.train(fashion_train.limit(400), verbose=0)
+
+
+def test_rows_no_retry_gets_past_end_the_training_once_with_their_column_named(spark):
+    import keras
+
+    # Its worker stops at the NaN label and tells the server, whose task stops waiting for
+    # its goodbye: the stage ends once (no retry), and train() raises the worker's error.
+    rows = [([float(index % 5)] * 3, float("nan") if index == 170 else float(index % 4))
+            for index in range(200)]
+    frame = spark.createDataFrame(rows, "features array<double>, target double")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    trainer = trainers.DOWNPOUR(model, "adam", "mse", metrics=[], label_col="target",
+                                num_workers=2, **EXECUTOR)
+    with pytest.raises(TrainingError, match="Column 'target' holds 1 NaN or infinite values"):
+        trainer.train(frame.coalesce(2), verbose=0)
