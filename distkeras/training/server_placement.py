@@ -172,8 +172,9 @@ def train_on_executor(plan, frame, label_shapes, shuffle):
     token = secrets.token_hex(32)
     run.begin_epoch(1)
     worker = plan.make_worker()
-    run.worker_host = "executor"  # replaced in each task by the address allGather gives
     worker_setup.configure_parameter_server_worker(run, worker)
+    # The address is each task's, from allGather; the token is the run's own, as for the
+    # driver's server.
     worker.spec = worker.spec.replace(token=token)
     make_server = plan.make_server
     options = {"num_tasks": num_tasks, "num_epoch": settings.num_epoch, "name": run.name,
