@@ -10,10 +10,12 @@ accuracy, and the validation accuracy after every epoch against wall time (one p
 model in docs/zoo/).
 
     python benchmarks/zoo.py [--models mlp cnn lstm vit embedding] [--runs fit single adag ...]
-                             [--limit 12000] [--epochs 3]
+                             [--limit 12000] [--epochs 3] [--placement driver executor]
 
 A run ``NAME/W`` sets ``communication_window=W``; ``NAME+bfloat16`` or ``NAME+topk`` (or
 ``NAME+topk:0.05``) its ``compression``, as in ``--runs adag adag+bfloat16 adag+topk``.
+``--placement`` runs each parameter-server trainer with its server on the driver, in the
+Spark job (``parameter_server_location="executor"``), or both, one after the other.
 """
 
 import argparse
@@ -153,8 +155,17 @@ def steps_rate_by_epoch(records):
     return samples / seconds if seconds else None
 
 
-def run(name, kind, train, data, epochs, batch_size):
-    """Trains the model ``kind`` with the run ``name``; returns its measurements."""
+def has_server(trainer_name):
+    """Whether the trainer of that name runs a parameter server (takes a placement)."""
+    from distkeras import trainers
+
+    return trainer_name is not None and issubclass(getattr(trainers, trainer_name),
+                                                   trainers.AsynchronousDistributedTrainer)
+
+
+def run(name, kind, train, data, epochs, batch_size, placement=None):
+    """Trains the model ``kind`` with the run ``name`` (a parameter-server trainer with its
+    server at ``placement``, when given); returns its measurements."""
     import keras
 
     from distkeras import trainers
@@ -188,6 +199,8 @@ def run(name, kind, train, data, epochs, batch_size):
                          batch_size=batch_size, num_epoch=epochs, features_col="features",
                          label_col="label")
         arguments.update(extra)
+        if placement is not None:
+            arguments.update(parameter_server_location=placement)
         trainer = getattr(trainers, trainer_name)(**arguments)
         wall_start = time.time()
         trained = trainer.train(train, verbose=0, validation_data=(x_val, y_val),
@@ -197,6 +210,8 @@ def run(name, kind, train, data, epochs, batch_size):
         rate = steps_rate_by_epoch(records) if trainer_name == "AllReduceTrainer" \
             else steps_rate(records)
     seconds = time.perf_counter() - start
+    if placement is not None:
+        name = f"{name} ({placement})"
     return {"run": name, "seconds": seconds, "first_step": first_step, "rate": rate,
             "accuracy": test_accuracy(trained, x_test, labels), "points": clock.points}
 
@@ -272,6 +287,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--validation", type=int, default=2000)
     parser.add_argument("--title", default="Model zoo")
+    parser.add_argument("--placement", nargs="+", choices=("driver", "executor"),
+                        help="Where the parameter-server trainers' server runs (several: "
+                             "each run once per placement). Default: the trainers' own.")
     args = parser.parse_args()
     import report
     from distkeras.session import local_spark_session, warm_up_executors
@@ -284,9 +302,12 @@ def main():
         frame, data = load(spark, kind, args.limit, args.validation)
         results = []
         for name in args.runs:
-            result = run(name, kind, frame, data, args.epochs, args.batch_size)
-            print(kind, result, flush=True)
-            results.append(result)
+            server = has_server(RUNS[name.partition("+")[0].split("/")[0]][0])
+            for placement in (args.placement or [None]) if server else [None]:
+                result = run(name, kind, frame, data, args.epochs, args.batch_size,
+                             placement)
+                print(kind, result, flush=True)
+                results.append(result)
         frame.unpersist()
         fit = next((r for r in results if r["run"] == "fit"), None)
         rows = [[r["run"], f"{r['seconds']:.1f}",

@@ -51,12 +51,13 @@ class AEASGD(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None):
+                 compression=None, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
-                         rho=rho)
+                         rho=rho,
+                         parameter_server_location=parameter_server_location)
 
 
 class EAMSGD(AsynchronousDistributedTrainer):
@@ -68,13 +69,14 @@ class EAMSGD(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=None, master_port=0, loss_weights=None, parallelism_factor=1,
                  worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False, compression=None):
+                 reuse_server_buffers=False, compression=None, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
                          rho=rho,
-                         momentum=momentum)
+                         momentum=momentum,
+                         parameter_server_location=parameter_server_location)
 
 
 class Experimental(AsynchronousDistributedTrainer):
@@ -86,11 +88,12 @@ class Experimental(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
                  loss_weights=None, parallelism_factor=1, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None):
+                 compression=None, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
-                         worker_timeout, overlap_communication, reuse_server_buffers, compression)
+                         worker_timeout, overlap_communication, reuse_server_buffers, compression,
+                         parameter_server_location=parameter_server_location)
 
 
 class DiLoCo(AsynchronousDistributedTrainer):
@@ -102,11 +105,12 @@ class DiLoCo(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, outer_learning_rate=0.5,
                  outer_momentum=0.5, master_port=0, loss_weights=None, parallelism_factor=1,
                  learning_rate=None, worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False, compression=None):
+                 reuse_server_buffers=False, compression=None, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
+                         parameter_server_location=parameter_server_location,
                          outer_learning_rate=outer_learning_rate,
                          outer_momentum=outer_momentum)
 
@@ -121,11 +125,12 @@ class FedAdam(AsynchronousDistributedTrainer):
                  beta_1=0.0, beta_2=0.99, epsilon=0.01, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None):
+                 compression=None, parameter_server_location=None):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
+                         parameter_server_location=parameter_server_location,
                          server_learning_rate=server_learning_rate, beta_1=beta_1,
                          beta_2=beta_2, epsilon=epsilon)
 

@@ -15,6 +15,7 @@ from distkeras.training import compat
 from distkeras.algorithms.arguments import check_communication_window, check_int, check_number
 from distkeras.training.checks import uses_ema
 from distkeras.training.parameter_server import ParameterServerPlan
+from distkeras.training.server_placement import check_location
 from distkeras.training.trainer import Trainer
 from distkeras.transport import compression as codecs
 from distkeras.transport import parameter_servers
@@ -125,6 +126,11 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             commit left out to its next one (docs/guide/compression.md). Not for
             Experimental, whose commits carry the center they pulled, nor for a trainer
             without an algorithm (the escape hatch).
+        parameter_server_location: Where the parameter server runs: ``"driver"`` (in this
+            process), ``"executor"`` (in a task of the training's Spark job, beside worker
+            0: for a client the executors cannot reach, as under Spark Connect), or None:
+            ``"executor"`` under Spark Connect, ``"driver"`` otherwise. See
+            docs/parameter-server-placement.md for what each shows while it trains.
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
             not given take their declared defaults. The built-ins' trainers take theirs
             by position too, after ``communication_window`` (`distkeras.trainers`).
@@ -145,7 +151,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False, compression=None,
-                 **hyperparameters):
+                 parameter_server_location=None, **hyperparameters):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -156,6 +162,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         self.overlap_communication = overlap_communication
         self.reuse_server_buffers = reuse_server_buffers
         self.compression = compression
+        self.parameter_server_location = parameter_server_location
         declared = {parameter.name: parameter.default for parameter in
                     (self.algorithm.hyperparameters if self.algorithm else ())}
         for name in hyperparameters:
@@ -197,6 +204,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             config.update(reuse_server_buffers=True)
         if self.compression is not None:
             config.update(compression=self.compression)
+        if self.parameter_server_location is not None:
+            config.update(parameter_server_location=self.parameter_server_location)
         config.update(self.hyperparameter_values())
         return config
 
@@ -210,6 +219,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             check_number("learning_rate", settings.learning_rate)
         if settings.worker_timeout is not None:
             check_number("worker_timeout", settings.worker_timeout)
+        check_location(settings.parameter_server_location)
         for name in ("overlap_communication", "reuse_server_buffers"):
             if not isinstance(getattr(settings, name), bool):
                 raise ValueError(f"`{name}` must be True or False. Received: "

@@ -21,12 +21,15 @@ def checkpoint_path(folder):
     return folder.rstrip("/") + "/" + CHECKPOINT_NAME
 
 
-def save_checkpoint(folder, server, trainer_name):
-    """Writes the server's center and update count (read under its lock), atomically."""
+def save_checkpoint(folder, server, trainer_name, run_id=None):
+    """Writes the server's center and update count (read under its lock), atomically;
+    ``run_id`` names the run that wrote it (a retried Spark stage of that run resumes it)."""
     with server.mutex:
         center, num_updates = server.center_variable, server.num_updates
     message = {"center": center, "num_updates": num_updates, "trainer": trainer_name,
                "time": time.time()}
+    if run_id is not None:
+        message["run"] = run_id
     storage.write_bytes(checkpoint_path(folder), networking.encode_message(message))
     return num_updates
 

@@ -82,11 +82,12 @@ def workers_per_machine(spark, num_tasks):
 
 
 def run_workers(frame, num_tasks, worker, label_shapes, description, job_tag=None,
-                replay=None, barrier=False):
+                replay=None, barrier=False, job=None):
     """Runs one Spark task per partition of ``frame`` (``num_tasks`` of them, as laid
     out by `frame_layout.lay_out`), each over its partition as ``replay`` (an
     `epochs.Replay`; default: once); returns the workers' messages. With ``barrier``,
-    Spark starts the tasks together (and restarts them together).
+    Spark starts the tasks together (and restarts them together). ``job``: the task
+    function instead of `arrow_training_job`'s (one reply per task, as it gives).
 
     Raises:
         TrainingError: A task failed (Spark's error, unwrapped), or a worker met an error
@@ -98,7 +99,7 @@ def run_workers(frame, num_tasks, worker, label_shapes, description, job_tag=Non
     job_tag = job_tag or f"distkeras-{time.time_ns()}"
     worker.spec = worker.spec.replace(
         workers_per_machine=workers_per_machine(spark, num_tasks))
-    job = frame.mapInArrow(arrow_training_job(worker, label_shapes, replay or Replay()),
+    job = frame.mapInArrow(job or arrow_training_job(worker, label_shapes, replay or Replay()),
                            "worker_id long, chunk int, chunks int, payload binary",
                            barrier=barrier)
     if barrier:

@@ -1,4 +1,5 @@
-"""The parameter-server plan: workers train asynchronously against a server on the driver.
+"""The parameter-server plan: workers train asynchronously against a server on the driver
+(or, with ``parameter_server_location="executor"``, in the Spark job: `server_placement`).
 
 One Spark job of ``num_workers * parallelism_factor`` tasks, each replaying its partition
 for every epoch, exchanging with the parameter server the plan makes (its factory is the
@@ -16,6 +17,7 @@ from distkeras.training import worker_setup
 from distkeras.training.checkpoints import restore, save_checkpoint
 from distkeras.training.monitor import TrainingMonitor
 from distkeras.training.plans import Plan
+from distkeras.training.server_placement import resolve_location, train_on_executor
 from distkeras.training.serving import serving
 from distkeras.training.shortfalls import warn_if_nothing_committed, warn_if_trained_short
 from distkeras.training.spark_jobs import driver_address, warn_if_speculative
@@ -41,11 +43,19 @@ class ParameterServerPlan(Plan):
     def __init__(self, run, make_worker, make_server):
         super().__init__(run, make_worker)
         self.make_server = make_server
+        # With the server in the Spark job, the epochs' ends run on the driver after the
+        # training (`server_placement`): no callback's learning rate reaches the workers.
+        self.location = resolve_location(
+            getattr(self.settings, "parameter_server_location", None))
+        self.follows_learning_rate_callbacks = self.location == "driver"
 
     def num_partitions(self):
         return self.settings.num_workers * self.settings.parallelism_factor
 
     def train(self, frame, label_shapes, shuffle):
+        if resolve_location(getattr(self.settings, "parameter_server_location", None),
+                            frame) == "executor":
+            return train_on_executor(self, frame, label_shapes, shuffle)
         run, settings = self.run, self.settings
         spark = frame.sparkSession
         launch.check_client_serves(spark, run.name, settings)

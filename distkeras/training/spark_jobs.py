@@ -305,37 +305,53 @@ def arrow_training_job(worker, label_shapes, replay):
     """The function each Spark task runs: train on the partition (``replay.num_epoch``
     times, see `epochs.Replay`), return one frame."""
     def run_partition(record_batches):
-        import pyarrow as pa
         from pyspark import TaskContext
 
         context = TaskContext.get()
         partition = context.partitionId()
-        try:
-            with devices.task_devices() as task:  # the task's GPUs, before Keras loads
-                message = task.call(lambda batches: worker.run(partition, batches,
-                                                               label_shapes),
-                                    replay.batches(record_batches, partition))
-        except Exception as error:
-            unretryable = failures.unretryable_error(error)
-            if unretryable is None:
-                raise failures.WorkerFailure(
-                    f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
-                    f"{failures.one_line(error)}") from error
-            # Rows no retry can train on, an update that does not fit the model: the task
-            # ends as one that succeeded, so Spark does not run it again (up to 4 times,
-            # each training up to the same error), and its reply carries the error.
-            message = {"worker_id": partition,
-                       UNRETRYABLE: f"partition {partition} failed: "
-                                    f"{failures.one_line(unretryable)}"}
-        chunks = reply_chunks(networking.encode_message(message))
-        yield pa.RecordBatch.from_pydict(
-            {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),
-             "chunks": [len(chunks)] * len(chunks), "payload": chunks},
-            schema=pa.schema([("worker_id", pa.int64()), ("chunk", pa.int32()),
-                              ("chunks", pa.int32()), ("payload", pa.binary())]),
-        )
+        message = train_partition(worker, context, replay.batches(record_batches, partition),
+                                  label_shapes)
+        yield reply_batch(partition, message)
 
     return run_partition
+
+
+def train_partition(worker, context, batches, label_shapes):
+    """Runs ``worker`` over the task's ``batches``; returns its message (or, for an error
+    no retry gets past, a message carrying it under `UNRETRYABLE`).
+
+    Raises:
+        WorkerFailure: Any other error, naming the partition and the task's attempt.
+    """
+    partition = context.partitionId()
+    try:
+        with devices.task_devices() as task:  # the task's GPUs, before Keras loads
+            return task.call(lambda each: worker.run(partition, each, label_shapes), batches)
+    except Exception as error:
+        unretryable = failures.unretryable_error(error)
+        if unretryable is None:
+            raise failures.WorkerFailure(
+                f"partition {partition} (attempt {context.attemptNumber() + 1}) failed: "
+                f"{failures.one_line(error)}") from error
+        # Rows no retry can train on, an update that does not fit the model: the task
+        # ends as one that succeeded, so Spark does not run it again (up to 4 times,
+        # each training up to the same error), and its reply carries the error.
+        return {"worker_id": partition,
+                UNRETRYABLE: f"partition {partition} failed: "
+                             f"{failures.one_line(unretryable)}"}
+
+
+def reply_batch(partition, message):
+    """The Arrow record batch of a task's reply: ``message`` encoded, in chunks."""
+    import pyarrow as pa
+
+    chunks = reply_chunks(networking.encode_message(message))
+    return pa.RecordBatch.from_pydict(
+        {"worker_id": [partition] * len(chunks), "chunk": list(range(len(chunks))),
+         "chunks": [len(chunks)] * len(chunks), "payload": chunks},
+        schema=pa.schema([("worker_id", pa.int64()), ("chunk", pa.int32()),
+                          ("chunks", pa.int32()), ("payload", pa.binary())]),
+    )
 
 
 # A task's reply travels in rows of at most this many bytes. The driver's JVM pickles each
