@@ -132,15 +132,35 @@ def test_a_pipeline_with_the_estimator_fits_and_transforms_under_connect(connect
     assert not (tmp_path / "stage").exists()  # refused before anything was written
 
 
-def test_a_parameter_server_trainer_on_the_driver_is_refused_under_connect(connect_train):
+def test_a_parameter_server_trainer_runs_its_server_in_the_job_under_connect(
+        connect_train, train_arrays):
+    """Under Connect the server goes into the Spark job by itself (the client may be a
+    place the executors cannot call back); on the driver it is refused before any job."""
     from distkeras.trainers import ADAG
 
-    trainer = ADAG(build_mlp(16), "adam", "categorical_crossentropy", num_workers=2,
-                   label_col="label")
+    trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                   num_epoch=2, label_col="label")
+    model = trainer.train(connect_train, verbose=0)
+    assert {record["worker_id"] for record in trainer.get_history()} == {0, 1}
+    assert trainer.num_updates() > 0
+    assert _accuracy(model, train_arrays) > 0.35
+
+    on_driver = ADAG(build_mlp(16), "adam", "categorical_crossentropy", num_workers=2,
+                     label_col="label", parameter_server_location="driver")
     with pytest.raises(ValueError, match=r"ADAG runs a parameter server on the driver.*"
                                          r"Spark Connect session"):
-        trainer.train(connect_train, verbose=0)
-    assert trainer.get_history() == []  # refused before any worker started
+        on_driver.train(connect_train, verbose=0)
+    assert on_driver.get_history() == []  # refused before any worker started
+
+
+def test_the_all_reduce_trainer_trains_under_connect(connect_train, train_arrays):
+    from distkeras.trainers import AllReduceTrainer
+
+    trainer = AllReduceTrainer(build_mlp(32), "adam", "categorical_crossentropy",
+                               num_workers=2, num_epoch=2, batch_size=32, label_col="label")
+    model = trainer.train(connect_train, verbose=0)
+    assert {record["worker_id"] for record in trainer.get_history()} == {0, 1}
+    assert _accuracy(model, train_arrays) > 0.35
 
 
 def test_the_command_line_trains_through_a_connect_server(spark, connect_train, tmp_path):
