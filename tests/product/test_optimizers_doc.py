@@ -133,7 +133,7 @@ def test_stated_defaults_match_the_code():
     rows = _summary_rows(read_doc())
     assert set(rows) == {"SingleTrainer", "AveragingTrainer", "EnsembleTrainer", "DOWNPOUR",
                          "ADAG", "DynSGD", "AEASGD", "EAMSGD", "Experimental", "DiLoCo",
-                         "FedAdam"}
+                         "FedAdam", "AllReduceTrainer"}
     for name, (window, others) in rows.items():
         cls = getattr(trainers, name)
         if issubclass(cls, trainers.AsynchronousDistributedTrainer):
