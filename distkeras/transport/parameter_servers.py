@@ -29,6 +29,7 @@ from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
                                         refusing_nonfinite)
 from distkeras.transport.epoch_barrier import EpochBarrier
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.transport.history_sink import HistorySink
 from distkeras.transport.networking import recv_data, weights_array
 from distkeras.transport.socket_transport import SocketTransport
@@ -80,26 +81,72 @@ class ParameterServer:
         self.center = self.center_class(model)
         self.transport = SocketTransport(master_port, host, handshake_timeout, server=self)
         self.sink = HistorySink(self.transport.lock, self.center, self.supersede_on_retry)
+        # A sharded center's other shards (`server_shards.ServerShards`), or None: then
+        # this server's center is shard 0's slice, and the names below read them all.
+        self.shards = None
 
     # Seed 000's names, and what every trainer reads: the only properties of a server.
-    center_variable = _part_property("center", "center_variable", writable=True)
     mutex = _part_property("center", "mutex")
-    num_updates = _part_property("center", "num_updates", writable=True)
     port = _part_property("transport", "port")
     token = _part_property("transport", "token")
     history = _part_property("sink", "history")
 
+    @property
+    def center_variable(self):
+        """The center's weights (a sharded center's gathered from every shard)."""
+        own = self.center.center_variable
+        return own if self.shards is None else self.shards.gather(own)
+
+    @center_variable.setter
+    def center_variable(self, weights):
+        if self.shards is not None:
+            weights = self.shards.scatter(weights, self.center.num_updates)
+        self.center.center_variable = weights
+
+    @property
+    def num_updates(self):
+        """The commits applied (a sharded center's: shard 0's, as every commit reaches
+        every shard)."""
+        return self.center.num_updates
+
+    @num_updates.setter
+    def num_updates(self, count):
+        if self.shards is not None:
+            self.shards.scatter(None, count)
+        self.center.num_updates = count
+
+    @property
+    def weight_spec(self):
+        """``[(shape, dtype)]`` of the model's weights (all shards')."""
+        return self.center.weight_spec if self.shards is None else self.shards.weight_spec
+
     def start(self):
-        """Binds, listens and serves workers in background threads."""
+        """Binds, listens and serves workers in background threads (and starts the
+        other shards of a sharded center)."""
         self.transport.start()
+        if self.shards is not None:
+            try:
+                self.shards.start(self.transport.host, self.transport.token,
+                                  self.transport.max_pending_handshakes)
+            except BaseException:
+                self.stop(0.0)
+                raise
 
     def stop(self, grace_seconds=1.0):
-        """Stops serving (`SocketTransport.stop`)."""
+        """Stops serving (`SocketTransport.stop`), and the other shards."""
         self.transport.stop(grace_seconds)
+        if self.shards is not None:
+            errors = self.shards.stop(grace_seconds)
+            with self.transport.lock:
+                self.transport.errors.extend(errors)
 
     def get_model(self):
         """Returns a copy of the master model holding the center variable."""
-        return self.center.get_model()
+        if self.shards is None:
+            return self.center.get_model()
+        model = deserialize_model(serialize_model(self.shards.model))
+        model.set_weights(list(self.center_variable))
+        return model
 
     # -- what the transport asks of its server ---------------------------------------------
 

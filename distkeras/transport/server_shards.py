@@ -1,0 +1,181 @@
+"""A sharded center: shard 0 served in this process, each other shard by a child process
+running the same server class on its slice (`shard_layout`).
+
+Threads would share the interpreter's lock; processes give each shard its own core. A
+shard IS a parameter server built on its slice (`shard_layout.SliceModel`): the same
+transport, center, rule and checks, with its own lock, update count and staleness. The
+children speak to the driver over a local pipe (the center's slice, its count, its
+handlers' errors); workers reach every shard over TCP with the run's one token.
+"""
+
+import logging
+import multiprocessing
+
+from distkeras.algorithms import update_rules
+from distkeras.transport.networking import weights_array
+from distkeras.transport.shard_layout import SliceModel, join, shard_layout, split
+
+logger = logging.getLogger(__name__)
+
+# Seconds a child has to start serving (a spawned interpreter imports the server).
+START_SECONDS = 120.0
+
+
+def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
+    """A parameter server of ``server_class`` over shard 0 of ``model``'s weights, whose
+    ``shards`` (`ServerShards`) start the other shards when it starts.
+
+    Args:
+        server_class: An `AlgorithmServer` class whose rule is its algorithm's (not a
+            `handle_commit` of its own).
+        model: The master `keras.Model`.
+        num_shards: Shards, 2 or more.
+        master_port: Shard 0's port; the others' are picked by the OS.
+        **kwargs: The server's other arguments (``reuse_buffers``, ``algorithm``).
+
+    Raises:
+        ValueError: If the server cannot be sharded (the escape hatch's own
+            ``handle_commit``, a compression), or the layout leaves a shard empty.
+    """
+    # Imported here: parameter_servers imports this module (`ParameterServer.shards`).
+    from distkeras.transport.parameter_servers import AlgorithmServer
+
+    if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
+            and server_class.handle_commit is AlgorithmServer.handle_commit):
+        raise ValueError(
+            f"{getattr(server_class, '__name__', server_class)} applies commits with a "
+            "handle_commit of its own (the escape hatch), which reads whole-model commits: "
+            "it cannot serve a shard. Use num_server_shards=1, or an algorithm's trainer.")
+    if kwargs.get("compression") is not None:
+        raise ValueError("num_server_shards > 1 does not combine with compression yet: use "
+                         "compression=None, or num_server_shards=1.")
+    weights = model.get_weights()
+    spec = [(weight.shape, weight.dtype) for weight in weights]
+    layout = shard_layout(spec, num_shards)
+    flags = update_rules.trainable_flags(model)
+    slices = [(split(weights, pieces), [flags[layer] for layer, _, _ in pieces])
+              for pieces in layout]
+    server = server_class(SliceModel(*slices[0]), master_port, **kwargs)
+    server.shards = ServerShards(model, spec, layout, server_class, kwargs, slices[1:])
+    return server
+
+
+class ServerShards:
+    """The other shards of a sharded center, as child processes: started, read, written
+    and stopped with the server that holds this part (shard 0's).
+
+    Args:
+        model: The master `keras.Model` (the final model's architecture).
+        weight_spec: ``[(shape, dtype)]`` of its weights.
+        layout: `shard_layout` of its weights.
+        server_class: The server class every shard runs.
+        kwargs: Its arguments besides the model and the port.
+        slices: ``(pieces, trainable flags)`` of shards 1 to S-1.
+    """
+
+    def __init__(self, model, weight_spec, layout, server_class, kwargs, slices):
+        self.model = model
+        self.weight_spec = weight_spec
+        self.layout = layout
+        self._server_class = server_class
+        self._kwargs = kwargs
+        self._slices = slices
+        self._children = []  # (process, pipe)
+        self.ports = ()
+
+    def start(self, host, token, max_pending_handshakes):
+        """Starts the children, each serving its slice on ``host`` with ``token``."""
+        context = multiprocessing.get_context("spawn")
+        for weights, flags in self._slices:
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_serve_shard, daemon=True, name="distkeras-shard",
+                args=(child, self._server_class, list(weights), flags, self._kwargs, host,
+                      token, max_pending_handshakes))
+            process.start()
+            child.close()
+            self._children.append((process, parent))
+        ports = []
+        for process, pipe in self._children:
+            if not pipe.poll(START_SECONDS):
+                raise RuntimeError(f"A parameter server shard did not start within "
+                                   f"{START_SECONDS:.0f} s (pid {process.pid}).")
+            reply = pipe.recv()
+            if isinstance(reply, str):
+                raise RuntimeError(f"A parameter server shard failed to start: {reply}")
+            ports.append(reply)
+        self.ports = tuple(ports)
+
+    def _ask(self, *command):
+        replies = []
+        for _, pipe in self._children:
+            pipe.send(command)
+        for _, pipe in self._children:
+            replies.append(pipe.recv())
+        return replies
+
+    def counts(self):
+        """Each child's update count (a commit reaches the shards one after another)."""
+        return [count for _, count in self._ask("get")]
+
+    def gather(self, own):
+        """The whole center: ``own`` (shard 0's slice) joined with the children's."""
+        return join([own] + [weights for weights, _ in self._ask("get")], self.layout,
+                     self.weight_spec)
+
+    def scatter(self, weights, num_updates):
+        """Gives every child its slice of ``weights`` (None: keeps theirs) and the update
+        count; returns shard 0's slice of ``weights``."""
+        for (_, pipe), pieces in zip(self._children, self.layout[1:]):
+            piece = None if weights is None else list(split(weights, pieces))
+            pipe.send(("set", piece, num_updates))
+        for _, pipe in self._children:
+            pipe.recv()
+        if weights is None:
+            return None
+        return weights_array(piece.copy() for piece in split(weights, self.layout[0]))
+
+    def stop(self, grace_seconds=1.0):
+        """Stops the children; returns their handlers' errors."""
+        errors = []
+        for (process, pipe), reply in zip(self._children, self._ask("stop", grace_seconds)
+                                          if self._children else []):
+            errors.extend(reply)
+            process.join(timeout=10.0)
+            pipe.close()
+        self._children = []
+        return errors
+
+
+def _serve_shard(pipe, server_class, weights, flags, kwargs, host, token, pending):
+    """A child's life: serve the slice until the driver says stop (the pipe's commands:
+    ``get``, ``set``, ``stop``)."""
+    try:
+        server = server_class(SliceModel(weights, flags), 0, host, **kwargs)
+        server.transport.token = token
+        server.transport.max_pending_handshakes = pending
+        server.start()
+    except Exception as error:  # told to the driver, which raises it
+        pipe.send(f"{type(error).__name__}: {error}")
+        return
+    pipe.send(server.port)
+    center = server.center
+    while True:
+        try:
+            command, *args = pipe.recv()
+        except EOFError:  # the driver is gone
+            server.stop(0.0)
+            return
+        if command == "get":
+            with center.mutex:
+                pipe.send((list(center.center_variable), center.num_updates))
+        elif command == "set":
+            with center.mutex:
+                if args[0] is not None:
+                    center.center_variable = weights_array(args[0])
+                center.num_updates = args[1]
+            pipe.send(None)
+        else:
+            server.stop(args[0])
+            pipe.send([f"shard {server.port}: {error}" for error in server.transport.errors])
+            return

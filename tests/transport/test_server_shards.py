@@ -1,0 +1,172 @@
+"""A sharded center (`server_shards`, `shard_layout`, the worker's `ShardLinks`): over
+real sockets, S shard processes give the centers one server gives."""
+
+import time
+
+import numpy as np
+import pytest
+
+from distkeras.algorithms import DOWNPOUR, DynSGD
+from distkeras.executor.shard_links import ShardLinks
+from distkeras.transport.parameter_servers import AlgorithmServer, DeltaParameterServer
+from distkeras.transport import networking
+from distkeras.transport.networking import weights_array
+from distkeras.transport.server_shards import sharded_server
+from distkeras.transport.shard_layout import join, shard_layout, split
+from ps_support import assert_weights_equal, make_model
+
+
+def _connect(server, port, worker_id):
+    sock = networking.Connection(networking.connect("127.0.0.1", port, timeout=5))
+    sock.settimeout(30)
+    networking.authenticate(sock, server.token, worker_id)
+    return sock
+
+
+class _Plain:
+    """One worker's exchanges with one server, as `ShardLinks` makes them with shards."""
+
+    def __init__(self, server, worker_id):
+        self.sock = _connect(server, server.port, worker_id)
+
+    def commit(self, message):
+        networking.send_action(self.sock, networking.ACTION_COMMIT)
+        networking.send_data(self.sock, message)
+
+    def pull(self, action):
+        networking.send_action(self.sock, action)
+        return networking.recv_data(self.sock)
+
+    def close(self):
+        networking.close_socket(self.sock)
+
+
+def _links(server, worker_id):
+    if server.shards is None:
+        return _Plain(server, worker_id)
+    ports = (server.port,) + server.shards.ports
+    return ShardLinks([_connect(server, port, worker_id) for port in ports],
+                      server.weight_spec)
+
+
+def _wait_until_applied(server, count):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with server.mutex:
+            counts = [server.num_updates] + (server.shards.counts() if server.shards else [])
+        if all(each == count for each in counts):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the commits were not applied: {counts} != {count}")
+
+
+def _play(server):
+    """A fixed sequence of two workers' pulls and commits (stale ones among them);
+    returns what the pulls brought and the final center."""
+    rng = np.random.default_rng(7)
+    workers = [_links(server, 0), _links(server, 1)]
+    counts = [0, 0]
+    pulled = []
+    applied = 0
+    script = [(0, "pull"), (1, "pull"), (0, "commit"), (1, "commit"), (0, "pull"),
+              (0, "commit"), (1, "commit"), (1, "unless"), (0, "commit"), (0, "unless"),
+              (1, "commit"), (1, "pull")]
+    try:
+        for worker, step in script:
+            links = workers[worker]
+            if step == "commit":
+                delta = [rng.standard_normal((3, 2)).astype(np.float32),
+                         rng.standard_normal(2).astype(np.float32)]
+                links.commit({"worker_id": worker, "last_update": counts[worker],
+                              "delta": weights_array(delta)})
+                applied += 1
+                _wait_until_applied(server, applied)  # the script's order, not a race
+                continue
+            action = (networking.ACTION_PULL if step == "pull"
+                      else networking.ACTION_PULL_UNLESS_OWN)
+            reply = links.pull(action)
+            counts[worker] = reply["num_updates"]
+            pulled.append((reply["num_updates"], reply.get("unchanged"),
+                           [np.array(layer) for layer in reply.get("center", [])]))
+        with server.mutex:
+            return pulled, [np.array(layer) for layer in server.center_variable], \
+                server.num_updates
+    finally:
+        for links in workers:
+            links.close()
+
+
+@pytest.mark.parametrize("algorithm", [DOWNPOUR, DynSGD])
+def test_two_shards_give_the_centers_of_one_server(algorithm):
+    results = []
+    for shards in (1, 2):
+        if shards == 1:
+            server = AlgorithmServer(make_model(), algorithm=algorithm())
+        else:
+            server = sharded_server(AlgorithmServer, make_model(), shards,
+                                    algorithm=algorithm())
+        server.start()
+        try:
+            results.append(_play(server))
+        finally:
+            server.stop()
+    (one_pulls, one_center, one_count), (two_pulls, two_center, two_count) = results
+    assert two_count == one_count == 6
+    assert_weights_equal(two_center, one_center)
+    assert len(two_pulls) == len(one_pulls)
+    for (count, unchanged, center), (want_count, want_unchanged, want) in \
+            zip(two_pulls, one_pulls):
+        assert (count, unchanged) == (want_count, want_unchanged)
+        assert_weights_equal(center, want)
+    assert not np.allclose(one_center[0], make_model().get_weights()[0])
+
+
+def test_the_center_is_read_and_written_across_shards():
+    server = sharded_server(DeltaParameterServer, make_model(), 2)
+    server.start()
+    try:
+        new = [np.full((3, 2), 4.0, np.float32), np.full(2, -1.0, np.float32)]
+        server.center_variable = weights_array(new)
+        server.num_updates = 9
+        assert_weights_equal(server.center_variable, new)
+        assert_weights_equal(server.get_model().get_weights(), new)
+        assert server.num_updates == 9
+        # The kernel is split between the two shards: each holds its part.
+        assert [len(pieces) for pieces in server.shards.layout] == [1, 2]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_a_commit_split_by_key_range_joins_back_whole(num_shards):
+    spec = [((100, 7), np.float32), ((7,), np.float32), ((0,), np.float32),
+            ((7, 3), np.float64), ((3,), np.int32)]
+    rng = np.random.default_rng(num_shards)
+    arrays = [rng.standard_normal(shape).astype(dtype) for shape, dtype in spec]
+    layout = shard_layout(spec, num_shards)
+    loads = [sum((stop - start) * np.dtype(spec[layer][1]).itemsize
+                 for layer, start, stop in pieces) for pieces in layout]
+    assert max(loads) - min(loads) <= 8  # balanced to one entry, though one layer dominates
+    joined = join([split(arrays, pieces) for pieces in layout], layout, spec)
+    for got, want in zip(joined, arrays):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_more_shards_than_entries_are_refused():
+    with pytest.raises(ValueError, match="no weights"):
+        shard_layout([((3,), np.float32)], 4)
+    with pytest.raises(ValueError, match="positive int"):
+        shard_layout([((3,), np.float32)], 0)
+
+
+def test_the_escape_hatch_and_compression_cannot_be_sharded():
+    class OwnRule(DeltaParameterServer):
+        def handle_commit(self, conn, addr):
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="escape hatch"):
+        sharded_server(OwnRule, make_model(), 2)
+    with pytest.raises(ValueError, match="compression"):
+        sharded_server(AlgorithmServer, make_model(), 2, algorithm=DOWNPOUR(),
+                       compression="bfloat16")
