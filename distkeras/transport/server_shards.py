@@ -71,6 +71,11 @@ class ServerShards:
         server_class: The server class every shard runs.
         kwargs: Its arguments besides the model and the port.
         slices: ``(pieces, trainable flags)`` of shards 1 to S-1.
+
+    Notes:
+        While no child runs (before `start`, after `stop`) the children's slices and
+        counts are kept here: a checkpoint restored before the start reaches them, and
+        the final model is read after the stop.
     """
 
     def __init__(self, model, weight_spec, layout, server_class, kwargs, slices):
@@ -79,19 +84,20 @@ class ServerShards:
         self.layout = layout
         self._server_class = server_class
         self._kwargs = kwargs
-        self._slices = slices
+        self._flags = [flags for _, flags in slices]
+        self._kept = [(list(weights), 0) for weights, _ in slices]  # while none runs
         self._children = []  # (process, pipe)
         self.ports = ()
 
     def start(self, host, token, max_pending_handshakes):
         """Starts the children, each serving its slice on ``host`` with ``token``."""
         context = multiprocessing.get_context("spawn")
-        for weights, flags in self._slices:
+        for (weights, count), flags in zip(self._kept, self._flags):
             parent, child = context.Pipe()
             process = context.Process(
                 target=_serve_shard, daemon=True, name="distkeras-shard",
-                args=(child, self._server_class, list(weights), flags, self._kwargs, host,
-                      token, max_pending_handshakes))
+                args=(child, self._server_class, weights, count, flags, self._kwargs,
+                      host, token, max_pending_handshakes))
             process.start()
             child.close()
             self._children.append((process, parent))
@@ -107,6 +113,8 @@ class ServerShards:
         self.ports = tuple(ports)
 
     def _ask(self, *command):
+        if not self._children:  # none runs: what they left, or will start from
+            return list(self._kept) if command[0] == "get" else [None] * len(self._kept)
         replies = []
         for _, pipe in self._children:
             pipe.send(command)
@@ -126,8 +134,12 @@ class ServerShards:
     def scatter(self, weights, num_updates):
         """Gives every child its slice of ``weights`` (None: keeps theirs) and the update
         count; returns shard 0's slice of ``weights``."""
-        for (_, pipe), pieces in zip(self._children, self.layout[1:]):
-            piece = None if weights is None else list(split(weights, pieces))
+        pieces = [None if weights is None else [piece.copy() for piece in split(weights, own)]
+                  for own in self.layout[1:]]
+        if not self._children:
+            self._kept = [(kept if new is None else new, num_updates)
+                          for (kept, _), new in zip(self._kept, pieces)]
+        for (_, pipe), piece in zip(self._children, pieces):
             pipe.send(("set", piece, num_updates))
         for _, pipe in self._children:
             pipe.recv()
@@ -136,22 +148,28 @@ class ServerShards:
         return weights_array(piece.copy() for piece in split(weights, self.layout[0]))
 
     def stop(self, grace_seconds=1.0):
-        """Stops the children; returns their handlers' errors."""
-        errors = []
-        for (process, pipe), reply in zip(self._children, self._ask("stop", grace_seconds)
-                                          if self._children else []):
-            errors.extend(reply)
+        """Stops the children, keeping their last slices and counts; returns their
+        handlers' errors."""
+        if not self._children:
+            return []
+        errors, kept = [], []
+        for (process, pipe), (own_errors, weights, count) in zip(
+                self._children, self._ask("stop", grace_seconds)):
+            errors.extend(own_errors)
+            kept.append((weights, count))
             process.join(timeout=10.0)
             pipe.close()
         self._children = []
+        self._kept = kept
         return errors
 
 
-def _serve_shard(pipe, server_class, weights, flags, kwargs, host, token, pending):
+def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token, pending):
     """A child's life: serve the slice until the driver says stop (the pipe's commands:
     ``get``, ``set``, ``stop``)."""
     try:
         server = server_class(SliceModel(weights, flags), 0, host, **kwargs)
+        server.center.num_updates = count
         server.transport.token = token
         server.transport.max_pending_handshakes = pending
         server.start()
@@ -177,5 +195,6 @@ def _serve_shard(pipe, server_class, weights, flags, kwargs, host, token, pendin
             pipe.send(None)
         else:
             server.stop(args[0])
-            pipe.send([f"shard {server.port}: {error}" for error in server.transport.errors])
+            pipe.send(([f"shard {server.port}: {error}" for error in server.transport.errors],
+                       list(center.center_variable), center.num_updates))
             return

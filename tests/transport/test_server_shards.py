@@ -121,20 +121,27 @@ def test_two_shards_give_the_centers_of_one_server(algorithm):
     assert not np.allclose(one_center[0], make_model().get_weights()[0])
 
 
-def test_the_center_is_read_and_written_across_shards():
+def test_the_center_is_read_and_written_across_shards_before_during_and_after():
     server = sharded_server(DeltaParameterServer, make_model(), 2)
+    restored = [np.full((3, 2), 2.0, np.float32), np.full(2, 3.0, np.float32)]
+    server.center_variable = weights_array(restored)  # a checkpoint, before the start
+    server.num_updates = 4
     server.start()
     try:
+        assert server.shards.counts() == [4]
+        assert_weights_equal(server.center_variable, restored)
         new = [np.full((3, 2), 4.0, np.float32), np.full(2, -1.0, np.float32)]
         server.center_variable = weights_array(new)
         server.num_updates = 9
         assert_weights_equal(server.center_variable, new)
-        assert_weights_equal(server.get_model().get_weights(), new)
         assert server.num_updates == 9
         # The kernel is split between the two shards: each holds its part.
         assert [len(pieces) for pieces in server.shards.layout] == [1, 2]
     finally:
         server.stop()
+    # The final model is read once the shards have stopped.
+    assert_weights_equal(server.get_model().get_weights(), new)
+    assert server.shards.counts() == [9]
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
