@@ -89,14 +89,17 @@ class ServerShards:
         self._children = []  # (process, pipe)
         self.ports = ()
 
-    def start(self, host, token, max_pending_handshakes):
-        """Starts the children, each serving its slice on ``host`` with ``token``."""
+    def start(self, transport, num_updates):
+        """Starts the children, each serving its slice where ``transport`` (shard 0's
+        `SocketTransport`) serves, with its token, from ``num_updates`` updates."""
         context = multiprocessing.get_context("spawn")
-        for (weights, count), flags in zip(self._kept, self._flags):
+        host, token = transport.host, transport.token
+        max_pending_handshakes = transport.max_pending_handshakes
+        for (weights, _), flags in zip(self._kept, self._flags):
             parent, child = context.Pipe()
             process = context.Process(
                 target=_serve_shard, daemon=True, name="distkeras-shard",
-                args=(child, self._server_class, weights, count, flags, self._kwargs,
+                args=(child, self._server_class, weights, num_updates, flags, self._kwargs,
                       host, token, max_pending_handshakes))
             process.start()
             child.close()
@@ -122,6 +125,10 @@ class ServerShards:
             replies.append(pipe.recv())
         return replies
 
+    def pids(self):
+        """The children's process ids (none before `start` or after `stop`)."""
+        return [process.pid for process, _ in self._children]
+
     def counts(self):
         """Each child's update count (a commit reaches the shards one after another)."""
         return [count for _, count in self._ask("get")]
@@ -131,20 +138,20 @@ class ServerShards:
         return join([own] + [weights for weights, _ in self._ask("get")], self.layout,
                      self.weight_spec)
 
-    def scatter(self, weights, num_updates):
-        """Gives every child its slice of ``weights`` (None: keeps theirs) and the update
-        count; returns shard 0's slice of ``weights``."""
-        pieces = [None if weights is None else [piece.copy() for piece in split(weights, own)]
-                  for own in self.layout[1:]]
+    def scatter(self, weights):
+        """Gives every child its slice of ``weights``; returns shard 0's slice.
+
+        Notes:
+            The update count is shard 0's: the children start from it (a checkpoint's,
+            restored before the start).
+        """
+        pieces = [[piece.copy() for piece in split(weights, own)] for own in self.layout[1:]]
         if not self._children:
-            self._kept = [(kept if new is None else new, num_updates)
-                          for (kept, _), new in zip(self._kept, pieces)]
+            self._kept = [(new, count) for (_, count), new in zip(self._kept, pieces)]
         for (_, pipe), piece in zip(self._children, pieces):
-            pipe.send(("set", piece, num_updates))
+            pipe.send(("set", piece))
         for _, pipe in self._children:
             pipe.recv()
-        if weights is None:
-            return None
         return weights_array(piece.copy() for piece in split(weights, self.layout[0]))
 
     def stop(self, grace_seconds=1.0):
@@ -189,9 +196,7 @@ def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token,
                 pipe.send((list(center.center_variable), center.num_updates))
         elif command == "set":
             with center.mutex:
-                if args[0] is not None:
-                    center.center_variable = weights_array(args[0])
-                center.num_updates = args[1]
+                center.center_variable = weights_array(args[0])
             pipe.send(None)
         else:
             server.stop(args[0])
