@@ -4,8 +4,9 @@ running the same server class on its slice (`shard_layout`).
 Threads would share the interpreter's lock; processes give each shard its own core. A
 shard IS a parameter server built on its slice (`shard_layout.SliceModel`): the same
 transport, center, rule and checks, with its own lock, update count and staleness. The
-children speak to the driver over a local pipe (the center's slice, its count, its
-handlers' errors); workers reach every shard over TCP with the run's one token.
+children speak to the driver over a local pipe between parent and child
+(multiprocessing's, never a network socket: the center's slice, its count, its handlers'
+errors); workers reach every shard over TCP with the run's one token.
 """
 
 import logging
@@ -13,6 +14,7 @@ import multiprocessing
 
 from distkeras.algorithms import update_rules
 from distkeras.transport.networking import weights_array
+from distkeras.transport.parameter_servers import AlgorithmServer
 from distkeras.transport.shard_layout import SliceModel, join, shard_layout, split
 
 logger = logging.getLogger(__name__)
@@ -37,9 +39,6 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
         ValueError: If the server cannot be sharded (the escape hatch's own
             ``handle_commit``, a compression), or the layout leaves a shard empty.
     """
-    # Imported here: parameter_servers imports this module (`ParameterServer.shards`).
-    from distkeras.transport.parameter_servers import AlgorithmServer
-
     if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
             and server_class.handle_commit is AlgorithmServer.handle_commit):
         raise ValueError(
@@ -116,14 +115,21 @@ class ServerShards:
         self.ports = tuple(ports)
 
     def _ask(self, *command):
+        """Each child's reply to ``command``.
+
+        Raises:
+            RuntimeError: If a child has exited (killed, or out of memory).
+        """
         if not self._children:  # none runs: what they left, or will start from
             return list(self._kept) if command[0] == "get" else [None] * len(self._kept)
-        replies = []
-        for _, pipe in self._children:
-            pipe.send(command)
-        for _, pipe in self._children:
-            replies.append(pipe.recv())
-        return replies
+        try:
+            for _, pipe in self._children:
+                pipe.send(command)
+            return [pipe.recv() for _, pipe in self._children]
+        except (EOFError, OSError) as error:
+            exited = [process.pid for process, _ in self._children if not process.is_alive()]
+            raise RuntimeError(f"A parameter server shard has exited (pids {exited}): "
+                               f"{type(error).__name__}: {error}") from error
 
     def pids(self):
         """The children's process ids (none before `start` or after `stop`)."""
@@ -159,16 +165,21 @@ class ServerShards:
         handlers' errors."""
         if not self._children:
             return []
-        errors, kept = [], []
-        for (process, pipe), (own_errors, weights, count) in zip(
-                self._children, self._ask("stop", grace_seconds)):
-            errors.extend(own_errors)
-            kept.append((weights, count))
+        try:
+            replies = self._ask("stop", grace_seconds)
+        except RuntimeError as error:  # the run's error: the slices of that child are lost
+            replies = None
+            errors = [str(error)]
+        for process, pipe in self._children:
             process.join(timeout=10.0)
+            if process.is_alive():
+                process.terminate()
             pipe.close()
         self._children = []
-        self._kept = kept
-        return errors
+        if replies is None:
+            return errors
+        self._kept = [(weights, count) for _, weights, count in replies]
+        return [error for own_errors, _, _ in replies for error in own_errors]
 
 
 def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token, pending):
@@ -192,8 +203,9 @@ def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token,
             server.stop(0.0)
             return
         if command == "get":
-            with center.mutex:
-                pipe.send((list(center.center_variable), center.num_updates))
+            with center.mutex:  # the rules replace the center, never change it in place
+                weights, count = center.center_variable, center.num_updates
+            pipe.send((list(weights), count))
         elif command == "set":
             with center.mutex:
                 center.center_variable = weights_array(args[0])

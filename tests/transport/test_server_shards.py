@@ -1,6 +1,8 @@
 """A sharded center (`server_shards`, `shard_layout`, the worker's `ShardLinks`): over
 real sockets, S shard processes give the centers one server gives."""
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -175,3 +177,17 @@ def test_the_escape_hatch_and_compression_cannot_be_sharded():
     with pytest.raises(ValueError, match="compression"):
         sharded_server(AlgorithmServer, make_model(), 2, algorithm=DOWNPOUR(),
                        compression="bfloat16")
+
+
+def test_a_shard_process_that_died_is_named_and_the_server_still_stops():
+    server = sharded_server(DeltaParameterServer, make_model(), 2)
+    server.start()
+    try:
+        (pid,) = server.shards.pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="shard has exited"):
+            server.center_variable
+    finally:
+        server.stop(0.0)
+    assert any("has exited" in error for error in server.transport.errors)
+    assert server.shards.pids() == []
