@@ -166,7 +166,6 @@ def worker_main(host, ports, token, worker_id, shapes, commits, period, seed, re
         networking.authenticate(sockets[-1], token, worker_id)
     links = (_OneServer(sockets[0]) if len(sockets) == 1
              else ShardLinks(sockets, [(shape, np.float32) for shape in shapes]))
-    sock = sockets[0]
     fields = commit_fields(shapes, compression, seed)
     last_update = links.pull(networking.ACTION_PULL).get("num_updates", 0)
     ready.put(worker_id)

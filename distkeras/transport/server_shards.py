@@ -9,15 +9,12 @@ children speak to the driver over a local pipe between parent and child
 errors); workers reach every shard over TCP with the run's one token.
 """
 
-import logging
 import multiprocessing
 
 from distkeras.algorithms import update_rules
 from distkeras.transport.networking import weights_array
 from distkeras.transport.parameter_servers import AlgorithmServer
 from distkeras.transport.shard_layout import SliceModel, join, shard_layout, split
-
-logger = logging.getLogger(__name__)
 
 # Seconds a child has to start serving (a spawned interpreter imports the server).
 START_SECONDS = 120.0
