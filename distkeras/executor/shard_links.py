@@ -2,7 +2,8 @@
 
 A commit is split by key range (`shard_layout.split`) and each shard gets its slice,
 with the update count that shard last answered (DynSGD's staleness is per shard); a pull
-asks every shard and joins the slices. Threads carry the other shards' exchanges: socket
+asks every shard and joins the slices into the model's dtypes (a bfloat16 pull's slices
+become float32, exactly). Threads carry the other shards' exchanges: socket
 I/O releases the interpreter's lock.
 """
 

@@ -136,7 +136,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             in this process). With S > 1 the weights split into S key ranges balanced by
             bytes, each served by its own process with the same rule, and every worker
             exchanges with all of them at once (docs/scaling.md). Needs an algorithm,
-            compression=None and the server on the driver.
+            no top-k compression and the server on the driver.
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
             not given take their declared defaults. The built-ins' trainers take theirs
             by position too, after ``communication_window`` (`distkeras.trainers`).
@@ -260,9 +260,9 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 f"{type(self).__name__} has no algorithm: its server (the escape hatch's "
                 "handle_commit) reads whole-model commits and cannot be sharded. Use "
                 "num_server_shards=1.")
-        if compression is not None:
-            raise ValueError("num_server_shards > 1 does not combine with compression yet. "
-                             "Use compression=None, or num_server_shards=1.")
+        if compression is not None and compression.kind == codecs.TOPK:
+            raise ValueError("num_server_shards > 1 does not combine with top-k compression. "
+                             "Use compression='bfloat16' or None, or num_server_shards=1.")
         if settings.parameter_server_location == "executor":
             raise ValueError("num_server_shards > 1 serves the shards on the driver; "
                              "parameter_server_location='executor' serves one server. "
@@ -301,7 +301,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             return sharded_server(parameter_servers.AlgorithmServer, self.master_model,
                                   self.num_server_shards, self.master_port,
                                   reuse_buffers=self.reuse_server_buffers,
-                                  algorithm=self.make_algorithm())
+                                  algorithm=self.make_algorithm(),
+                                  compression=self.compression)
         return parameter_servers.AlgorithmServer(
             self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
             algorithm=self.make_algorithm(), compression=self.compression)

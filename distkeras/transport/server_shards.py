@@ -12,6 +12,7 @@ errors); workers reach every shard over TCP with the run's one token.
 import multiprocessing
 
 from distkeras.algorithms import update_rules
+from distkeras.transport import compression as codecs
 from distkeras.transport.networking import weights_array
 from distkeras.transport.parameter_servers import AlgorithmServer
 from distkeras.transport.shard_layout import SliceModel, join, shard_layout, split
@@ -34,7 +35,12 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
 
     Raises:
         ValueError: If the server cannot be sharded (the escape hatch's own
-            ``handle_commit``, a compression), or the layout leaves a shard empty.
+            ``handle_commit``, top-k compression), or the layout leaves a shard empty.
+
+    Notes:
+        bfloat16 compression shards as float32 does: each shard reads and sends its
+        slice in bfloat16. Top-k does not: its commits count their entries per whole
+        layer, and a layer may be split between shards.
     """
     if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
             and server_class.handle_commit is AlgorithmServer.handle_commit):
@@ -42,9 +48,10 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
             f"{getattr(server_class, '__name__', server_class)} applies commits with a "
             "handle_commit of its own (the escape hatch), which reads whole-model commits: "
             "it cannot serve a shard. Use num_server_shards=1, or an algorithm's trainer.")
-    if kwargs.get("compression") is not None:
-        raise ValueError("num_server_shards > 1 does not combine with compression yet: use "
-                         "compression=None, or num_server_shards=1.")
+    compression = codecs.parse(kwargs.get("compression"))
+    if compression is not None and compression.kind == codecs.TOPK:
+        raise ValueError("num_server_shards > 1 does not combine with top-k compression: "
+                         "use compression='bfloat16' or None, or num_server_shards=1.")
     weights = model.get_weights()
     spec = [(weight.shape, weight.dtype) for weight in weights]
     layout = shard_layout(spec, num_shards)

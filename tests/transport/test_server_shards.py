@@ -11,6 +11,7 @@ import pytest
 from distkeras.algorithms import DOWNPOUR, DynSGD
 from distkeras.executor.shard_links import ShardLinks
 from distkeras.transport.parameter_servers import AlgorithmServer, DeltaParameterServer
+from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.networking import weights_array
 from distkeras.transport.server_shards import sharded_server
@@ -62,10 +63,13 @@ def _wait_until_applied(server, count):
     raise AssertionError(f"the commits were not applied: {counts} != {count}")
 
 
-def _play(server):
+def _play(server, compression=None):
     """A fixed sequence of two workers' pulls and commits (stale ones among them);
-    returns what the pulls brought and the final center."""
+    returns what the pulls brought (as float32) and the final center."""
     rng = np.random.default_rng(7)
+    spec = [(layer.shape, layer.dtype) for layer in make_model().get_weights()]
+    encoder = None if compression is None else codecs.Encoder(codecs.parse(compression),
+                                                              spec, False)
     workers = [_links(server, 0), _links(server, 1)]
     counts = [0, 0]
     pulled = []
@@ -79,8 +83,9 @@ def _play(server):
             if step == "commit":
                 delta = [rng.standard_normal((3, 2)).astype(np.float32),
                          rng.standard_normal(2).astype(np.float32)]
-                links.commit({"worker_id": worker, "last_update": counts[worker],
-                              "delta": weights_array(delta)})
+                fields = ({"delta": weights_array(delta)} if encoder is None
+                          else encoder.encode(weights_array(delta))[0])
+                links.commit({"worker_id": worker, "last_update": counts[worker], **fields})
                 applied += 1
                 _wait_until_applied(server, applied)  # the script's order, not a race
                 continue
@@ -89,7 +94,8 @@ def _play(server):
             reply = links.pull(action)
             counts[worker] = reply["num_updates"]
             pulled.append((reply["num_updates"], reply.get("unchanged"),
-                           [np.array(layer) for layer in reply.get("center", [])]))
+                           [np.asarray(layer).astype(np.float32)
+                            for layer in reply.get("center", [])]))
         with server.mutex:
             return pulled, [np.array(layer) for layer in server.center_variable], \
                 server.num_updates
@@ -98,18 +104,21 @@ def _play(server):
             links.close()
 
 
-@pytest.mark.parametrize("algorithm", [DOWNPOUR, DynSGD])
-def test_two_shards_give_the_centers_of_one_server(algorithm):
+@pytest.mark.parametrize("algorithm,compression", [(DOWNPOUR, None), (DynSGD, None),
+                                                   (DOWNPOUR, "bfloat16"),
+                                                   (DynSGD, "bfloat16")])
+def test_two_shards_give_the_centers_of_one_server(algorithm, compression):
     results = []
     for shards in (1, 2):
         if shards == 1:
-            server = AlgorithmServer(make_model(), algorithm=algorithm())
+            server = AlgorithmServer(make_model(), algorithm=algorithm(),
+                                     compression=compression)
         else:
             server = sharded_server(AlgorithmServer, make_model(), shards,
-                                    algorithm=algorithm())
+                                    algorithm=algorithm(), compression=compression)
         server.start()
         try:
-            results.append(_play(server))
+            results.append(_play(server, compression))
         finally:
             server.stop()
     (one_pulls, one_center, one_count), (two_pulls, two_center, two_count) = results
@@ -167,16 +176,16 @@ def test_more_shards_than_entries_are_refused():
         shard_layout([((3,), np.float32)], 0)
 
 
-def test_the_escape_hatch_and_compression_cannot_be_sharded():
+def test_the_escape_hatch_and_topk_cannot_be_sharded():
     class OwnRule(DeltaParameterServer):
         def handle_commit(self, conn, addr):
             raise AssertionError("never called")
 
     with pytest.raises(ValueError, match="escape hatch"):
         sharded_server(OwnRule, make_model(), 2)
-    with pytest.raises(ValueError, match="compression"):
+    with pytest.raises(ValueError, match="top-k"):
         sharded_server(AlgorithmServer, make_model(), 2, algorithm=DOWNPOUR(),
-                       compression="bfloat16")
+                       compression="topk")
 
 
 def test_a_shard_process_that_died_is_named_and_the_server_still_stops():
