@@ -63,11 +63,23 @@ def _wait_until_applied(server, count):
     raise AssertionError(f"the commits were not applied: {counts} != {count}")
 
 
-def _play(server, compression=None):
+def _batch_norm_model():
+    """Dense, BatchNormalization (two non-trainable weights), Dense: 42 entries."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.random(weight.shape).astype(np.float32) + 0.5
+                       for weight in model.get_weights()])
+    return model
+
+
+def _play(server, compression=None, make=make_model):
     """A fixed sequence of two workers' pulls and commits (stale ones among them);
     returns what the pulls brought (as float32) and the final center."""
     rng = np.random.default_rng(7)
-    spec = [(layer.shape, layer.dtype) for layer in make_model().get_weights()]
+    spec = [(layer.shape, layer.dtype) for layer in make().get_weights()]
     encoder = None if compression is None else codecs.Encoder(codecs.parse(compression),
                                                               spec, False)
     workers = [_links(server, 0), _links(server, 1)]
@@ -81,8 +93,7 @@ def _play(server, compression=None):
         for worker, step in script:
             links = workers[worker]
             if step == "commit":
-                delta = [rng.standard_normal((3, 2)).astype(np.float32),
-                         rng.standard_normal(2).astype(np.float32)]
+                delta = [rng.standard_normal(shape).astype(np.float32) for shape, _ in spec]
                 fields = ({"delta": weights_array(delta)} if encoder is None
                           else encoder.encode(weights_array(delta))[0])
                 links.commit({"worker_id": worker, "last_update": counts[worker], **fields})
@@ -104,21 +115,22 @@ def _play(server, compression=None):
             links.close()
 
 
-@pytest.mark.parametrize("algorithm,compression", [(DOWNPOUR, None), (DynSGD, None),
-                                                   (DOWNPOUR, "bfloat16"),
-                                                   (DynSGD, "bfloat16")])
-def test_two_shards_give_the_centers_of_one_server(algorithm, compression):
+@pytest.mark.parametrize("algorithm,compression,make,shards", [
+    (DOWNPOUR, None, make_model, 2), (DynSGD, None, make_model, 2),
+    (DOWNPOUR, "bfloat16", make_model, 2), (DynSGD, "bfloat16", make_model, 2),
+    # Non-trainable weights count whole in DynSGD: each shard knows which of its are.
+    (DynSGD, None, _batch_norm_model, 3)])
+def test_shards_give_the_centers_of_one_server(algorithm, compression, make, shards):
     results = []
-    for shards in (1, 2):
-        if shards == 1:
-            server = AlgorithmServer(make_model(), algorithm=algorithm(),
-                                     compression=compression)
+    for count in (1, shards):
+        if count == 1:
+            server = AlgorithmServer(make(), algorithm=algorithm(), compression=compression)
         else:
-            server = sharded_server(AlgorithmServer, make_model(), shards,
+            server = sharded_server(AlgorithmServer, make(), count,
                                     algorithm=algorithm(), compression=compression)
         server.start()
         try:
-            results.append(_play(server, compression))
+            results.append(_play(server, compression, make))
         finally:
             server.stop()
     (one_pulls, one_center, one_count), (two_pulls, two_center, two_count) = results
@@ -129,7 +141,7 @@ def test_two_shards_give_the_centers_of_one_server(algorithm, compression):
             zip(two_pulls, one_pulls):
         assert (count, unchanged) == (want_count, want_unchanged)
         assert_weights_equal(center, want)
-    assert not np.allclose(one_center[0], make_model().get_weights()[0])
+    assert not np.allclose(one_center[0], make().get_weights()[0])
 
 
 def test_the_center_is_read_and_written_across_shards_before_during_and_after():
