@@ -112,7 +112,16 @@ class ServerShards:
             if not pipe.poll(START_SECONDS):
                 raise RuntimeError(f"A parameter server shard did not start within "
                                    f"{START_SECONDS:.0f} s (pid {process.pid}).")
-            reply = pipe.recv()
+            try:
+                reply = pipe.recv()
+            except EOFError:
+                process.join(timeout=10.0)
+                raise RuntimeError(
+                    f"A parameter server shard exited as it started (exit code "
+                    f"{process.exitcode}). Each shard is a spawned Python process, which "
+                    "imports the driver's main script: start the training under "
+                    "`if __name__ == \"__main__\":` there, as multiprocessing requires, or "
+                    "use num_server_shards=1.") from None
             if isinstance(reply, str):
                 raise RuntimeError(f"A parameter server shard failed to start: {reply}")
             ports.append(reply)
