@@ -20,6 +20,7 @@ second. Wall-clock rates on this shared 2-core machine are printed, not trusted.
     python benchmarks/ps_capacity.py --accuracy 30000
     python benchmarks/ps_capacity.py --params 1e7 --workers 2 --commits 8 \
         --compression none bfloat16 topk
+    python benchmarks/ps_capacity.py --params 1e7 --workers 4 --commits 10 --shards 1 2
 
 ``--compression`` runs each case once per compression given, side by side, and prints
 each one's server CPU and bytes per pair as a ratio of the first's; ``bytes_per_pair`` is
@@ -27,6 +28,10 @@ counted on the workers' sockets, both ways. ``--reuse-buffers`` serves with the 
 ``reuse_buffers``; ``--compare-reuse`` alternates it with the default; ``--breakdown``
 adds the server's CPU in each operation; ``--operations`` times the array operations
 alone; ``--accuracy`` trains ADAG on Spark with and without ``reuse_server_buffers``.
+``--shards`` serves a sharded center (`server_shards`: shard 0 here, the others in child
+processes) and runs each case once per count given; the server CPU is summed over this
+process and the shard processes, and the workers exchange with every shard at once
+(`ShardLinks`).
 docs/scaling.md holds the results.
 
 Output: one Markdown table row per case (and ``--json PATH``: the same as JSON).
@@ -70,9 +75,16 @@ def build_model(params):
     return keras.Sequential(layers)
 
 
-def make_server(kind, model, reuse_buffers=False, compression=None):
+def make_server(kind, model, reuse_buffers=False, compression=None, shards=1):
     from distkeras import parameter_servers
+    from distkeras.transport.server_shards import sharded_server
 
+    if shards > 1:
+        cls = {"adag": parameter_servers.ADAGParameterServer,
+               "downpour": parameter_servers.DeltaParameterServer,
+               "dynsgd": parameter_servers.DynSGDParameterServer}[kind]
+        return sharded_server(cls, model, shards, reuse_buffers=reuse_buffers,
+                              compression=compression)
     if kind == "dynsgd":
         if reuse_buffers:
             raise ValueError("--reuse-buffers: only the adding servers (adag, downpour) "
@@ -119,22 +131,48 @@ def commit_fields(shapes, compression, seed):
     return encoder.encode(delta)[0]
 
 
-def worker_main(host, port, token, worker_id, shapes, commits, period, seed, ready, go,
+class _OneServer:
+    """A worker's exchanges with one server, as `ShardLinks` makes them with shards."""
+
+    def __init__(self, sock):
+        self.sockets = [sock]
+
+    def commit(self, message):
+        from distkeras.transport import networking
+
+        networking.send_action(self.sockets[0], networking.ACTION_COMMIT)
+        networking.send_data(self.sockets[0], message)
+
+    def pull(self, action):
+        from distkeras.transport import networking
+
+        networking.send_action(self.sockets[0], action)
+        return networking.recv_data(self.sockets[0])
+
+
+def worker_main(host, ports, token, worker_id, shapes, commits, period, seed, ready, go,
                 results, compression=None):
-    """One simulated worker (a spawned process): connect, authenticate, pull, then
-    ``commits`` commit+pull pairs, one every ``period`` seconds (0: back to back)."""
+    """One simulated worker (a spawned process): connect (to every shard), authenticate,
+    pull, then ``commits`` commit+pull pairs, one every ``period`` seconds (0: back to
+    back)."""
+    from distkeras.executor.shard_links import ShardLinks
     from distkeras.transport import networking
 
     nbytes = sum(4 * int(np.prod(shape)) for shape in shapes)
-    sock = counting_connection(networking.connect(host, port), 2 * nbytes + (1 << 20))
-    networking.authenticate(sock, token, worker_id)
+    sockets = []
+    for port in ports:
+        sockets.append(counting_connection(networking.connect(host, port),
+                                           2 * nbytes + (1 << 20)))
+        networking.authenticate(sockets[-1], token, worker_id)
+    links = (_OneServer(sockets[0]) if len(sockets) == 1
+             else ShardLinks(sockets, [(shape, np.float32) for shape in shapes]))
     fields = commit_fields(shapes, compression, seed)
-    networking.send_action(sock, networking.ACTION_PULL)
-    last_update = networking.recv_data(sock).get("num_updates", 0)
+    last_update = links.pull(networking.ACTION_PULL).get("num_updates", 0)
     ready.put(worker_id)
     go.wait()
     rng = np.random.default_rng(seed)
-    sock.sent = sock.received = 0
+    for each in sockets:
+        each.sent = each.received = 0
     start = time.monotonic()
     phase = rng.uniform(0, period) if period else 0.0
     latencies, with_weights, sparse, late = [], 0, 0, 0
@@ -147,26 +185,31 @@ def worker_main(host, port, token, worker_id, shapes, commits, period, seed, rea
             else:
                 late += 1
         began = time.perf_counter()
-        networking.send_action(sock, networking.ACTION_COMMIT)
-        networking.send_data(sock, {**fields, "worker_id": worker_id,
-                                    "last_update": last_update})
-        networking.send_action(sock, networking.ACTION_PULL_UNLESS_OWN)
-        reply = networking.recv_data(sock)
+        links.commit({**fields, "worker_id": worker_id, "last_update": last_update})
+        reply = links.pull(networking.ACTION_PULL_UNLESS_OWN)
         latencies.append(time.perf_counter() - began)
         last_update = reply.get("num_updates", last_update)
         with_weights += "center" in reply
         sparse += "indices" in reply
     end = time.monotonic()
-    wire_bytes = sock.sent + sock.received
-    networking.send_action(sock, networking.ACTION_QUIT)
-    networking.close_socket(sock.sock)
+    wire_bytes = sum(each.sent + each.received for each in sockets)
+    for each in sockets:
+        networking.send_action(each, networking.ACTION_QUIT)
+        networking.close_socket(each.sock)
     results.put({"worker_id": worker_id, "commits": commits, "start": start, "end": end,
                  "median_latency": float(np.median(latencies)), "with_weights": with_weights,
                  "sparse": sparse, "bytes": wire_bytes, "late": late, "cpu": time.process_time()})
 
 
+def process_cpu_seconds(pid):
+    """The CPU seconds (user + system) process ``pid`` has used, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_case(params, workers, commits, rate=None, server_kind="adag", model=None,
-             host="127.0.0.1", reuse_buffers=False, compression=None):
+             host="127.0.0.1", reuse_buffers=False, compression=None, shards=1):
     """Serves ``workers`` simulated workers of ``commits`` pairs each; returns the figures.
 
     Returns:
@@ -177,25 +220,30 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     model = model if model is not None else build_model(params)
     shapes = [tuple(weight.shape) for weight in model.get_weights()]
     real_params = sum(int(np.prod(shape)) for shape in shapes)
-    server = make_server(server_kind, model, reuse_buffers, compression)
+    server = make_server(server_kind, model, reuse_buffers, compression, shards)
     server.transport.expect_workers(workers)
     server.start()
+    ports = [server.port] + list(server.shards.ports if server.shards else [])
+    pids = server.shards.pids() if server.shards else []
     context = multiprocessing.get_context("spawn")
     ready, results, go = context.Queue(), context.Queue(), context.Event()
     period = 1.0 / rate if rate else 0.0
     processes = [context.Process(
         target=worker_main, daemon=True,
-        args=(host, server.port, server.token, index, shapes, commits, period, 1000 + index,
+        args=(host, ports, server.token, index, shapes, commits, period, 1000 + index,
               ready, go, results, compression)) for index in range(workers)]
     try:
         for process in processes:
             process.start()
         for _ in processes:
             ready.get(timeout=600)
+        shard_cpu = [process_cpu_seconds(pid) for pid in pids]
         cpu_start, wall_start = time.process_time(), time.monotonic()
         go.set()
         reports = [results.get(timeout=3600) for _ in processes]
         cpu, wall = time.process_time() - cpu_start, time.monotonic() - wall_start
+        # The shard processes' CPU, summed with this one's: the server's, all shards.
+        cpu += sum(process_cpu_seconds(pid) - began for pid, began in zip(pids, shard_cpu))
     finally:
         for process in processes:
             process.join(timeout=30)
@@ -211,7 +259,7 @@ def run_case(params, workers, commits, rate=None, server_kind="adag", model=None
     span = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     return {
         "params": real_params, "workers": workers,
-        "server": server_kind + (" reuse" if reuse_buffers else ""),
+        "server": server_kind + (" reuse" if reuse_buffers else ""), "shards": shards,
         "compression": compression or "none",
         "commits_per_worker": commits, "rate_per_worker": rate,
         "server_cpu_s": cpu, "wall_s": wall,
@@ -334,7 +382,7 @@ def compare_reuse(params, workers, commits, rounds):
     return results
 
 
-HEADER = ["params", "workers", "server", "compression", "rate/worker", "pairs",
+HEADER = ["params", "workers", "server", "shards", "compression", "rate/worker", "pairs",
           "server CPU ms/pair", "pairs/s per server core", "pairs/s (wall)",
           "server cores busy", "pulls with weights", "sparse pulls", "MB/pair",
           "median latency ms"]
@@ -343,7 +391,7 @@ HEADER = ["params", "workers", "server", "compression", "rate/worker", "pairs",
 def row(result):
     rate = result["rate_per_worker"]
     return [f"{result['params'] / 1e6:.3g}M", result["workers"], result["server"],
-            result.get("compression", "none"), "flat out" if not rate else f"{rate:g}/s",
+            result.get("shards", 1), result.get("compression", "none"), "flat out" if not rate else f"{rate:g}/s",
             result["workers"] * result["commits_per_worker"],
             f"{result['cpu_ms_per_pair']:.2f}", f"{result['pairs_per_core_s']:.0f}",
             f"{result['pairs_per_wall_s']:.0f}", f"{result['server_cores_busy']:.2f}",
@@ -376,6 +424,24 @@ def ratios(results):
     return "\n".join(lines)
 
 
+def shard_ratios(results):
+    """Each case's server CPU per pair (summed over its shard processes) and wall pairs/s
+    as a ratio of those of the case with the first shard count before it: Markdown."""
+    lines = ["| params | workers | shards | server CPU ms/pair (all shards) | x first | "
+             "pairs/s (wall) | x first |", "|---|---|---|---|---|---|---|"]
+    base = None
+    for result in results:
+        if result["shards"] == results[0]["shards"]:
+            base = result
+        lines.append(
+            f"| {result['params'] / 1e6:.3g}M | {result['workers']} | {result['shards']} | "
+            f"{result['cpu_ms_per_pair']:.2f} | "
+            f"{result['cpu_ms_per_pair'] / base['cpu_ms_per_pair']:.3f} | "
+            f"{result['pairs_per_wall_s']:.1f} | "
+            f"{result['pairs_per_wall_s'] / base['pairs_per_wall_s']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, nargs="+", default=[1e6],
@@ -403,6 +469,9 @@ def main(argv=None):
                              "compression, side by side, with ratios to the first")
     parser.add_argument("--topk-fraction", type=float, default=0.01,
                         help="top-k's share of each layer's entries (default 0.01)")
+    parser.add_argument("--shards", type=int, nargs="+", default=[1],
+                        help="server shard processes; several: each case once per count, "
+                             "side by side, with the server CPU's ratio to the first")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.commits < 1 or min(args.workers) < 1 or min(args.params) < 1:
@@ -432,13 +501,17 @@ def main(argv=None):
             for name in args.compression:
                 compression = {"none": None, "bfloat16": "bfloat16",
                                "topk": f"topk:{args.topk_fraction:g}"}[name]
-                results.append(run_case(int(params), workers, args.commits, args.rate,
-                                        args.server, model, reuse_buffers=args.reuse_buffers,
-                                        compression=compression))
-                print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                for shards in args.shards:
+                    results.append(run_case(int(params), workers, args.commits, args.rate,
+                                            args.server, model,
+                                            reuse_buffers=args.reuse_buffers,
+                                            compression=compression, shards=shards))
+                    print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(results))
     if len(args.compression) > 1:
         print("\n" + ratios(results))
+    if len(args.shards) > 1:
+        print("\n" + shard_ratios(results))
     if spent is not None:
         pairs = sum(r["workers"] * r["commits_per_worker"] for r in results)
         print("\n| server operation | CPU ms per pair (all cases) |\n|---|---|")

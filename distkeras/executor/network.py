@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from distkeras.executor.failures import send_failure
+from distkeras.executor.shard_links import ShardLinks
 from distkeras.executor.step_history import send_history_columns
 from distkeras.executor.task_spec import SpecSetting
 from distkeras.executor.worker import Worker
@@ -59,6 +60,7 @@ class NetworkWorker(Worker):
     connect_timeout = SpecSetting()
     communication_window = SpecSetting()
     compression = SpecSetting()
+    shard_ports = SpecSetting()
 
     def __init__(self, model, optimizer=None, loss=None, loss_weights=None, metrics=None,
                  features_col=None, label_col=None, batch_size=None, num_epoch=None,
@@ -77,19 +79,36 @@ class NetworkWorker(Worker):
         self._server_learning_rate = None  # the last one a pull brought
         self._applied_learning_rate = None
         self.encoder = None  # the compression's `codecs.Encoder`, made in `setup`
+        self.links = None  # a sharded center's `ShardLinks`, made in `setup`
 
     def setup(self):
         self._failure_reported = False
         spec = self.spec
-        self.socket = networking.Connection(
-            networking.connect(spec.master_host, spec.master_port,
-                               timeout=spec.connect_timeout),
-            max_frame_bytes=reply_limit_bytes(self.model.keras_model))
-        networking.authenticate(self.socket, spec.token, self.worker_id,
-                                networking.task_attempt_id())
+        self.socket = self._connect(spec.master_port)
+        if spec.shard_ports:
+            self.links = ShardLinks([self.socket] + [self._connect(port)
+                                                     for port in spec.shard_ports],
+                                    self.weight_spec)
         compression = codecs.parse(spec.compression)
         self.encoder = None if compression is None else codecs.Encoder(
             compression, self.weight_spec, self.error_feedback())
+
+    def _connect(self, port):
+        """An authenticated connection to the server (or shard) at ``port``."""
+        spec = self.spec
+        sock = networking.Connection(
+            networking.connect(spec.master_host, port, timeout=spec.connect_timeout),
+            max_frame_bytes=reply_limit_bytes(self.model.keras_model))
+        networking.authenticate(sock, spec.token, self.worker_id,
+                                networking.task_attempt_id())
+        return sock
+
+    def _pull_reply(self, action):
+        """Sends a pull ``action`` and reads the reply (every shard's, joined)."""
+        if self.links is not None:
+            return self.links.pull(action)
+        networking.send_action(self.socket, action)
+        return networking.recv_data(self.socket)
 
     def error_feedback(self):
         """Whether compressed commits carry what the previous ones left out (True: the
@@ -106,6 +125,8 @@ class NetworkWorker(Worker):
             # only closes (the driver's monitor would end the epochs it has not trained).
             if self.completed:
                 networking.send_action(self.socket, networking.ACTION_QUIT)
+                if self.links is not None:
+                    self.links.goodbye()
         except OSError as error:
             # A worker that failed is most often one the driver stopped (another worker's
             # invalid rows, a callback's error): the server is gone, and a warning of a
@@ -114,6 +135,9 @@ class NetworkWorker(Worker):
             log("Worker %s could not say goodbye to the server: %s", self.worker_id, error)
         networking.close_socket(self.socket)
         self.socket = None
+        if self.links is not None:
+            self.links.close()
+            self.links = None
 
     def before_goodbye(self):
         """Hook run before the last history and the goodbye are sent."""
@@ -131,8 +155,7 @@ class NetworkWorker(Worker):
 
     def pull(self):
         """Fetches the center variable into ``self.center_variable``."""
-        networking.send_action(self.socket, networking.ACTION_PULL)
-        data = networking.recv_data(self.socket)
+        data = self._pull_reply(networking.ACTION_PULL)
         self.center_variable = self._pulled_center(data)
         self.last_update = data.get("num_updates", 0)
         self._note_learning_rate(data)
@@ -151,8 +174,7 @@ class NetworkWorker(Worker):
             worker's commit since, which the caller computes (``center_variable`` is left
             for it to set).
         """
-        networking.send_action(self.socket, networking.ACTION_PULL_UNLESS_OWN)
-        data = networking.recv_data(self.socket)
+        data = self._pull_reply(networking.ACTION_PULL_UNLESS_OWN)
         self.last_update = data.get("num_updates", 0)
         self._note_learning_rate(data)
         if data.get("unchanged") is True:
@@ -222,8 +244,11 @@ class NetworkWorker(Worker):
 
     def send_commit_message(self, message, sent):
         """Sends a `commit_message`; notes ``sent`` for the next sparse pull reply."""
-        networking.send_action(self.socket, networking.ACTION_COMMIT)
-        networking.send_data(self.socket, message)
+        if self.links is not None:
+            self.links.commit(message)
+        else:
+            networking.send_action(self.socket, networking.ACTION_COMMIT)
+            networking.send_data(self.socket, message)
         if self.encoder is not None:
             self.encoder.sent(sent)
 

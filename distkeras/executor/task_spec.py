@@ -64,6 +64,8 @@ class TaskSpec:
         overlap_communication: Exchange with the server while the next window trains.
         compression: The exchanges' compression, as `transport.compression.parse` reads
             it (``"bfloat16"``, ``"topk:0.01"``), or None.
+        shard_ports: The ports of the parameter server's other shards (``master_port``
+            serves the first), or None for one server (`transport.shard_layout`).
         history_every_seconds: How often the steps' records travel with the commits;
             None: the worker class's ``HISTORY_EVERY_SECONDS``.
         algorithm: The `algorithms.Algorithm` a windowed worker runs (its
@@ -100,6 +102,7 @@ class TaskSpec:
     communication_window: Optional[int] = None
     overlap_communication: bool = False
     compression: Optional[str] = None
+    shard_ports: Optional[tuple] = None
     history_every_seconds: Optional[float] = None
     algorithm: Any = None
     optimizer_state: Any = dataclasses.field(default=None, repr=False)

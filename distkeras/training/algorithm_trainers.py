@@ -51,13 +51,14 @@ class AEASGD(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  master_port=0, loss_weights=None, parallelism_factor=1, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None, parameter_server_location=None):
+                 compression=None, parameter_server_location=None, num_server_shards=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
                          rho=rho,
-                         parameter_server_location=parameter_server_location)
+                         parameter_server_location=parameter_server_location,
+                         num_server_shards=num_server_shards)
 
 
 class EAMSGD(AsynchronousDistributedTrainer):
@@ -69,14 +70,16 @@ class EAMSGD(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, rho=5.0, learning_rate=0.1,
                  momentum=None, master_port=0, loss_weights=None, parallelism_factor=1,
                  worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False, compression=None, parameter_server_location=None):
+                 reuse_server_buffers=False, compression=None, parameter_server_location=None,
+                 num_server_shards=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
                          rho=rho,
                          momentum=momentum,
-                         parameter_server_location=parameter_server_location)
+                         parameter_server_location=parameter_server_location,
+                         num_server_shards=num_server_shards)
 
 
 class Experimental(AsynchronousDistributedTrainer):
@@ -88,12 +91,13 @@ class Experimental(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, learning_rate=1.0, master_port=0,
                  loss_weights=None, parallelism_factor=1, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None, parameter_server_location=None):
+                 compression=None, parameter_server_location=None, num_server_shards=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
-                         parameter_server_location=parameter_server_location)
+                         parameter_server_location=parameter_server_location,
+                         num_server_shards=num_server_shards)
 
 
 class DiLoCo(AsynchronousDistributedTrainer):
@@ -105,12 +109,14 @@ class DiLoCo(AsynchronousDistributedTrainer):
                  num_epoch=1, communication_window=None, outer_learning_rate=0.5,
                  outer_momentum=0.5, master_port=0, loss_weights=None, parallelism_factor=1,
                  learning_rate=None, worker_timeout=None, overlap_communication=False,
-                 reuse_server_buffers=False, compression=None, parameter_server_location=None):
+                 reuse_server_buffers=False, compression=None, parameter_server_location=None,
+                 num_server_shards=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
                          parameter_server_location=parameter_server_location,
+                         num_server_shards=num_server_shards,
                          outer_learning_rate=outer_learning_rate,
                          outer_momentum=outer_momentum)
 
@@ -125,12 +131,13 @@ class FedAdam(AsynchronousDistributedTrainer):
                  beta_1=0.0, beta_2=0.99, epsilon=0.01, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False,
-                 compression=None, parameter_server_location=None):
+                 compression=None, parameter_server_location=None, num_server_shards=1):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, communication_window,
                          master_port, loss_weights, parallelism_factor, learning_rate,
                          worker_timeout, overlap_communication, reuse_server_buffers, compression,
                          parameter_server_location=parameter_server_location,
+                         num_server_shards=num_server_shards,
                          server_learning_rate=server_learning_rate, beta_1=beta_1,
                          beta_2=beta_2, epsilon=epsilon)
 

@@ -18,6 +18,7 @@ from distkeras.training.parameter_server import ParameterServerPlan
 from distkeras.training.server_placement import check_location
 from distkeras.training.trainer import Trainer
 from distkeras.transport import compression as codecs
+from distkeras.transport.server_shards import sharded_server
 from distkeras.transport import parameter_servers
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             0: for a client the executors cannot reach, as under Spark Connect), or None:
             ``"executor"`` under Spark Connect, ``"driver"`` otherwise. See
             docs/parameter-server-placement.md for what each shows while it trains.
+        num_server_shards: Processes that serve the center on the driver (1: one server,
+            in this process). With S > 1 the weights split into S key ranges balanced by
+            bytes, each served by its own process with the same rule, and every worker
+            exchanges with all of them at once (docs/scaling.md). Needs an algorithm,
+            no top-k compression and the server on the driver.
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
             not given take their declared defaults. The built-ins' trainers take theirs
             by position too, after ``communication_window`` (`distkeras.trainers`).
@@ -151,7 +157,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                  num_epoch=1, communication_window=None, master_port=0, loss_weights=None,
                  parallelism_factor=1, learning_rate=None, worker_timeout=None,
                  overlap_communication=False, reuse_server_buffers=False, compression=None,
-                 parameter_server_location=None, **hyperparameters):
+                 parameter_server_location=None, num_server_shards=1, **hyperparameters):
         super().__init__(keras_model, worker_optimizer, loss, metrics, num_workers,
                          batch_size, features_col, label_col, num_epoch, loss_weights,
                          parallelism_factor)
@@ -163,6 +169,7 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         self.reuse_server_buffers = reuse_server_buffers
         self.compression = compression
         self.parameter_server_location = parameter_server_location
+        self.num_server_shards = num_server_shards
         declared = {parameter.name: parameter.default for parameter in
                     (self.algorithm.hyperparameters if self.algorithm else ())}
         for name in hyperparameters:
@@ -206,6 +213,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             config.update(compression=self.compression)
         if self.parameter_server_location is not None:
             config.update(parameter_server_location=self.parameter_server_location)
+        if self.num_server_shards != 1:
+            config.update(num_server_shards=self.num_server_shards)
         config.update(self.hyperparameter_values())
         return config
 
@@ -236,7 +245,28 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             raise ValueError(
                 f"{type(self).__name__} has no algorithm: its worker and server (the "
                 "escape hatch) exchange float32 weights. Use compression=None.")
+        self._check_shards(settings, compression)
         return settings
+
+    def _check_shards(self, settings, compression):
+        """Raises a ValueError, saying what to do, for a ``num_server_shards`` that is
+        no positive int or that this run cannot shard."""
+        shards = getattr(settings, "num_server_shards", 1)
+        check_int("num_server_shards", shards, minimum=1)
+        if shards == 1:
+            return
+        if self.algorithm is None:
+            raise ValueError(
+                f"{type(self).__name__} has no algorithm: its server (the escape hatch's "
+                "handle_commit) reads whole-model commits and cannot be sharded. Use "
+                "num_server_shards=1.")
+        if compression is not None and compression.kind == codecs.TOPK:
+            raise ValueError("num_server_shards > 1 does not combine with top-k compression. "
+                             "Use compression='bfloat16' or None, or num_server_shards=1.")
+        if settings.parameter_server_location == "executor":
+            raise ValueError("num_server_shards > 1 serves the shards on the driver; "
+                             "parameter_server_location='executor' serves one server. "
+                             "Use num_server_shards=1, or the server on the driver.")
 
     def make_plan(self, run):
         return self.plan(run, self.allocate_worker, self.checked_parameter_server)
@@ -267,6 +297,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         if self.algorithm is None:
             return parameter_servers.DeltaParameterServer(
                 self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers)
+        if getattr(self, "num_server_shards", 1) > 1:
+            return sharded_server(parameter_servers.AlgorithmServer, self.master_model,
+                                  self.num_server_shards, self.master_port,
+                                  reuse_buffers=self.reuse_server_buffers,
+                                  algorithm=self.make_algorithm(),
+                                  compression=self.compression)
         return parameter_servers.AlgorithmServer(
             self.master_model, self.master_port, reuse_buffers=self.reuse_server_buffers,
             algorithm=self.make_algorithm(), compression=self.compression)

@@ -84,7 +84,9 @@ def restore(server, folder, trainer_name):
         trainer_name: The class name of the trainer resuming (a checkpoint written by
             another is resumed with a warning: its update rule differed).
     """
-    checkpoint = load_checkpoint(folder, server.center.weight_spec)
+    shards = getattr(server, "shards", None)  # a sharded center's: all shards' weights
+    checkpoint = load_checkpoint(folder, server.center.weight_spec if shards is None
+                                 else shards.weight_spec)
     if checkpoint is None:
         logger.warning("No checkpoint in %s: starting from the model's weights.", folder)
         return

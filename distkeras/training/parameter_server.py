@@ -55,6 +55,11 @@ class ParameterServerPlan(Plan):
     def train(self, frame, label_shapes, shuffle):
         if resolve_location(getattr(self.settings, "parameter_server_location", None),
                             frame) == "executor":
+            if getattr(self.settings, "num_server_shards", 1) > 1:
+                raise ValueError(
+                    "num_server_shards > 1 serves the shards on the driver, which this "
+                    "client's executors cannot reach (Spark Connect puts the server in the "
+                    "Spark job): use num_server_shards=1.")
             return train_on_executor(self, frame, label_shapes, shuffle)
         run, settings = self.run, self.settings
         spark = frame.sparkSession

@@ -138,6 +138,9 @@ def configure_parameter_server_worker(run, worker):
     compression = codecs.parse(getattr(settings, "compression", None))
     if compression is not None:
         spec = spec.replace(compression=str(compression))
+    shards = getattr(server, "shards", None)
+    if shards is not None:
+        spec = spec.replace(shard_ports=tuple(shards.ports))
     worker.spec = spec
     if settings.overlap_communication:
         checker = getattr(worker, "check_overlap", None)

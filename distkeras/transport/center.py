@@ -16,6 +16,7 @@ weights back. That is every exchange of a lone worker.
 
 import collections
 import contextlib
+import sys
 import threading
 
 import numpy as np
@@ -56,6 +57,29 @@ def refusing_nonfinite(allow_nonfinite=False):
     except FloatingPointError as error:
         raise RefusedUpdate(f"applying it would make the center non-finite ({error})") \
             from None
+
+
+def _reference_counts(weights):
+    """``sys.getrefcount`` of ``weights`` (an object array of layers) and of each layer."""
+    return sys.getrefcount(weights), [sys.getrefcount(layer) for layer in weights]
+
+
+def unshared(weights, unheld):
+    """Whether nothing but its caller holds ``weights`` or any of its layers: no pull
+    still sending it, no view of a layer, no epoch end or trainer keeping it.
+
+    Args:
+        weights: An object array of layers, held by one variable of the caller.
+        unheld: ``weights_array([np.empty(0)])``, made by the caller and held the same way.
+
+    Notes:
+        CPython's reference counts, compared with those of ``unheld`` read the same way:
+        what the interpreter itself counts (arguments, loop variables; fewer in newer
+        versions) cancels out.
+    """
+    unheld_array, (unheld_layer,) = _reference_counts(unheld)
+    array, layers = _reference_counts(weights)
+    return array <= unheld_array and all(count <= unheld_layer for count in layers)
 
 
 class CenterVariable:

@@ -17,7 +17,6 @@ is read from the part that holds it (``server.transport.errors``,
 """
 
 import logging
-import sys
 
 import numpy as np
 
@@ -27,8 +26,9 @@ from distkeras.algorithms import update_rules
 from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
-                                        refusing_nonfinite)
+                                        refusing_nonfinite, unshared)
 from distkeras.transport.epoch_barrier import EpochBarrier
+from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.transport.history_sink import HistorySink
 from distkeras.transport.networking import recv_data, weights_array
 from distkeras.transport.socket_transport import SocketTransport
@@ -80,26 +80,49 @@ class ParameterServer:
         self.center = self.center_class(model)
         self.transport = SocketTransport(master_port, host, handshake_timeout, server=self)
         self.sink = HistorySink(self.transport.lock, self.center, self.supersede_on_retry)
+        self.shards = None  # a sharded center's other shards (`server_shards`)
 
     # Seed 000's names, and what every trainer reads: the only properties of a server.
-    center_variable = _part_property("center", "center_variable", writable=True)
     mutex = _part_property("center", "mutex")
     num_updates = _part_property("center", "num_updates", writable=True)
     port = _part_property("transport", "port")
     token = _part_property("transport", "token")
     history = _part_property("sink", "history")
 
+    @property
+    def center_variable(self):
+        """The center's weights (a sharded center's: gathered from every shard)."""
+        own = self.center.center_variable
+        return own if self.shards is None else self.shards.gather(own)
+
+    @center_variable.setter
+    def center_variable(self, weights):
+        self.center.center_variable = weights if self.shards is None else \
+            self.shards.scatter(weights)
+
     def start(self):
-        """Binds, listens and serves workers in background threads."""
+        """Binds, listens and serves workers in background threads (and other shards)."""
         self.transport.start()
+        if self.shards is not None:
+            try:
+                self.shards.start(self.transport, self.center.num_updates)
+            except BaseException:
+                self.stop(0.0)
+                raise
 
     def stop(self, grace_seconds=1.0):
-        """Stops serving (`SocketTransport.stop`)."""
+        """Stops serving (`SocketTransport.stop`), and the other shards."""
         self.transport.stop(grace_seconds)
+        if self.shards is not None:
+            self.transport.errors.extend(self.shards.stop(grace_seconds))
 
     def get_model(self):
         """Returns a copy of the master model holding the center variable."""
-        return self.center.get_model()
+        if self.shards is None:
+            return self.center.get_model()
+        model = deserialize_model(serialize_model(self.shards.model))
+        model.set_weights(list(self.center_variable))
+        return model
 
     # -- what the transport asks of its server ---------------------------------------------
 
@@ -238,29 +261,6 @@ class SocketParameterServer(ParameterServer):
         raise NotImplementedError(f"{type(self).__name__} must implement handle_commit().")
 
 
-def _reference_counts(weights):
-    """``sys.getrefcount`` of ``weights`` (an object array of layers) and of each layer."""
-    return sys.getrefcount(weights), [sys.getrefcount(layer) for layer in weights]
-
-
-def _unshared(weights, unheld):
-    """Whether nothing but its caller holds ``weights`` or any of its layers: no pull
-    still sending it, no view of a layer, no epoch end or trainer keeping it.
-
-    Args:
-        weights: An object array of layers, held by one variable of the caller.
-        unheld: ``weights_array([np.empty(0)])``, made by the caller and held the same way.
-
-    Notes:
-        CPython's reference counts, compared with those of ``unheld`` read the same way:
-        what the interpreter itself counts (arguments, loop variables; fewer in newer
-        versions) cancels out.
-    """
-    unheld_array, (unheld_layer,) = _reference_counts(unheld)
-    array, layers = _reference_counts(weights)
-    return array <= unheld_array and all(count <= unheld_layer for count in layers)
-
-
 class AlgorithmServer(SocketParameterServer):
     """The center variable of an `Algorithm`: each commit, checked, goes to its `apply`.
 
@@ -396,7 +396,7 @@ class AlgorithmServer(SocketParameterServer):
         unheld = weights_array([np.empty(0)])
         holders = [unheld]  # held as the center is, by an attribute and a local name
         weights = center.center_variable
-        if not _unshared(weights, holders[0]):
+        if not unshared(weights, holders[0]):
             weights = weights_array(layer.copy() for layer in weights)
         with refusing_nonfinite(center.allow_nonfinite):
             codecs.add_sparse(weights, indices, values, center.starts)
@@ -411,7 +411,7 @@ class AlgorithmServer(SocketParameterServer):
         """
         spare, self._spare_center = self._spare_center, None
         unheld = weights_array([np.empty(0)])
-        if spare is None or spare is center or not _unshared(spare, unheld):
+        if spare is None or spare is center or not unshared(spare, unheld):
             spare = weights_array(np.empty_like(layer) for layer in center)
         for out, layer, change in zip(spare, center, update):
             np.add(layer, change, out=out)

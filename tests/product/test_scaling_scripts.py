@@ -30,7 +30,23 @@ def test_ps_capacity_serves_every_commit_of_its_simulated_workers(tmp_path):
     # (a lone worker's pulls carry none); the pulls' 4 more with 2 workers.
     assert 4 * results[0]["params"] < results[0]["bytes_per_pair"] < 4.5 * results[0]["params"]
     assert 4 * results[1]["params"] < results[1]["bytes_per_pair"] < 8.5 * results[1]["params"]
-    assert "| 2 | adag | none | flat out | 6 |" in run.stdout
+    assert "| 2 | adag | 1 | none | flat out | 6 |" in run.stdout
+
+
+def test_ps_capacity_serves_a_sharded_center_and_sums_its_cpu(tmp_path):
+    output = tmp_path / "capacity.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "ps_capacity.py"), "--params", "20000",
+         "--workers", "2", "--commits", "3", "--server", "dynsgd", "--shards", "1", "2",
+         "--json", str(output)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr  # it raises when a commit was not applied
+    one, two = json.loads(output.read_text())
+    assert [one["shards"], two["shards"]] == [1, 2]
+    assert one["params"] == two["params"] and two["server_cpu_s"] > 0
+    # The same weights travel, split over two connections (one more frame header each).
+    weights = 4 * two["params"] * (1 + two["pulls_with_weights"])
+    assert weights < two["bytes_per_pair"] < weights + 4000
+    assert "server CPU ms/pair (all shards)" in run.stdout
 
 
 def test_ps_capacity_measures_each_compression_side_by_side(tmp_path):

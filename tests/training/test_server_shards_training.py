@@ -1,0 +1,53 @@
+"""``num_server_shards`` on real local Spark: a sharded center trains, and the settings
+that cannot be sharded are refused before any Spark job."""
+
+import math
+
+import pytest
+
+from conftest import accuracy, build_mlp
+
+
+def test_adag_with_two_server_shards_learns(spark, fashion_train, fashion_test):
+    import keras
+
+    from distkeras.trainers import ADAG
+
+    keras.utils.set_random_seed(5)
+    rows, batch_size = 2000, 32
+    trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
+                   batch_size=batch_size, num_server_shards=2)
+    assert trainer.get_config()["num_server_shards"] == 2
+    trained = trainer.train(fashion_train.limit(rows), verbose=0)
+    assert trainer.parameter_server.shards is not None
+    assert accuracy(trained, fashion_test) > 0.3  # it learned (chance: 0.1)
+    # The steps reach the driver once (through shard 0), not once per shard.
+    steps = len(trainer.get_history())
+    assert 0 < steps <= math.ceil(rows / batch_size) + 2
+    assert 0 < trainer.num_updates() <= steps
+
+
+def test_settings_that_cannot_be_sharded_are_refused_before_any_job():
+    from distkeras.trainers import ADAG, AsynchronousDistributedTrainer
+
+    assert "num_server_shards" not in ADAG(build_mlp(8), "adam",
+                                           "categorical_crossentropy").get_config()
+
+    class EscapeHatch(AsynchronousDistributedTrainer):
+        def allocate_worker(self):
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="escape hatch.*num_server_shards=1"):
+        EscapeHatch(build_mlp(8), "adam", "categorical_crossentropy",
+                    num_server_shards=2).validate_arguments()
+    with pytest.raises(ValueError, match="top-k"):
+        ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="topk",
+             num_server_shards=2).validate_arguments()
+    ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="bfloat16",
+         num_server_shards=2).validate_arguments()
+    with pytest.raises(ValueError, match="executor"):
+        ADAG(build_mlp(8), "adam", "categorical_crossentropy", num_server_shards=2,
+             parameter_server_location="executor").validate_arguments()
+    with pytest.raises(ValueError, match="num_server_shards"):
+        ADAG(build_mlp(8), "adam", "categorical_crossentropy",
+             num_server_shards=0).validate_arguments()

@@ -1,0 +1,214 @@
+"""A sharded center (`server_shards`, `shard_layout`, the worker's `ShardLinks`): over
+real sockets, S shard processes give the centers one server gives."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from distkeras.algorithms import DOWNPOUR, DynSGD
+from distkeras.executor.shard_links import ShardLinks
+from distkeras.transport.parameter_servers import AlgorithmServer, DeltaParameterServer
+from distkeras.transport import compression as codecs
+from distkeras.transport import networking
+from distkeras.transport.networking import weights_array
+from distkeras.transport.server_shards import sharded_server
+from distkeras.transport.shard_layout import join, shard_layout, split
+from ps_support import assert_weights_equal, make_model
+
+
+def _connect(server, port, worker_id):
+    sock = networking.Connection(networking.connect("127.0.0.1", port, timeout=5))
+    sock.settimeout(30)
+    networking.authenticate(sock, server.token, worker_id)
+    return sock
+
+
+class _Plain:
+    """One worker's exchanges with one server, as `ShardLinks` makes them with shards."""
+
+    def __init__(self, server, worker_id):
+        self.sock = _connect(server, server.port, worker_id)
+
+    def commit(self, message):
+        networking.send_action(self.sock, networking.ACTION_COMMIT)
+        networking.send_data(self.sock, message)
+
+    def pull(self, action):
+        networking.send_action(self.sock, action)
+        return networking.recv_data(self.sock)
+
+    def close(self):
+        networking.close_socket(self.sock)
+
+
+def _links(server, worker_id):
+    if server.shards is None:
+        return _Plain(server, worker_id)
+    ports = (server.port,) + server.shards.ports
+    return ShardLinks([_connect(server, port, worker_id) for port in ports],
+                      server.shards.weight_spec)
+
+
+def _wait_until_applied(server, count):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with server.mutex:
+            counts = [server.num_updates] + (server.shards.counts() if server.shards else [])
+        if all(each == count for each in counts):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the commits were not applied: {counts} != {count}")
+
+
+def _batch_norm_model():
+    """Dense, BatchNormalization (two non-trainable weights), Dense: 42 entries."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.random(weight.shape).astype(np.float32) + 0.5
+                       for weight in model.get_weights()])
+    return model
+
+
+def _play(server, compression=None, make=make_model):
+    """A fixed sequence of two workers' pulls and commits (stale ones among them);
+    returns what the pulls brought (as float32) and the final center."""
+    rng = np.random.default_rng(7)
+    spec = [(layer.shape, layer.dtype) for layer in make().get_weights()]
+    encoder = None if compression is None else codecs.Encoder(codecs.parse(compression),
+                                                              spec, False)
+    workers = [_links(server, 0), _links(server, 1)]
+    counts = [0, 0]
+    pulled = []
+    applied = 0
+    script = [(0, "pull"), (1, "pull"), (0, "commit"), (1, "commit"), (0, "pull"),
+              (0, "commit"), (1, "commit"), (1, "unless"), (0, "commit"), (0, "unless"),
+              (1, "commit"), (1, "pull")]
+    try:
+        for worker, step in script:
+            links = workers[worker]
+            if step == "commit":
+                delta = [rng.standard_normal(shape).astype(np.float32) for shape, _ in spec]
+                fields = ({"delta": weights_array(delta)} if encoder is None
+                          else encoder.encode(weights_array(delta))[0])
+                links.commit({"worker_id": worker, "last_update": counts[worker], **fields})
+                applied += 1
+                _wait_until_applied(server, applied)  # the script's order, not a race
+                continue
+            action = (networking.ACTION_PULL if step == "pull"
+                      else networking.ACTION_PULL_UNLESS_OWN)
+            reply = links.pull(action)
+            counts[worker] = reply["num_updates"]
+            pulled.append((reply["num_updates"], reply.get("unchanged"),
+                           [np.asarray(layer).astype(np.float32)
+                            for layer in reply.get("center", [])]))
+        with server.mutex:
+            return pulled, [np.array(layer) for layer in server.center_variable], \
+                server.num_updates
+    finally:
+        for links in workers:
+            links.close()
+
+
+@pytest.mark.parametrize("algorithm,compression,make,shards", [
+    (DOWNPOUR, None, make_model, 2), (DynSGD, None, make_model, 2),
+    (DOWNPOUR, "bfloat16", make_model, 2), (DynSGD, "bfloat16", make_model, 2),
+    # Non-trainable weights count whole in DynSGD: each shard knows which of its are.
+    (DynSGD, None, _batch_norm_model, 3)])
+def test_shards_give_the_centers_of_one_server(algorithm, compression, make, shards):
+    results = []
+    for count in (1, shards):
+        if count == 1:
+            server = AlgorithmServer(make(), algorithm=algorithm(), compression=compression)
+        else:
+            server = sharded_server(AlgorithmServer, make(), count,
+                                    algorithm=algorithm(), compression=compression)
+        server.start()
+        try:
+            results.append(_play(server, compression, make))
+        finally:
+            server.stop()
+    (one_pulls, one_center, one_count), (two_pulls, two_center, two_count) = results
+    assert two_count == one_count == 6
+    assert_weights_equal(two_center, one_center)
+    assert len(two_pulls) == len(one_pulls)
+    for (count, unchanged, center), (want_count, want_unchanged, want) in \
+            zip(two_pulls, one_pulls):
+        assert (count, unchanged) == (want_count, want_unchanged)
+        assert_weights_equal(center, want)
+    assert not np.allclose(one_center[0], make().get_weights()[0])
+
+
+def test_the_center_is_read_and_written_across_shards_before_during_and_after():
+    server = sharded_server(DeltaParameterServer, make_model(), 2)
+    restored = [np.full((3, 2), 2.0, np.float32), np.full(2, 3.0, np.float32)]
+    server.center_variable = weights_array(restored)  # a checkpoint, before the start
+    server.num_updates = 4
+    server.start()
+    try:
+        assert server.shards.counts() == [4]
+        assert_weights_equal(server.center_variable, restored)
+        new = [np.full((3, 2), 4.0, np.float32), np.full(2, -1.0, np.float32)]
+        server.center_variable = weights_array(new)
+        assert_weights_equal(server.center_variable, new)
+        # The kernel is split between the two shards: each holds its part.
+        assert [len(pieces) for pieces in server.shards.layout] == [1, 2]
+    finally:
+        server.stop()
+    # The final model is read once the shards have stopped.
+    assert_weights_equal(server.get_model().get_weights(), new)
+    assert server.shards.counts() == [4]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_a_commit_split_by_key_range_joins_back_whole(num_shards):
+    spec = [((100, 7), np.float32), ((7,), np.float32), ((0,), np.float32),
+            ((7, 3), np.float64), ((3,), np.int32)]
+    rng = np.random.default_rng(num_shards)
+    arrays = [rng.standard_normal(shape).astype(dtype) for shape, dtype in spec]
+    layout = shard_layout(spec, num_shards)
+    loads = [sum((stop - start) * np.dtype(spec[layer][1]).itemsize
+                 for layer, start, stop in pieces) for pieces in layout]
+    assert max(loads) - min(loads) <= 8  # balanced to one entry, though one layer dominates
+    joined = join([split(arrays, pieces) for pieces in layout], layout, spec)
+    for got, want in zip(joined, arrays):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_more_shards_than_entries_are_refused():
+    with pytest.raises(ValueError, match="no weights"):
+        shard_layout([((3,), np.float32)], 4)
+    with pytest.raises(ValueError, match="positive int"):
+        shard_layout([((3,), np.float32)], 0)
+
+
+def test_the_escape_hatch_and_topk_cannot_be_sharded():
+    class OwnRule(DeltaParameterServer):
+        def handle_commit(self, conn, addr):
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="escape hatch"):
+        sharded_server(OwnRule, make_model(), 2)
+    with pytest.raises(ValueError, match="top-k"):
+        sharded_server(AlgorithmServer, make_model(), 2, algorithm=DOWNPOUR(),
+                       compression="topk")
+
+
+def test_a_shard_process_that_died_is_named_and_the_server_still_stops():
+    server = sharded_server(DeltaParameterServer, make_model(), 2)
+    server.start()
+    try:
+        (pid,) = server.shards.pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="shard has exited"):
+            server.center_variable
+    finally:
+        server.stop(0.0)
+    assert any("has exited" in error for error in server.transport.errors)
+    assert server.shards.pids() == []
