@@ -25,6 +25,7 @@ def session(mode):
     """A ``local[2]`` session of ``mode``: classic, or a Connect client of a local server."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("KERAS_BACKEND", "jax")  # before Keras loads, in both modes
     if mode == "classic":
         from distkeras.session import local_spark_session
 
