@@ -163,9 +163,10 @@ def has_server(trainer_name):
                                                    trainers.AsynchronousDistributedTrainer)
 
 
-def run(name, kind, train, data, epochs, batch_size, placement=None):
+def run(name, kind, train, data, epochs, batch_size, placement=None, seed=1):
     """Trains the model ``kind`` with the run ``name`` (a parameter-server trainer with its
-    server at ``placement``, when given); returns its measurements."""
+    server at ``placement``, when given) from Keras's random seed ``seed``; returns its
+    measurements."""
     import keras
 
     from distkeras import trainers
@@ -173,7 +174,7 @@ def run(name, kind, train, data, epochs, batch_size, placement=None):
 
     (x_train, y_train), (x_val, y_val), (x_test, labels) = data
     keras.backend.clear_session()
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(seed)
     model = build_model(kind)
     base, _, compression = name.partition("+")
     trainer_name, extra = RUNS[base.split("/")[0]]
@@ -286,6 +287,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--validation", type=int, default=2000)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1],
+                        help="Keras random seeds (the models' initial weights, fit's "
+                             "order): each run once per seed.")
     parser.add_argument("--title", default="Model zoo")
     parser.add_argument("--placement", nargs="+", choices=("driver", "executor"),
                         help="Where the parameter-server trainers' server runs (several: "
@@ -304,10 +308,13 @@ def main():
         for name in args.runs:
             server = has_server(RUNS[name.partition("+")[0].split("/")[0]][0])
             for placement in (args.placement or [None]) if server else [None]:
-                result = run(name, kind, frame, data, args.epochs, args.batch_size,
-                             placement)
-                print(kind, result, flush=True)
-                results.append(result)
+                for seed in args.seeds:
+                    result = run(name, kind, frame, data, args.epochs, args.batch_size,
+                                 placement, seed)
+                    if len(args.seeds) > 1:
+                        result["run"] += f" seed {seed}"
+                    print(kind, result, flush=True)
+                    results.append(result)
         frame.unpersist()
         fit = next((r for r in results if r["run"] == "fit"), None)
         rows = [[r["run"], f"{r['seconds']:.1f}",

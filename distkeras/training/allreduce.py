@@ -4,9 +4,10 @@
 JAX distributed job (`executor.allreduce`), where every step's gradients are averaged over
 the workers before the optimizer applies them: the replicas hold the same weights after
 every step, as one process taking the global batch (``num_workers * batch_size`` rows)
-would. Without validation data or callbacks every epoch runs in one job; with them, each
-epoch is a job of its own, going on from the last one's weights and optimizer state, and
-the driver validates and calls back between two. See docs/allreduce.md.
+would. Without validation data, callbacks or a ``checkpoint_dir`` every epoch runs in one
+job; with them, each epoch is a job of its own, going on from the last one's weights and
+optimizer state, and the driver validates, calls back and writes a checkpoint between
+two (which ``resume`` goes on after). See docs/allreduce.md.
 """
 
 import logging
@@ -16,6 +17,7 @@ import numpy as np
 from distkeras.algorithms.arguments import check_int
 from distkeras.data import frame_layout
 from distkeras.data import parquet_source
+from distkeras.data import storage
 from distkeras.errors import TrainingError
 from distkeras.session import concurrent_task_slots
 from distkeras.executor.allreduce import AllReduceWorker
@@ -23,6 +25,8 @@ from distkeras.executor.epochs import Replay
 from distkeras.keras_io import model_state
 from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.asynchronous import DistributedTrainer
+from distkeras.training.checkpoints import (checkpoint_path, load_epoch_checkpoint,
+                                            save_epoch_checkpoint)
 from distkeras.training.plans import Plan
 from distkeras.transport.history_messages import (history_records, unpack_history,
                                                   unpack_metric_states)
@@ -64,20 +68,64 @@ class AllReducePlan(Plan):
     when the driver validates or calls back between epochs)."""
 
     follows_learning_rate_callbacks = True
+    checkpoints_epochs = True
+    steps_before = 0  # the steps of the checkpoint a resumed run goes on from
 
     def train(self, frame, label_shapes, shuffle):
         run, settings = self.run, self.settings
         check_slots(frame.sparkSession, settings.num_workers)
         model = deserialize_model(serialize_model(settings.master_model))
-        if run.validator is None:
+        if run.checkpoint_dir is not None:
+            storage.check_writable(checkpoint_path(run.checkpoint_dir))
+        done = self.restore(model) if run.resume else 0
+        if run.validator is None and run.checkpoint_dir is None:
             layout = self.barrier_layout(frame, shuffle, seed=None)
             message = self.run_job(layout, model, label_shapes,
                                    Replay(settings.num_epoch, shuffle), run.label,
                                    run.progress_total)
             model.set_weights(list(message["weights"]))
             return model
-        with frame_layout.kept_for_epochs(frame, settings.num_epoch):
-            return self.train_epoch_by_epoch(model, frame, label_shapes, shuffle)
+        with frame_layout.kept_for_epochs(frame, settings.num_epoch - done):
+            return self.train_epoch_by_epoch(model, frame, label_shapes, shuffle, done)
+
+    def restore(self, model):
+        """Puts the checkpoint in the run's ``checkpoint_dir`` into ``model`` (its weights)
+        and the run (its optimizer state); returns the epochs it had done (0 without one,
+        with a warning).
+
+        Raises:
+            ValueError: The checkpoint does not fit the model, or is damaged.
+        """
+        run = self.run
+        checkpoint = load_epoch_checkpoint(
+            run.checkpoint_dir, [(weight.shape, weight.dtype) for weight in
+                                 model.get_weights()], run.name)
+        if checkpoint is None:
+            logger.warning("No checkpoint in %s: starting from the model's weights.",
+                           run.checkpoint_dir)
+            return 0
+        weights, optimizer_state, done, self.steps_before = checkpoint
+        model.set_weights(weights)
+        if optimizer_state is not None:
+            # Tried on the driver: a state of another optimizer fails here, not in the job.
+            try:
+                model_state.set_optimizer_state(
+                    self.compile(deserialize_model(serialize_model(model))), optimizer_state)
+            except ValueError as error:
+                raise ValueError(
+                    f"The checkpoint in {run.checkpoint_dir} holds the state of another "
+                    f"optimizer than worker_optimizer's ({error}). Resume with the optimizer "
+                    "that wrote it, or delete the checkpoint to start afresh.") from error
+            run.optimizer_state = optimizer_state
+        if done >= self.settings.num_epoch:
+            logger.warning("%s: the checkpoint in %s is after epoch %d of %d: nothing is "
+                           "left to train; the model is the checkpoint's. Pass a larger "
+                           "num_epoch to train on.", run.label, run.checkpoint_dir, done,
+                           self.settings.num_epoch)
+        else:
+            logger.info("%s: resuming after epoch %d of %d from %s.", run.label, done,
+                        self.settings.num_epoch, run.checkpoint_dir)
+        return done
 
     def barrier_layout(self, frame, shuffle, seed):
         """``frame`` laid out as one partition per worker, as a barrier stage takes it.
@@ -152,16 +200,22 @@ class AllReducePlan(Plan):
             run.optimizer_state = list(first["optimizer_state"])
         return first
 
-    def train_epoch_by_epoch(self, model, frame, label_shapes, shuffle):
-        """One barrier job per epoch, each from the last one's weights and optimizer
-        state (held by the validator's model, which callbacks see and may change)."""
+    def train_epoch_by_epoch(self, model, frame, label_shapes, shuffle, done=0):
+        """One barrier job per epoch after the first ``done``, each from the last one's
+        weights and optimizer state (held by the validator's model, which callbacks see
+        and may change, when there is one), with a checkpoint after each when the run
+        has a ``checkpoint_dir``."""
         run, num_epoch = self.run, self.settings.num_epoch
-        driver_model = run.validator.model
-        if not driver_model.optimizer.built:
-            driver_model.optimizer.build(driver_model.trainable_variables)
-        for epoch in range(1, num_epoch + 1):
+        driver_model = run.validator.model if run.validator is not None else None
+        if driver_model is not None:
+            if not driver_model.optimizer.built:
+                driver_model.optimizer.build(driver_model.trainable_variables)
+            if run.optimizer_state is not None:  # a checkpoint's
+                model_state.set_optimizer_state(driver_model, run.optimizer_state)
+        for epoch in range(done + 1, num_epoch + 1):
             run.begin_epoch(epoch)
-            run.optimizer_state = model_state.get_optimizer_state(driver_model)
+            if driver_model is not None:
+                run.optimizer_state = model_state.get_optimizer_state(driver_model)
             steps_before, states_before = len(run.history), len(run.metric_states)
             layout = self.barrier_layout(frame, shuffle, seed=epoch if shuffle else None)
             message = self.run_job(
@@ -169,14 +223,29 @@ class AllReducePlan(Plan):
                 f"{num_epoch}", run.progress_total // num_epoch if run.progress_total
                 else None)
             model.set_weights(list(message["weights"]))
-            model_state.set_optimizer_state(driver_model, run.optimizer_state)
+            if driver_model is not None:
+                model_state.set_optimizer_state(driver_model, run.optimizer_state)
             epoch_records = run.history[steps_before:]
             for record in epoch_records + run.metric_states[states_before:]:
                 record["epoch"] = epoch - 1
+            if run.checkpoint_dir is not None:
+                self.save(model, epoch)
             if epoch < num_epoch and run.validate_epoch(model.get_weights(), epoch,
                                                         epoch_records):
                 break
         return model
+
+    def save(self, model, epoch):
+        """Writes the checkpoint of ``model`` after ``epoch`` (its weights, the run's
+        optimizer state, the steps taken)."""
+        run = self.run
+        steps = self.steps_before + sum(
+            1 for record in run.history
+            if record["worker_id"] == 0 and not record.get("superseded"))
+        save_epoch_checkpoint(run.checkpoint_dir, model.get_weights(), run.optimizer_state,
+                              epoch, steps, run.name)
+        logger.info("%s: checkpoint after epoch %d (%d steps) in %s", run.label, epoch,
+                    steps, run.checkpoint_dir)
 
     def compile(self, model):
         """The returned model's optimizer holds the trained one's state, as after `fit`."""
@@ -207,7 +276,9 @@ class AllReduceTrainer(DistributedTrainer):
     Notes:
         JAX backend only. Every worker takes as many steps per epoch as the smallest
         partition allows (the rows beyond are left out). BatchNormalization's statistics
-        are those of the global batch (synchronized). See docs/allreduce.md.
+        are those of the global batch (synchronized). ``train(checkpoint_dir=...)``
+        saves the model and its optimizer state after each epoch, and ``resume=True``
+        runs the epochs after the last saved. See docs/allreduce.md.
     """
 
     exchanges_weights = False  # one model, as fit's: its moving averages are its own

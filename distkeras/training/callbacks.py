@@ -19,7 +19,7 @@ LEARNING_RATE_CALLBACKS = ("LearningRateScheduler", "ReduceLROnPlateau")
 _REFUSED_CALLBACKS = {
     "BackupAndRestore": " To go on after an interrupted run, pass train(df, "
                         "checkpoint_dir=..., resume=True) to a parameter-server trainer "
-                        "(ADAG, DOWNPOUR, ...), or save each epoch's model with "
+                        "(ADAG, DOWNPOUR, ...) or AllReduceTrainer, or save each epoch's model with "
                         "keras.callbacks.ModelCheckpoint.",
     "SwapEMAWeights": "",
 }

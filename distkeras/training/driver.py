@@ -50,16 +50,18 @@ def train(trainer, dataframe, options, overrides=None):
 def check_checkpointing(plan):
     """Refuses checkpoint options that ``plan`` cannot honour."""
     run = plan.run
-    if not plan.keeps_center:
+    if not (plan.keeps_center or plan.checkpoints_epochs):
         if run.checkpoint_dir is not None or run.resume:
             raise ValueError(
                 f"{run.name} keeps no center variable to checkpoint: "
                 "checkpoint_dir and resume need a parameter-server trainer (ADAG, DOWNPOUR, "
-                "AEASGD, EAMSGD, DynSGD, Experimental or your own).")
+                "AEASGD, EAMSGD, DynSGD, Experimental or your own) or AllReduceTrainer.")
         return
     if run.resume and run.checkpoint_dir is None:
-        raise ValueError("resume=True needs the checkpoint_dir to resume from.")
-    if run.checkpoint_dir is not None:
+        raise ValueError("resume=True needs the checkpoint_dir to resume from: pass "
+                         "train(df, checkpoint_dir=..., resume=True) with the folder that "
+                         "an earlier run's checkpoint_dir named.")
+    if run.checkpoint_dir is not None and plan.keeps_center:
         check_number("checkpoint_every", run.checkpoint_every)
 
 

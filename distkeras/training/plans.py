@@ -10,11 +10,14 @@ the trainer's class:
   ``LearningRateScheduler`` sets reaches the workers (for the next epoch).
 - ``watches_one_model``: the run trains one model, which callbacks can watch.
 - ``keeps_center``: the run keeps a center variable that ``checkpoint_dir`` saves.
+- ``checkpoints_epochs``: ``checkpoint_dir`` saves the one model after each epoch, and
+  ``resume`` goes on after the last epoch saved.
 
 The plans: `one_task.OneTaskPlan` (SingleTrainer: one task, or a task per epoch),
 `averaging.AveragingPlan` (an epoch barrier in one job, or a job per epoch),
-`ensemble.EnsemblePlan` (one job of independent members) and
-`parameter_server.ParameterServerPlan` (a parameter-server job).
+`ensemble.EnsemblePlan` (one job of independent members),
+`parameter_server.ParameterServerPlan` (a parameter-server job) and
+`allreduce.AllReducePlan` (a barrier stage whose steps all-reduce, or one per epoch).
 """
 
 import contextlib
@@ -40,6 +43,7 @@ class Plan:
     follows_learning_rate_callbacks = False
     watches_one_model = True
     keeps_center = False
+    checkpoints_epochs = False
 
     def __init__(self, run, make_worker=None):
         self.run = run

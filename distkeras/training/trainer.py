@@ -145,12 +145,16 @@ class Trainer:
                 workers exchange weights, commits per second), as in Keras: 1 a progress bar,
                 2 a line every 30 seconds and at the end (for logs), 0 nothing; ``"auto"``
                 is 1 in a terminal or a notebook and 2 elsewhere.
-            checkpoint_dir: Parameter-server trainers only: a folder (any Hadoop path) where
-                the center variable is saved every ``checkpoint_every`` seconds and at the end
-                (also when the training fails or is interrupted).
-            checkpoint_every: Seconds between two checkpoints.
+            checkpoint_dir: Parameter-server trainers and AllReduceTrainer only: a folder
+                (any Hadoop path) where the parameter server's center variable is saved
+                every ``checkpoint_every`` seconds and at the end (also when the training
+                fails or is interrupted); AllReduceTrainer's model and optimizer state
+                after each epoch.
+            checkpoint_every: Seconds between two checkpoints (parameter-server trainers).
             resume: Start from the checkpoint in ``checkpoint_dir`` (if there is one) instead
-                of the model's weights. The epochs run again in full from those weights.
+                of the model's weights. A parameter-server trainer runs the epochs again in
+                full from those weights; AllReduceTrainer runs the epochs after the
+                checkpoint's, with its optimizer state.
             sample_weight_col: A numeric column weighing each row's loss (as Keras's
                 ``sample_weight``).
             class_weight: A dict from class index to the weight of that class's rows (as
