@@ -73,9 +73,11 @@ def run_mode(mode, limit, epochs):
         results.append({"mode": mode, "trainer": name, "test_accuracy": accuracy,
                         "seconds": seconds})
     test = load_fashion_mnist(spark, "test", limit=1000, num_partitions=2)
-    rows = ModelPredictor(model, "features").predict(test).select("prediction").collect()
+    rows = ModelPredictor(model, "features").predict(test).select(
+        "features", "prediction").collect()  # rows in any order: each with its features
     predicted = np.array([row.prediction for row in rows], dtype="float32")
-    expected = model.predict(images[:1000], verbose=0)
+    expected = model.predict(np.array([row.features for row in rows], dtype="float32"),
+                             verbose=0)
     results.append({"mode": mode, "trainer": "ModelPredictor",
                     "max_abs_difference": float(np.abs(predicted - expected).max())})
     spark.stop()
