@@ -228,10 +228,10 @@ def _check_outside_keras(module, class_name, registered, where):
     package = module.partition(".")[0]
     if package in sys.stdlib_module_names or package.startswith("_") or registered is not None:
         raise ConfigRefused(
-            f"{where} names the class {_short(module)}.{_short(class_name)}, which is "
-            "neither Keras's nor registered on this server: register it "
-            "(@keras.saving.register_keras_serializable()) in a package installed on the "
-            "server, or use Keras's own classes.")
+            f"{where} names the class {_short(class_name)!r}, which this server does not "
+            f"know (module {_short(module)}: neither Keras's nor registered here). Register "
+            "it (@keras.saving.register_keras_serializable()) in a package installed on "
+            "the server, or use Keras's own classes.")
 
 
 def _check_function(item, module, registered, where):

@@ -12,7 +12,8 @@ from distkeras import trainers
 from distkeras.errors import TrainingError
 from distkeras.training.asynchronous import AsynchronousDistributedTrainer
 from distkeras.training.checkpoints import load_checkpoint
-from distkeras.training.server_placement import check_slots, resolve_location, task_slots
+from distkeras.session import concurrent_task_slots
+from distkeras.training.server_placement import check_slots, resolve_location
 from distkeras.workers import ADAGWorker
 
 EXECUTOR = {"parameter_server_location": "executor"}
@@ -53,7 +54,7 @@ def test_a_classic_session_keeps_the_server_on_the_driver(fashion_train):
 
 def test_too_few_slots_for_the_barrier_stage_is_refused_before_the_job(spark,
                                                                        fashion_train):
-    slots = task_slots(spark)
+    slots = concurrent_task_slots(spark)
     assert slots == 2  # the tests' local[2,4]
     with pytest.raises(ValueError, match=r"its 3 tasks .* this Spark runs 2 tasks at once"
                                          r".*num_workers <= 2"):
