@@ -17,8 +17,16 @@ def is_connect(spark):
 
 
 def master(spark):
-    """The session's Spark master (``local[2]``, ``yarn``, ``spark://...``), as its
-    configuration holds it in both modes (under Connect, the server's)."""
+    """The session's Spark master (``local[2]``, ``yarn``, ``spark://...``): the running
+    context's in classic mode, the server's configuration under Connect.
+
+    Notes:
+        In classic mode the session's ``spark.master`` setting can differ from the master
+        the context runs (``builder.master(...).getOrCreate()`` on a running context
+        changes the setting, not the context), so the context's is read.
+    """
+    if not is_connect(spark):
+        return spark.sparkContext.master
     return spark.conf.get("spark.master", "local") or "local"
 
 

@@ -7,6 +7,7 @@ import numpy as np
 
 import distkeras  # noqa: F401  (selects the JAX backend before Keras is imported)
 from distkeras import trainers
+from distkeras.session import master
 from distkeras.training import spark_jobs
 
 
@@ -14,7 +15,8 @@ def _context(master, **conf):
     """A stand-in for a SparkSession: its ``conf`` with the master and the settings."""
     settings = {"spark.master": master, **conf}
     return types.SimpleNamespace(
-        conf=types.SimpleNamespace(get=lambda key, default=None: settings.get(key, default)))
+        conf=types.SimpleNamespace(get=lambda key, default=None: settings.get(key, default)),
+        sparkContext=types.SimpleNamespace(master=master))
 
 
 def test_speculation_on_a_cluster_is_warned_of(caplog):
@@ -35,7 +37,7 @@ def test_parameter_server_trainers_check_speculation_before_training(spark, monk
     from distkeras.training import parameter_server
 
     monkeypatch.setattr(parameter_server, "warn_if_speculative",
-                        lambda session, name: checked.append((session.conf.get("spark.master"), name)))
+                        lambda session, name: checked.append((master(session), name)))
     rows = [([float(i % 3), 1.0], i % 2) for i in range(64)]
     frame = spark.createDataFrame(rows, "features array<float>, label long")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])

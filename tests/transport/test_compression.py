@@ -61,6 +61,24 @@ def wait_for_updates(server, count, timeout=10.0):
         time.sleep(0.005)
 
 
+def wait_until_unheld(server, timeout=10.0):
+    """Waits until no server thread still holds the center (a pull's handler drops its
+    reference after the reply is sent, a moment after the client has it)."""
+    from distkeras.transport.center import unshared
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with server.center.mutex:
+            unheld = weights_array([np.empty(0)])
+            holders = [unheld]  # held as the server's commit holds it
+            weights = server.center.center_variable
+            if unshared(weights, holders[0]):
+                return
+        del weights
+        time.sleep(0.01)
+    raise AssertionError("a server thread still holds the center")
+
+
 def closed(client):
     """Whether the server closed ``client``'s connection (a pull gets no reply)."""
     try:
@@ -186,6 +204,7 @@ def test_topk_commits_are_added_in_place_and_pulls_carry_only_the_others(started
               for client, encoder in zip((first, second), encoders)]
     fields, sent = encoders[0].encode(layers([0.1, -0.5, 0.3, 0, 0, 0], [0.01, -0.02]))
     assert fields["indices"].tolist() == [1, 7]
+    wait_until_unheld(server)
     center_before = weakref.ref(server.center_variable)  # held, it would be copied
     send_commit(first, fields)
     encoders[0].sent(sent)

@@ -685,7 +685,8 @@ def test_the_progress_server_of_many_workers_leaves_room_for_their_handshakes(mo
     monkeypatch.setattr(HistoryServer, "start", lambda self: (
         caps.append(self.transport.max_pending_handshakes), start(self))[1])
     conf = SimpleNamespace(get=lambda key, default=None: default)
-    spark = SimpleNamespace(conf=conf, sparkContext=SimpleNamespace(getConf=lambda: conf))
+    spark = SimpleNamespace(conf=conf, sparkContext=SimpleNamespace(getConf=lambda: conf,
+                                                                master="local[2]"))
     trainer = AveragingTrainer(make_model(), "sgd", "mse")
     run = Run(trainer.settings(), "test", verbose=0)
     worker = SimpleNamespace(spec=TaskSpec())  # the driver sets its spec's address
