@@ -151,7 +151,9 @@ def test_withheld_bodies_do_not_lock_out_a_legitimate_client(secrets, tmp_path):
         attack.join(timeout=30)
         running.stop()
     # benchmarks/punchcard_pressure.py measures it at a larger scale for the docs.
-    assert max(latencies) < 2.0, latencies
+    # Locked out, a call waited out its 20 s; answered, it takes milliseconds (a loaded
+    # machine: a few seconds at most).
+    assert max(latencies) < 6.0, latencies
 
 
 def test_a_withheld_body_is_dropped_after_its_allowance(secrets, tmp_path):
@@ -164,8 +166,8 @@ def test_a_withheld_body_is_dropped_after_its_allowance(secrets, tmp_path):
                                       timeout=10) as client:
             client.sendall(_headers("/api/submit", values["user4"], 60 << 20) + b"{" * 1000)
             started = time.monotonic()
-            assert _answer(client, timeout=10) == b""  # closed, unanswered
-            assert time.monotonic() - started < 4.0
+            assert _answer(client, timeout=15) == b""  # closed, unanswered
+            assert time.monotonic() - started < 8.0  # the allowance was minutes
         # Its secret's submission slot was given back with the connection.
         assert call_api(running.url, "/api/submit", values["user4"], data=b"{no")[0] == 400
         # An unknown secret's body is answered at once, then dropped for the header
@@ -176,10 +178,10 @@ def test_a_withheld_body_is_dropped_after_its_allowance(secrets, tmp_path):
             assert b'{"error": "Unknown secret."}' in _one_answer(client)
             started = time.monotonic()
             with pytest.raises(OSError):
-                while time.monotonic() - started < 10:
+                while time.monotonic() - started < 15:
                     client.sendall(b"x" * (256 << 10))  # 1 MiB/s, 16 times the minimum
                     time.sleep(0.25)
-            assert time.monotonic() - started < 4.0
+            assert time.monotonic() - started < 8.0
     finally:
         running.stop()
 
