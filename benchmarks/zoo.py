@@ -358,6 +358,7 @@ def main():
     spark = local_spark_session("local[2]")
     warm_up_executors(spark, 2)
     folder = args.out or os.path.join(os.path.dirname(__file__), "..", "docs", "zoo")
+    os.makedirs(folder, exist_ok=True)
     sections, records = [], []
     for kind in args.models:
         frame, data = load(spark, kind, args.limit, args.validation)
