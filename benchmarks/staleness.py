@@ -13,10 +13,16 @@ window's end, in simulated time order, the worker exchanges with the center exac
 since its pull make it.
 
     python benchmarks/staleness.py --workers 1 4 8 16 32 64 --rows 20000 --epochs 2 \\
-        --plot docs/staleness.png --json staleness.json
+        --compression none bfloat16 topk --plot docs/staleness.png --json staleness.json
 
-Output: a Markdown table (test accuracy of the center per algorithm and worker count) and,
-with ``--plot``, a PNG of the same.
+``--compression`` runs each algorithm and worker count once per compression, through the
+workers' real `distkeras.transport.compression.Encoder` (error feedback included): a
+commit adds to the center what its compression kept; a bfloat16 pull is the center cut
+to bfloat16 (`truncated_bfloat16`) unless only the worker's own commit moved it; a top-k
+pull is the float32 center, as the sparse reply rebuilds it.
+
+Output: a Markdown table (test accuracy of the center per algorithm, compression and
+worker count) and, with ``--plot``, a PNG of the same.
 """
 
 import argparse
@@ -106,6 +112,7 @@ class SimWorker:
         self.position = 0
         self.weights = self.pulled = self.state = None
         self.last_update = 0
+        self.encoder = None  # the worker's compression `Encoder`, if the run compresses
 
     def next_window(self):
         """The indices of this worker's next window of batches (fewer at the end)."""
@@ -115,10 +122,13 @@ class SimWorker:
 
 
 def simulate(algorithm, num_workers, replicas, images, labels, batch_size, epochs,
-             speed_sigma, jitter_sigma, seed):
-    """Trains ``num_workers`` simulated workers of ``algorithm``; returns the center and
-    the staleness of every commit (others' commits between a worker's pull and commit)."""
+             speed_sigma, jitter_sigma, seed, compression=None):
+    """Trains ``num_workers`` simulated workers of ``algorithm``, their exchanges
+    compressed as ``compression`` (None, ``"bfloat16"``, ``"topk"``, ``"topk:F"``) says;
+    returns the center and the staleness of every commit (others' commits between a
+    worker's pull and commit)."""
     from distkeras.algorithms import update_rules
+    from distkeras.transport import compression as codecs
 
     options = ALGORITHMS[algorithm]
     rng = np.random.default_rng(seed)
@@ -135,9 +145,15 @@ def simulate(algorithm, num_workers, replicas, images, labels, batch_size, epoch
             duration = len(batches) * worker.speed * rng.lognormal(0.0, jitter_sigma)
             heapq.heappush(events, (now + duration, worker.index, batches))
 
+    compression = codecs.parse(compression)
+    spec = [(layer.shape, layer.dtype) for layer in center]
     for worker in workers:
         worker.weights = worker.pulled = center  # every worker pulls the center first
         worker.state = [np.array(value) for value in initial_state]
+        if compression is not None:
+            # Elastic averaging keeps no residual: what was not sent stays in the weights.
+            worker.encoder = codecs.Encoder(compression, spec,
+                                            error_feedback=algorithm != "AEASGD")
         schedule(worker, 0.0)
     staleness = []
     while events:
@@ -159,26 +175,51 @@ def exchange(algorithm, options, worker, center, num_updates, update_rules):
     returns the new center and update count."""
     if algorithm == "AEASGD":
         # Pull C, E = rho * lr * (W - C), W -= E, commit E (the server adds it).
-        elastic = update_rules.elastic_difference(worker.weights, center, options["rho"],
-                                                  options["learning_rate"])
+        elastic = update_rules.elastic_difference(worker.weights, pulled_center(worker, center),
+                                                  options["rho"], options["learning_rate"])
+        elastic = sent(worker, elastic)
         worker.weights = worker.weights - elastic
         worker.last_update = num_updates + 1
         return update_rules.add_update(center, elastic), num_updates + 1
+    alone = num_updates == worker.last_update  # no other commit since this worker's pull
     if algorithm == "ADAG":
-        residual = update_rules.adag_residual(worker.weights, worker.pulled, options["window"])
-        center = update_rules.add_update(center, residual)
+        update = sent(worker, update_rules.adag_residual(worker.weights, worker.pulled,
+                                                         options["window"]))
+        center = update_rules.add_update(center, update)
     elif algorithm == "DOWNPOUR":
-        center = update_rules.add_update(
-            center, update_rules.downpour_delta(worker.weights, worker.pulled))
+        update = sent(worker, update_rules.downpour_delta(worker.weights, worker.pulled))
+        center = update_rules.add_update(center, update)
     elif algorithm == "DynSGD":
         center = update_rules.dynsgd_update(
-            center, update_rules.downpour_delta(worker.weights, worker.pulled), num_updates,
-            worker.last_update)
+            center, sent(worker, update_rules.downpour_delta(worker.weights, worker.pulled)),
+            num_updates, worker.last_update)
     num_updates += 1
-    # Pull: continue from the center.
-    worker.weights = worker.pulled = center
+    # Pull: continue from the center. ADAG's and DOWNPOUR's server sends no weights when
+    # only this worker's commit moved it: the worker adds its commit to what it pulled.
+    if alone and algorithm != "DynSGD":
+        worker.weights = worker.pulled = update_rules.add_update(worker.pulled, update)
+    else:
+        worker.weights = worker.pulled = pulled_center(worker, center)
     worker.last_update = num_updates
     return center, num_updates
+
+
+def sent(worker, update):
+    """What the server applies of ``update``: itself, or what the worker's compression
+    kept of it plus what its earlier commits left out."""
+    return update if worker.encoder is None else worker.encoder.encode(update)[1]
+
+
+def pulled_center(worker, center):
+    """The center as a pull brings it to ``worker``: cut to bfloat16 under bfloat16, else
+    float32 (a top-k run's sparse reply rebuilds it)."""
+    from distkeras.transport import compression as codecs
+    from distkeras.transport.networking import weights_array
+
+    if worker.encoder is None or worker.encoder.compression.kind != codecs.BFLOAT16:
+        return center
+    return weights_array(layer.astype(np.float32)
+                         for layer in codecs.truncated_bfloat16(center))
 
 
 def load_rows(rows, test_rows):
@@ -195,28 +236,42 @@ def load_rows(rows, test_rows):
     return train, test
 
 
+def label(result):
+    """A result's row and line label: its algorithm, window and compression."""
+    compression = result.get("compression", "none")
+    return f"{result['algorithm']} ({result['window']})" + (
+        "" if compression == "none" else f", {compression}")
+
+
 def plot(results, worker_counts, path):
-    """Test accuracy against the number of workers, one line per algorithm."""
+    """Test accuracy against the number of workers, one line per algorithm and
+    compression (a colour per algorithm, a line style per compression)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for algorithm in ALGORITHMS:
-        points = [(r["workers"], r["accuracy"]) for r in results
-                  if r["algorithm"] == algorithm]
-        if points:
-            xs, ys = zip(*points)
-            axis.plot(xs, ys, marker="o", label=f"{algorithm} (window "
-                      f"{ALGORITHMS[algorithm]['window']})")
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    compressions = list(dict.fromkeys(r.get("compression", "none") for r in results))
+    styles = ["-", "--", ":", "-."]
+    for place, algorithm in enumerate(ALGORITHMS):
+        for compression in compressions:
+            points = [(r["workers"], r["accuracy"]) for r in results
+                      if r["algorithm"] == algorithm
+                      and r.get("compression", "none") == compression]
+            if points:
+                xs, ys = zip(*points)
+                axis.plot(xs, ys, marker="o", color=f"C{place}",
+                          linestyle=styles[compressions.index(compression) % len(styles)],
+                          label=label({"algorithm": algorithm, "compression": compression,
+                                       "window": ALGORITHMS[algorithm]["window"]}))
     axis.set_xscale("log", base=2)
     axis.set_xticks(worker_counts, [str(count) for count in worker_counts])
     axis.set_xlabel("workers")
     axis.set_ylabel("test accuracy of the center")
     axis.set_ylim(0, 1)
     axis.grid(True, alpha=0.3)
-    axis.legend()
+    axis.legend(fontsize="small", ncol=1 if len(compressions) == 1 else 2)
     axis.set_title("Fashion-MNIST MLP, simulated asynchronous workers")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -227,6 +282,9 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS),
                         default=list(ALGORITHMS))
+    parser.add_argument("--compression", nargs="+", default=["none"], type=compression_name,
+                        help="none, bfloat16, topk or topk:F: each algorithm and worker "
+                             "count once per compression")
     parser.add_argument("--rows", type=int, default=20000, help="training rows")
     parser.add_argument("--test-rows", type=int, default=10000)
     parser.add_argument("--epochs", type=int, default=2)
@@ -246,37 +304,54 @@ def main(argv=None):
     (images, labels), (test_images, test_labels) = load_rows(args.rows, args.test_rows)
     replicas = Replicas(args.hidden, seed=args.seed)
     results = []
+    earlier = {(r["algorithm"], r.get("compression", "none")) for r in included(args.include)}
     for algorithm in args.algorithms:
-        if any(r["algorithm"] == algorithm for r in included(args.include)):
-            continue
-        for count in args.workers:
-            began = time.process_time()
-            center, staleness = simulate(algorithm, count, replicas, images, labels,
-                                         args.batch_size, args.epochs, args.speed_sigma,
-                                         args.jitter_sigma, args.seed)
-            results.append({"algorithm": algorithm, "workers": count,
-                            "window": ALGORITHMS[algorithm]["window"],
-                            "accuracy": replicas.accuracy(center, test_images, test_labels),
-                            "mean_staleness": float(np.mean(staleness)),
-                            "commits": len(staleness),
-                            "cpu_s": time.process_time() - began})
-            print(results[-1], file=sys.stderr, flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
+        for compression in args.compression:
+            if (algorithm, compression) in earlier:
+                continue
+            for count in args.workers:
+                began = time.process_time()
+                center, staleness = simulate(
+                    algorithm, count, replicas, images, labels, args.batch_size, args.epochs,
+                    args.speed_sigma, args.jitter_sigma, args.seed,
+                    None if compression == "none" else compression)
+                results.append({"algorithm": algorithm, "workers": count,
+                                "window": ALGORITHMS[algorithm]["window"],
+                                "compression": compression,
+                                "accuracy": replicas.accuracy(center, test_images,
+                                                              test_labels),
+                                "mean_staleness": float(np.mean(staleness)),
+                                "commits": len(staleness),
+                                "cpu_s": time.process_time() - began})
+                print(results[-1], file=sys.stderr, flush=True)
+                if args.json:  # after every point: a long run keeps what it measured
+                    with open(args.json, "w", encoding="utf-8") as handle:
+                        json.dump(results, handle, indent=1)
     results = included(args.include) + results
-    algorithms = [a for a in ALGORITHMS if any(r["algorithm"] == a for r in results)]
     header = ["algorithm (window)"] + [f"{count} workers" for count in args.workers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for algorithm in algorithms:
-        cells = [f"{r['accuracy']:.4f} (staleness {r['mean_staleness']:.1f})"
-                 for r in results if r["algorithm"] == algorithm]
-        lines.append(f"| {algorithm} ({ALGORITHMS[algorithm]['window']}) | "
-                     + " | ".join(cells) + " |")
+    for name in dict.fromkeys(label(r) for r in sorted(
+            results, key=lambda r: list(ALGORITHMS).index(r["algorithm"]))):
+        cells = {r["workers"]: f"{r['accuracy']:.4f} (staleness {r['mean_staleness']:.1f})"
+                 for r in results if label(r) == name}
+        lines.append(f"| {name} | " + " | ".join(cells.get(count, "-")
+                                                 for count in args.workers) + " |")
     print("\n".join(lines))
     if args.plot:
         plot(results, args.workers, args.plot)
     return results
+
+
+def compression_name(text):
+    """``--compression``'s value, checked: none or a trainer's ``compression``."""
+    from distkeras.transport import compression as codecs
+
+    if text != "none":
+        try:
+            codecs.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: none, or {error}") from None
+    return text
 
 
 def included(paths):

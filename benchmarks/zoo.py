@@ -11,14 +11,21 @@ model in docs/zoo/).
 
     python benchmarks/zoo.py [--models mlp cnn lstm vit embedding] [--runs fit single adag ...]
                              [--limit 12000] [--epochs 3] [--placement driver executor]
+                             [--seeds 1 2 3] [--out DIR] [--json PATH] [--include PATH ...]
 
 A run ``NAME/W`` sets ``communication_window=W``; ``NAME+bfloat16`` or ``NAME+topk`` (or
 ``NAME+topk:0.05``) its ``compression``, as in ``--runs adag adag+bfloat16 adag+topk``.
 ``--placement`` runs each parameter-server trainer with its server on the driver, in the
 Spark job (``parameter_server_location="executor"``), or both, one after the other.
+
+The section goes into benchmarks/results.md and the plots into docs/zoo/, or both into
+``--out DIR``. ``--json`` writes every run's figures; with compressed runs, a table of
+each run's test accuracy over the seeds (mean, min-max, and the difference to the same
+run uncompressed) follows, joining the runs of ``--include``'s earlier JSON files.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -266,6 +273,50 @@ def plot(kind, results, folder):
     return path
 
 
+def compression_table(records):
+    """A Markdown table of each compressed run's test accuracy over its seeds against the
+    same run uncompressed: model, trainer, compression, seeds, mean, min-max, and the mean's
+    difference to float32's in points.
+
+    Args:
+        records: ``{"model", "run", "seed", "accuracy"}`` dicts, ``run`` as named in
+            ``--runs`` (``adag+bfloat16``), and ``placement`` where one was given.
+    """
+    groups = {}
+    for record in records:
+        base, _, compression = record["run"].partition("+")
+        if record.get("placement"):
+            base += f" ({record['placement']})"
+        groups.setdefault((record["model"], base, compression), []).append(record["accuracy"])
+    rows = []
+    for (model, base, compression), values in groups.items():
+        reference = groups.get((model, base, ""))
+        if not compression and not any(key[:2] == (model, base) and key[2]
+                                       for key in groups):
+            continue  # a run with no compressed counterpart
+        mean = sum(values) / len(values)
+        difference = "-" if not compression or reference is None else \
+            f"{(mean - sum(reference) / len(reference)) * 100:+.2f}"
+        rows.append([model, base, compression or "none", len(values), f"{mean:.4f}",
+                     f"{min(values):.4f}-{max(values):.4f}", difference])
+    order = {name: place for place, name in enumerate(MODELS)}
+    rows.sort(key=lambda row: (order.get(row[0], len(order)), row[1],
+                               row[2] != "none", row[2]))
+    lines = ["| model | trainer | compression | seeds | mean accuracy | min-max | "
+             "points vs none |", "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def included(paths):
+    """The run records that earlier runs wrote with ``--json``."""
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            records += json.load(handle)
+    return records
+
+
 def run_name(text):
     base, plus, compression = text.partition("+")
     name, _, window = base.partition("/")
@@ -294,14 +345,21 @@ def main():
     parser.add_argument("--placement", nargs="+", choices=("driver", "executor"),
                         help="Where the parameter-server trainers' server runs (several: "
                              "each run once per placement). Default: the trainers' own.")
+    parser.add_argument("--out", help="Write the section (results.md) and the plots into "
+                                      "this folder, not benchmarks/ and docs/zoo/.")
+    parser.add_argument("--json", help="Also write every run's figures to this JSON file.")
+    parser.add_argument("--include", nargs="+", default=[],
+                        help="JSON files of earlier runs (--json) whose runs join the "
+                             "compression table.")
     args = parser.parse_args()
     import report
     from distkeras.session import local_spark_session, warm_up_executors
 
     spark = local_spark_session("local[2]")
     warm_up_executors(spark, 2)
-    folder = os.path.join(os.path.dirname(__file__), "..", "docs", "zoo")
-    sections = []
+    folder = args.out or os.path.join(os.path.dirname(__file__), "..", "docs", "zoo")
+    os.makedirs(folder, exist_ok=True)
+    sections, records = [], []
     for kind in args.models:
         frame, data = load(spark, kind, args.limit, args.validation)
         results = []
@@ -311,10 +369,17 @@ def main():
                 for seed in args.seeds:
                     result = run(name, kind, frame, data, args.epochs, args.batch_size,
                                  placement, seed)
+                    records.append({"model": kind, "run": name, "placement": placement,
+                                    "seed": seed,
+                                    **{key: result[key] for key in
+                                       ("seconds", "first_step", "rate", "accuracy")}})
                     if len(args.seeds) > 1:
                         result["run"] += f" seed {seed}"
                     print(kind, result, flush=True)
                     results.append(result)
+                    if args.json:  # after every run: a long study keeps what it measured
+                        with open(args.json, "w", encoding="utf-8") as handle:
+                            json.dump(records, handle, indent=1)
         frame.unpersist()
         fit = next((r for r in results if r["run"] == "fit"), None)
         rows = [[r["run"], f"{r['seconds']:.1f}",
@@ -336,7 +401,11 @@ def main():
             "(SingleTrainer: 1); `local[2]`, executors warmed up; `fit` in the driver "
             f"process. Validation: the first {args.validation} test images after each "
             "epoch; test accuracy on all 10,000.\n\n" + "\n".join(sections))
-    report.write_section(args.title, body)
+    earlier = included(args.include)
+    if any("+" in record["run"] for record in earlier + records):
+        body += "\n### Accuracy with compression\n\n" + compression_table(earlier + records)
+    report.write_section(args.title, body, **(
+        {"doc": os.path.join(args.out, "results.md")} if args.out else {}))
     spark.stop()
 
 

@@ -120,3 +120,21 @@ def test_zoo_runs_name_a_window_and_a_compression():
     for name in ("adag+int8", "adag/x", "nope+topk"):
         with pytest.raises(argparse.ArgumentTypeError, match="adag\\+topk"):
             zoo.run_name(name)
+
+
+def test_zoo_compression_table_compares_each_compressed_run_with_its_float32_seeds():
+    zoo = load_script("zoo")
+    records = [{"model": "mlp", "run": run, "seed": seed, "accuracy": accuracy}
+               for run, seed, accuracy in (
+                   ("adag", 1, 0.80), ("adag", 2, 0.82), ("adag+bfloat16", 1, 0.79),
+                   ("adag+bfloat16", 2, 0.81), ("adag+topk", 1, 0.70), ("fit", 1, 0.9))]
+    records.append({"model": "cnn", "run": "downpour+topk", "seed": 1, "accuracy": 0.5,
+                    "placement": "driver"})
+    lines = zoo.compression_table(records).splitlines()[2:]
+    # Models in the zoo's order, float32 first; `fit` has no compressed run: left out; a
+    # run with no float32 counterpart at its placement has no difference to show.
+    assert lines == [
+        "| mlp | adag | none | 2 | 0.8100 | 0.8000-0.8200 | - |",
+        "| mlp | adag | bfloat16 | 2 | 0.8000 | 0.7900-0.8100 | -1.00 |",
+        "| mlp | adag | topk | 1 | 0.7000 | 0.7000-0.7000 | -11.00 |",
+        "| cnn | downpour (driver) | topk | 1 | 0.5000 | 0.5000-0.5000 | - |"]

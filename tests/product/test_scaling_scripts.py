@@ -136,3 +136,61 @@ def test_ps_capacity_times_the_array_operations():
     costs = capacity.operation_costs(1000, repeat=2)
     assert len(costs) == 8 and all(cost >= 0 for cost in costs.values())
     assert "center + update into a reused buffer (reuse_buffers)" in costs
+
+
+def test_staleness_sends_through_the_workers_compression():
+    staleness = load_script("staleness")
+    rng = np.random.default_rng(0)
+    images = rng.random((32 * 20, 784), dtype=np.float32)
+    labels = rng.integers(0, 10, 32 * 20).astype("int32")
+    replicas = staleness.Replicas(hidden=4)
+
+    def center(algorithm, compression):
+        weights, _ = staleness.simulate(algorithm, 2, replicas, images, labels, 32, 1, 0.1,
+                                        0.25, 0, compression)
+        return np.concatenate([layer.reshape(-1) for layer in weights])
+
+    for algorithm in staleness.ALGORITHMS:
+        plain = center(algorithm, None)
+        # Top-k of every entry sends the whole update: the same run, bit for bit.
+        assert np.array_equal(center(algorithm, "topk:1"), plain), algorithm
+        # bfloat16 and 1% top-k change what reaches the center, not its scale.
+        for compression in ("bfloat16", "topk"):
+            changed = center(algorithm, compression)
+            assert not np.array_equal(changed, plain), (algorithm, compression)
+            assert np.abs(changed - plain).max() < 0.1, (algorithm, compression)
+
+
+def test_staleness_pulls_the_center_cut_to_bfloat16():
+    staleness = load_script("staleness")
+    from distkeras.transport import compression as codecs
+    from distkeras.transport.networking import weights_array
+
+    center = weights_array([np.array([1.0 + 2 ** -12, -3.3], np.float32)])
+    worker = staleness.SimWorker(0, np.zeros((32, 784), np.float32), np.zeros(32, "int32"),
+                                 32, 1, 5, 1.0)
+    assert staleness.pulled_center(worker, center) is center
+    worker.encoder = codecs.Encoder(codecs.parse("bfloat16"), [((2,), np.float32)])
+    pulled = staleness.pulled_center(worker, center)[0]
+    assert pulled.dtype == np.float32 and not np.any(pulled.view(np.uint32) & 0xFFFF)
+    assert pulled[0] == 1.0 and abs(pulled[1] + 3.3) < 3.3 * 2 ** -7
+
+
+def test_staleness_crosses_compressions_with_worker_counts(tmp_path):
+    output = tmp_path / "staleness.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "staleness.py"), "--workers", "1", "2",
+         "--rows", "640", "--test-rows", "200", "--epochs", "1", "--hidden", "8",
+         "--algorithms", "ADAG", "--compression", "none", "bfloat16", "topk:0.05",
+         "--json", str(output), "--plot", str(tmp_path / "staleness.png")],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(output.read_text())
+    assert [(r["compression"], r["workers"]) for r in results] == [
+        ("none", 1), ("none", 2), ("bfloat16", 1), ("bfloat16", 2), ("topk:0.05", 1),
+        ("topk:0.05", 2)]
+    assert "| ADAG (12), topk:0.05 | " in run.stdout and "| ADAG (12) | " in run.stdout
+    bad = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "staleness.py"), "--compression", "int8"],
+        capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "topk:F" in bad.stderr
