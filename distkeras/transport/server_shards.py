@@ -7,9 +7,16 @@ transport, center, rule and checks, with its own lock, update count and stalenes
 children speak to the driver over a local pipe between parent and child
 (multiprocessing's, never a network socket: the center's slice, its count, its handlers'
 errors); workers reach every shard over TCP with the run's one token.
+
+A child whose handler raises, or that exits while it should serve (killed, out of
+memory), fails the run as a handler error of shard 0 does: a thread of the driver
+watches every child, adds the error, naming the shard, to shard 0's transport's
+``errors`` and calls its ``on_error`` (the trainer cancels the workers' Spark job).
 """
 
 import multiprocessing
+import threading
+from multiprocessing.connection import wait
 
 from distkeras.algorithms import update_rules
 from distkeras.transport import compression as codecs
@@ -19,6 +26,8 @@ from distkeras.transport.shard_layout import SliceModel, join, shard_layout, spl
 
 # Seconds a child has to start serving (a spawned interpreter imports the server).
 START_SECONDS = 120.0
+# Seconds between the watcher's looks at whether the shards are stopping.
+_WATCH_SECONDS = 0.2
 
 
 def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
@@ -90,6 +99,9 @@ class ServerShards:
         self._flags = [flags for _, flags in slices]
         self._kept = [(list(weights), 0) for weights, _ in slices]  # while none runs
         self._children = []  # (process, pipe)
+        self._reports = []  # per child, the pipe its handlers' errors come back on
+        self._watcher = None
+        self._stopping = threading.Event()
         self.ports = ()
 
     def start(self, transport, num_updates):
@@ -98,15 +110,19 @@ class ServerShards:
         context = multiprocessing.get_context("spawn")
         host, token = transport.host, transport.token
         max_pending_handshakes = transport.max_pending_handshakes
+        self._stopping.clear()
         for (weights, _), flags in zip(self._kept, self._flags):
             parent, child = context.Pipe()
+            reports, reporter = context.Pipe(duplex=False)
             process = context.Process(
                 target=_serve_shard, daemon=True, name="distkeras-shard",
-                args=(child, self._server_class, weights, num_updates, flags, self._kwargs,
-                      host, token, max_pending_handshakes))
+                args=(child, reporter, self._server_class, weights, num_updates, flags,
+                      self._kwargs, host, token, max_pending_handshakes))
             process.start()
             child.close()
+            reporter.close()
             self._children.append((process, parent))
+            self._reports.append(reports)
         ports = []
         for process, pipe in self._children:
             if not pipe.poll(START_SECONDS):
@@ -126,6 +142,45 @@ class ServerShards:
                 raise RuntimeError(f"A parameter server shard failed to start: {reply}")
             ports.append(reply)
         self.ports = tuple(ports)
+        self._watcher = threading.Thread(target=self._watch, args=(transport,), daemon=True,
+                                         name="distkeras-shard-watch")
+        self._watcher.start()
+
+    def _watch(self, transport):
+        """Until the shards stop: each child's handler error, and a child's exit, become
+        an error of ``transport`` (shard 0's), told to its ``on_error`` as it happens."""
+        sentinels = {process.sentinel: shard for shard, (process, _)
+                     in enumerate(self._children, start=1)}
+        reports = {pipe: shard for shard, pipe in enumerate(self._reports, start=1)}
+        while not self._stopping.is_set() and (sentinels or reports):
+            for ready in wait(list(reports) + list(sentinels), _WATCH_SECONDS):
+                if self._stopping.is_set():
+                    return
+                if ready in reports:
+                    try:
+                        message = ready.recv()
+                    except (EOFError, OSError):  # the child has gone: its sentinel tells
+                        del reports[ready]
+                        continue
+                    self._fail(transport, self._shard_error(reports[ready], message))
+                elif ready in sentinels:
+                    shard = sentinels.pop(ready)
+                    process = self._children[shard - 1][0]
+                    process.join(timeout=1.0)
+                    self._fail(transport, self._shard_error(shard, _exited(process.exitcode)))
+
+    def _shard_error(self, shard, cause):
+        """The error of child ``shard`` (1 to S-1), naming it."""
+        pid = self._children[shard - 1][0].pid
+        return f"parameter server shard {shard} of {len(self._children) + 1} (pid {pid}): " \
+            f"{cause}"
+
+    @staticmethod
+    def _fail(transport, error):
+        with transport.lock:
+            transport.errors.append(error)
+        if transport.on_error is not None:
+            transport.on_error(error)
 
     def _ask(self, *command):
         """Each child's reply to ``command``.
@@ -178,31 +233,67 @@ class ServerShards:
         handlers' errors."""
         if not self._children:
             return []
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
         try:
             replies = self._ask("stop", grace_seconds)
         except RuntimeError as error:  # the run's error: the slices of that child are lost
             replies = None
             errors = [str(error)]
+        # What the handlers reported that the watcher has not read.
+        late = [self._shard_error(shard, message)
+                for shard, pipe in enumerate(self._reports, start=1)
+                for message in _unread(pipe)]
         for process, pipe in self._children:
             process.join(timeout=10.0)
             if process.is_alive():
                 process.terminate()
             pipe.close()
-        self._children = []
+        for pipe in self._reports:
+            pipe.close()
+        self._children, self._reports = [], []
         if replies is None:
-            return errors
-        self._kept = [(weights, count) for _, weights, count in replies]
-        return [error for own_errors, _, _ in replies for error in own_errors]
+            return errors + late
+        self._kept = [(weights, count) for weights, count in replies]
+        return late
 
 
-def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token, pending):
+def _exited(exitcode):
+    """What a child's exit code says, for its error."""
+    if exitcode is not None and exitcode < 0:
+        return f"the process has exited (killed by signal {-exitcode})"
+    return f"the process has exited (exit code {exitcode})"
+
+
+def _unread(pipe):
+    """The messages waiting in ``pipe`` (a closed one's included)."""
+    messages = []
+    try:
+        while pipe.poll():
+            messages.append(pipe.recv())
+    except (EOFError, OSError):  # closed: nothing more
+        pass
+    return messages
+
+
+def _serve_shard(pipe, reporter, server_class, weights, count, flags, kwargs, host, token,
+                 pending):
     """A child's life: serve the slice until the driver says stop (the pipe's commands:
-    ``get``, ``set``, ``stop``)."""
+    ``get``, ``set``, ``stop``), telling ``reporter`` each handler's error."""
+    report_lock = threading.Lock()
+
+    def report(error):
+        with report_lock:  # the connections' threads report through one pipe
+            reporter.send(error)
+
     try:
         server = server_class(SliceModel(weights, flags), 0, host, **kwargs)
         server.center.num_updates = count
         server.transport.token = token
         server.transport.max_pending_handshakes = pending
+        server.transport.on_error = report
         server.start()
     except Exception as error:  # told to the driver, which raises it
         pipe.send(f"{type(error).__name__}: {error}")
@@ -224,7 +315,6 @@ def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token,
                 center.center_variable = weights_array(args[0])
             pipe.send(None)
         else:
-            server.stop(args[0])
-            pipe.send(([f"shard {server.port}: {error}" for error in server.transport.errors],
-                       list(center.center_variable), center.num_updates))
+            server.stop(args[0])  # its handlers' errors went to ``reporter`` as they came
+            pipe.send((list(center.center_variable), center.num_updates))
             return

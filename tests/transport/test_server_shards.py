@@ -2,6 +2,7 @@
 real sockets, S shard processes give the centers one server gives."""
 
 import os
+import queue
 import signal
 import time
 
@@ -202,13 +203,50 @@ def test_the_escape_hatch_and_topk_cannot_be_sharded():
 
 def test_a_shard_process_that_died_is_named_and_the_server_still_stops():
     server = sharded_server(DeltaParameterServer, make_model(), 2)
+    told = queue.Queue()
+    server.transport.on_error = told.put  # the trainer's: cancel the workers' Spark job
     server.start()
     try:
         (pid,) = server.shards.pids()
         os.kill(pid, signal.SIGKILL)
+        # Told as it happens, not when the training would next read the shard.
+        error = told.get(timeout=30)
+        assert error == (f"parameter server shard 1 of 2 (pid {pid}): the process has "
+                         "exited (killed by signal 9)")
         with pytest.raises(RuntimeError, match="shard has exited"):
             server.center_variable
     finally:
         server.stop(0.0)
-    assert any("has exited" in error for error in server.transport.errors)
+    assert server.transport.errors[0] == error
     assert server.shards.pids() == []
+
+
+def test_a_shard_whose_rule_raises_fails_the_run_at_once_naming_the_shard_and_cause():
+    from shard_failure_support import BreaksInAShard
+
+    server = sharded_server(AlgorithmServer, make_model(), 3,
+                            algorithm=BreaksInAShard(fail_at=1))
+    told = queue.Queue()
+    server.transport.on_error = told.put
+    server.start()
+    links = _links(server, 0)
+    try:
+        pids = server.shards.pids()
+        spec = server.shards.weight_spec
+        for _ in range(2):  # the second commit breaks the rule in shards 1 and 2
+            links.commit({"worker_id": 0, "delta": weights_array(
+                [np.ones(shape, np.float32) for shape, _ in spec])})
+        errors = sorted([told.get(timeout=30), told.get(timeout=30)])
+        # Shard 0, on the driver, applies both commits and goes on serving.
+        deadline = time.monotonic() + 30
+        while server.num_updates < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert server.num_updates == 2
+    finally:
+        links.close()
+        server.stop(0.0)
+    assert errors == [f"parameter server shard {shard} of 3 (pid {pid}): ArithmeticError: "
+                      "the rule broke at update 1" for shard, pid in zip((1, 2), pids)]
+    # Each told once: the stop adds no copy of them.
+    assert sorted(server.transport.errors) == errors
+    assert server.shards.counts() == [1, 1]  # what each had applied before it broke
