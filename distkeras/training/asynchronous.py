@@ -261,12 +261,17 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 "handle_commit) reads whole-model commits and cannot be sharded. Use "
                 "num_server_shards=1.")
         if compression is not None and compression.kind == codecs.TOPK:
-            raise ValueError("num_server_shards > 1 does not combine with top-k compression. "
-                             "Use compression='bfloat16' or None, or num_server_shards=1.")
+            raise ValueError(
+                "num_server_shards > 1 does not combine with top-k compression (a top-k "
+                "pull is the other workers' commits since the worker's last one, which each "
+                "shard would count on its own). Use compression='bfloat16' to keep the "
+                "shards, or num_server_shards=1 to keep top-k.")
         if settings.parameter_server_location == "executor":
-            raise ValueError("num_server_shards > 1 serves the shards on the driver; "
-                             "parameter_server_location='executor' serves one server. "
-                             "Use num_server_shards=1, or the server on the driver.")
+            raise ValueError(
+                "num_server_shards > 1 serves the shards in processes on the driver; "
+                "parameter_server_location='executor' serves one server in a task of the "
+                "Spark job. Use parameter_server_location='driver' to keep the shards, or "
+                "num_server_shards=1 to keep the server in the Spark job.")
 
     def make_plan(self, run):
         return self.plan(run, self.allocate_worker, self.checked_parameter_server)

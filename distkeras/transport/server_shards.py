@@ -48,8 +48,9 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
 
     Notes:
         bfloat16 compression shards as float32 does: each shard reads and sends its
-        slice in bfloat16. Top-k does not: its commits count their entries per whole
-        layer, and a layer may be split between shards.
+        slice in bfloat16. Top-k does not: a top-k pull is the other workers' commits
+        since the worker's last pull, which each shard would count on its own (a commit
+        refused by one shard only would leave the worker's joined center wrong).
     """
     if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
             and server_class.handle_commit is AlgorithmServer.handle_commit):
@@ -60,7 +61,8 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
     compression = codecs.parse(kwargs.get("compression"))
     if compression is not None and compression.kind == codecs.TOPK:
         raise ValueError("num_server_shards > 1 does not combine with top-k compression: "
-                         "use compression='bfloat16' or None, or num_server_shards=1.")
+                         "use compression='bfloat16' to keep the shards, or "
+                         "num_server_shards=1 to keep top-k.")
     weights = model.get_weights()
     spec = [(weight.shape, weight.dtype) for weight in weights]
     layout = shard_layout(spec, num_shards)

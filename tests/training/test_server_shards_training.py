@@ -71,12 +71,14 @@ def test_settings_that_cannot_be_sharded_are_refused_before_any_job():
     with pytest.raises(ValueError, match="escape hatch.*num_server_shards=1"):
         EscapeHatch(build_mlp(8), "adam", "categorical_crossentropy",
                     num_server_shards=2).validate_arguments()
-    with pytest.raises(ValueError, match="top-k"):
+    with pytest.raises(ValueError, match="top-k.*compression='bfloat16' to keep the "
+                                         "shards, or num_server_shards=1 to keep top-k"):
         ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="topk",
              num_server_shards=2).validate_arguments()
     ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="bfloat16",
          num_server_shards=2).validate_arguments()
-    with pytest.raises(ValueError, match="executor"):
+    with pytest.raises(ValueError, match="parameter_server_location='driver' to keep the "
+                                         "shards, or num_server_shards=1"):
         ADAG(build_mlp(8), "adam", "categorical_crossentropy", num_server_shards=2,
              parameter_server_location="executor").validate_arguments()
     with pytest.raises(ValueError, match="num_server_shards"):

@@ -196,7 +196,8 @@ def test_the_escape_hatch_and_topk_cannot_be_sharded():
 
     with pytest.raises(ValueError, match="escape hatch"):
         sharded_server(OwnRule, make_model(), 2)
-    with pytest.raises(ValueError, match="top-k"):
+    with pytest.raises(ValueError, match="top-k compression: use compression='bfloat16'.*"
+                                         "num_server_shards=1"):
         sharded_server(AlgorithmServer, make_model(), 2, algorithm=DOWNPOUR(),
                        compression="topk")
 
