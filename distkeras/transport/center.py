@@ -202,7 +202,7 @@ class CenterExchange(CenterVariable):
                                              values=sparse[1], own=own))
             return
         # Rebound, not kept: a bfloat16 pull leaves the float32 center free while it
-        # sends, for the next commit to write into (`AlgorithmServer._add_into_spare`).
+        # sends, for the next commit to write into (`center_writes.CenterWrites`).
         center = self._wire_center(center, num_updates)
         send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
 

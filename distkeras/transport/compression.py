@@ -143,11 +143,6 @@ def field_specs(compression, weight_spec):
     return {BFLOAT16: [(tuple(shape), bfloat16) for shape, _ in weight_spec]}
 
 
-def bfloat16_finite(arrays):
-    """Whether every bfloat16 value of ``arrays`` is finite (its exponent not all ones)."""
-    return all(not np.any((array.view(np.uint16) & 0x7F80) == 0x7F80) for array in arrays)
-
-
 def to_bfloat16(weights):
     """``weights`` (float32 arrays) rounded to bfloat16, to the nearest even."""
     bfloat16 = _bfloat16()
@@ -169,6 +164,12 @@ def truncated_bfloat16(weights):
     return weights_array(
         np.ascontiguousarray(np.asarray(layer).reshape(-1).view(np.uint16)[1::2])
         .view(bfloat16).reshape(np.shape(layer)) for layer in weights)
+
+
+def widened(layer):
+    """A bfloat16 array as float32, exactly: each value's 16 bits, shifted up."""
+    return np.left_shift(np.asarray(layer).view(np.uint16), 16,
+                         dtype=np.uint32).view(np.float32)
 
 
 def read_commit(data, compression, weight_spec, counts):
@@ -210,31 +211,10 @@ def read_commit(data, compression, weight_spec, counts):
     return indices, values
 
 
-def split_sparse(indices, values, starts):
-    """Per weight, ``(its index, flat positions in it, values)`` of a sorted top-k, for
-    the weights it touches (``starts``: `offsets`)."""
-    bounds = np.searchsorted(indices, starts)
-    parts = []
-    for layer, (begin, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        if end > begin:
-            parts.append((layer, indices[begin:end].astype(np.intp) - starts[layer],
-                          values[begin:end]))
-    return parts
-
-
-def add_sparse(weights, indices, values, starts):
-    """Adds a checked top-k commit to ``weights`` in place, every sum computed before any
-    is written (an overflow raised inside ``np.errstate`` leaves them as they were)."""
-    parts = split_sparse(indices, values, starts)
-    sums = [weights[layer].reshape(-1)[where] + change for layer, where, change in parts]
-    for (layer, where, _), total in zip(parts, sums):
-        weights[layer].reshape(-1)[where] = total
-
-
 def dense(compression, payload, weight_spec):
     """The float32 update a compressed commit (`read_commit`'s payload) stands for."""
     if compression.kind == BFLOAT16:
-        return weights_array(layer.astype(np.float32) for layer in payload)
+        return weights_array(widened(layer) for layer in payload)
     flat = np.zeros(total_entries(weight_spec), np.float32)
     flat[payload[0]] = payload[1]
     return _layers(flat, weight_spec)

@@ -19,18 +19,18 @@ commits are epoch ends (an epoch barrier's) are in `epoch_servers`.
 
 import logging
 
-import numpy as np
-
 from distkeras import algorithms
 from distkeras.algorithms import ServerContext
 from distkeras.algorithms import update_rules
+from distkeras.transport import center_writes
 from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
-                                        refusing_nonfinite, unshared)
+                                        refusing_nonfinite)
+from distkeras.transport.center_writes import CenterWrites
 from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.transport.history_sink import HistorySink
-from distkeras.transport.networking import recv_data, weights_array
+from distkeras.transport.networking import recv_data
 from distkeras.transport.socket_transport import SocketTransport
 
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
@@ -305,7 +305,7 @@ class AlgorithmServer(SocketParameterServer):
             raise ValueError("`reuse_buffers` must be True or False. Received: "
                              f"reuse_buffers={reuse_buffers!r}")
         self.reuse_buffers = reuse_buffers
-        self._spare_center = None  # the center before the current one, to write into
+        self.writes = CenterWrites(self.center)  # adds into the spare center, or in place
         self.algorithm = self.algorithm_class() if algorithm is None else algorithm
         # Non-trainable weights (BatchNormalization's statistics): see `update_rules`.
         self.trainable = update_rules.trainable_flags(model)
@@ -330,7 +330,7 @@ class AlgorithmServer(SocketParameterServer):
             field = self.commit_field
             update = center.model_update(data[field] if field in data else data.get("delta"))
             with center.mutex:
-                self.apply_rule(self._add_into_spare if self.reuse_buffers
+                self.apply_rule(self.writes.add_into_spare if self.reuse_buffers
                                 else update_rules.add_update, update)
                 center.next_update(conn)
             return
@@ -358,8 +358,8 @@ class AlgorithmServer(SocketParameterServer):
             center.next_update(conn)
 
     def _compressed_commit(self, conn):
-        """Reads a compressed commit (`compression.read_commit`) and adds it from its
-        compressed form where the rule adds commits as sent.
+        """Reads a compressed commit (`center_writes.read_finite`) and adds it from its
+        compressed form where the rule adds commits as sent (`center_writes`).
 
         Returns:
             ``(message, None)`` once added, else ``(message, the float32 update)`` for
@@ -368,54 +368,18 @@ class AlgorithmServer(SocketParameterServer):
         center, compression = self.center, self.compression
         # Applied (copied out) before this connection reads its next frame.
         data = recv_data(conn, reuse_body=True)
-        payload = codecs.read_commit(data, compression, center.weight_spec,
-                                     center.topk_counts)
-        topk = compression.kind == codecs.TOPK
-        finite = (np.isfinite(payload[1]).all() if topk
-                  else codecs.bfloat16_finite(payload))
-        if not finite and not center.allow_nonfinite:
-            raise RefusedUpdate("it holds NaN or infinite values")
+        payload = center_writes.read_finite(data, compression, center)
         if not self.algorithm.adds_commits_as_sent:
-            return data, codecs.dense(compression, payload, center.weight_spec)
+            return data, center.model_update(
+                codecs.dense(compression, payload, center.weight_spec))
         with center.mutex:
-            if topk:
-                self._add_sparse(*payload)
+            if compression.kind == codecs.TOPK:
+                self.writes.add_sparse(*payload)
                 center.log_sparse(conn, *payload)
             else:
-                # numpy casts the bfloat16 operand in small buffers: no float32 copy.
-                self.apply_rule(self._add_into_spare, payload)
+                self.writes.add_bfloat16(payload)
             center.next_update(conn)
         return data, None
-
-    def _add_sparse(self, indices, values):
-        """Adds a top-k commit to the center in place, or to a copy where anything else
-        holds it (a pull sending it); call under ``mutex``. An overflow raises
-        `RefusedUpdate` and leaves the center unchanged."""
-        center = self.center
-        unheld = weights_array([np.empty(0)])
-        holders = [unheld]  # held as the center is, by an attribute and a local name
-        weights = center.center_variable
-        if not unshared(weights, holders[0]):
-            weights = weights_array(layer.copy() for layer in weights)
-        with refusing_nonfinite(center.allow_nonfinite):
-            codecs.add_sparse(weights, indices, values, center.starts)
-        center.center_variable = weights
-
-    def _add_into_spare(self, center, update):
-        """``center + update`` written into the spare center; call under ``self.mutex``.
-
-        The rule leaves ``center`` and ``update`` as they are (`apply_rule`'s contract):
-        ``center`` becomes the spare once replaced, written into only at a later commit
-        that finds nothing else holding it.
-        """
-        spare, self._spare_center = self._spare_center, None
-        unheld = weights_array([np.empty(0)])
-        if spare is None or spare is center or not unshared(spare, unheld):
-            spare = weights_array(np.empty_like(layer) for layer in center)
-        for out, layer, change in zip(spare, center, update):
-            np.add(layer, change, out=out)
-        self._spare_center = center
-        return spare
 
     def _commits_applied_as_sent(self):
         if type(self).handle_commit is AlgorithmServer.handle_commit:
