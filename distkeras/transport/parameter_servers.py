@@ -267,7 +267,8 @@ class AlgorithmServer(SocketParameterServer):
     update count and the commit's staleness kept, a new center that would be non-finite
     refused. An algorithm that adds commits as sent (``C += update``) is served by
     `apply_rule` with `update_rules.add_update`, or with ``reuse_buffers`` without new
-    memory per commit.
+    memory per commit; its compressed commits are added from their compressed form.
+    Both by the server's ``writes`` (`center_writes.CenterWrites`).
 
     Args:
         model: The master `keras.Model`; its weights are the first center.
