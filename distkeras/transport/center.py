@@ -126,6 +126,8 @@ class CenterExchange(CenterVariable):
         # The run's `compression.Compression` (set by the server), the top-k commits of a
         # rule that adds them as sent (`log_sparse`), and the last bfloat16 pull.
         self.compression = None
+        # A shard's top-k commits carry at most ``topk_counts`` entries, not exactly.
+        self.topk_at_most = False
         self.sparse_log = None
         self._log_bytes = 0
         self._bfloat16_pull = (None, None)
@@ -179,12 +181,13 @@ class CenterExchange(CenterVariable):
         if compression.kind == codecs.TOPK and adds_commits_as_sent:
             self.sparse_log = collections.deque()
 
-    def handle_pull(self, conn, addr):
+    def handle_pull(self, conn, addr, sparse_allowed=True):
         """Sends the center variable and the update count read under one lock.
 
         With compression, the center travels as the run's compression says: bfloat16, or
         (top-k, a rule that adds commits as sent) only the other workers' top-k commits
-        since this connection's last pull when those are fewer bytes (`sparse_since`).
+        since this connection's last pull when those are fewer bytes (`sparse_since`)
+        and ``sparse_allowed``.
         """
         with self.mutex:
             # Handlers replace the center variable, or change it in place only where
@@ -192,7 +195,7 @@ class CenterExchange(CenterVariable):
             # snapshot after the lock is released.
             center = self.center_variable
             num_updates = self.num_updates
-            sparse = self.sparse_since(conn, num_updates)
+            sparse = self.sparse_since(conn, num_updates) if sparse_allowed else None
             own = conn.own_updates
             conn.last_pull_update = num_updates
             conn.own_updates = conn.own_commits = 0

@@ -158,7 +158,8 @@ def read_finite(data, compression, center):
         RefusedUpdate: If top-k's values are not finite (unless the center's
             ``allow_nonfinite``).
     """
-    payload = codecs.read_commit(data, compression, center.weight_spec, center.topk_counts)
+    payload = codecs.read_commit(data, compression, center.weight_spec, center.topk_counts,
+                                 center.topk_at_most)
     if compression.kind == codecs.TOPK and not center.allow_nonfinite and \
             not np.isfinite(payload[1]).all():
         raise RefusedUpdate("it holds NaN or infinite values")

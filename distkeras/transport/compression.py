@@ -172,7 +172,7 @@ def widened(layer):
                          dtype=np.uint32).view(np.float32)
 
 
-def read_commit(data, compression, weight_spec, counts):
+def read_commit(data, compression, weight_spec, counts, at_most=False):
     """The compressed update a commit carries, checked against the model.
 
     Args:
@@ -180,6 +180,8 @@ def read_commit(data, compression, weight_spec, counts):
         compression: The run's `Compression`.
         weight_spec: The model's ``[(shape, dtype)]``.
         counts: `topk_counts` of the model (top-k).
+        at_most: The commit carries at most ``sum(counts)`` entries (a shard's part of
+            one), not exactly.
 
     Returns:
         bfloat16: the object array of bfloat16 layers (their shapes were checked as the
@@ -201,9 +203,9 @@ def read_commit(data, compression, weight_spec, counts):
     if not (isinstance(values, np.ndarray) and values.dtype == np.float32
             and values.shape == indices.shape):
         raise ProtocolError("A top-k commit must carry float32 \"values\", one per index.")
-    if len(indices) != sum(counts):
+    if len(indices) > sum(counts) or (len(indices) != sum(counts) and not at_most):
         raise ProtocolError(f"A top-k commit carries {len(indices)} entries; this model's "
-                            f"take {sum(counts)}.")
+                            f"take {'at most ' if at_most else ''}{sum(counts)}.")
     if len(indices) and (int(indices[-1]) >= total_entries(weight_spec)
                          or np.any(indices[1:] <= indices[:-1])):
         raise ProtocolError("A top-k commit's indices must rise strictly and stay below "

@@ -319,6 +319,16 @@ class AlgorithmServer(SocketParameterServer):
         self.field_specs = codecs.field_specs(self.compression, self.center.weight_spec)
         self.center.compress(self.compression, self.algorithm.adds_commits_as_sent)
 
+    def action_handlers(self):
+        handlers = super().action_handlers()
+        if self.center.sparse_log is not None:  # top-k: a pull of the center itself
+            handlers[networking.ACTION_PULL_CENTER] = (self.handle_pull_center, False)
+        return handlers
+
+    def handle_pull_center(self, conn, addr):
+        """Like `handle_pull`, but always with the center, never a sparse reply."""
+        self.center.handle_pull(conn, addr, sparse_allowed=False)
+
     def handle_commit(self, conn, addr):
         """Receives one commit, checks it and applies it with the algorithm."""
         algorithm, center = self.algorithm, self.center

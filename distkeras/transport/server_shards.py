@@ -44,13 +44,12 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
 
     Raises:
         ValueError: If the server cannot be sharded (the escape hatch's own
-            ``handle_commit``, top-k compression), or the layout leaves a shard empty.
+            ``handle_commit``), or the layout leaves a shard empty.
 
     Notes:
         bfloat16 compression shards as float32 does: each shard reads and sends its
-        slice in bfloat16. Top-k does not: a top-k pull is the other workers' commits
-        since the worker's last pull, which each shard would count on its own (a commit
-        refused by one shard only would leave the worker's joined center wrong).
+        slice in bfloat16. Top-k commits are split by key range (`ShardLinks`): each
+        shard takes at most its pieces' share of each layer's entries.
     """
     if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
             and server_class.handle_commit is AlgorithmServer.handle_commit):
@@ -58,20 +57,35 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
             f"{getattr(server_class, '__name__', server_class)} applies commits with a "
             "handle_commit of its own (the escape hatch), which reads whole-model commits: "
             "it cannot serve a shard. Use num_server_shards=1, or an algorithm's trainer.")
-    compression = codecs.parse(kwargs.get("compression"))
-    if compression is not None and compression.kind == codecs.TOPK:
-        raise ValueError("num_server_shards > 1 does not combine with top-k compression: "
-                         "use compression='bfloat16' to keep the shards, or "
-                         "num_server_shards=1 to keep top-k.")
     weights = model.get_weights()
     spec = [(weight.shape, weight.dtype) for weight in weights]
     layout = shard_layout(spec, num_shards)
     flags = update_rules.trainable_flags(model)
     slices = [(split(weights, pieces), [flags[layer] for layer, _, _ in pieces])
               for pieces in layout]
+    caps = topk_caps(codecs.parse(kwargs.get("compression")), spec, layout)
     server = server_class(SliceModel(*slices[0]), master_port, **kwargs)
-    server.shards = ServerShards(model, spec, layout, server_class, kwargs, slices[1:])
+    take_topk_parts(server, caps[0])
+    server.shards = ServerShards(model, spec, layout, server_class, kwargs, slices[1:],
+                                 caps[1:])
     return server
+
+
+def topk_caps(compression, weight_spec, layout):
+    """Per shard, the most entries of a top-k commit that each of its pieces can get
+    (its layer's count, at most the piece's size); None per shard without top-k."""
+    if compression is None or compression.kind != codecs.TOPK:
+        return [None] * len(layout)
+    counts = codecs.topk_counts(compression, weight_spec)
+    return [[min(stop - start, counts[layer]) for layer, start, stop in pieces]
+            for pieces in layout]
+
+
+def take_topk_parts(server, caps):
+    """Makes a shard's server take its part of each top-k commit: at most ``caps``."""
+    if caps is not None:
+        server.center.topk_counts = caps
+        server.center.topk_at_most = True
 
 
 class ServerShards:
@@ -85,6 +99,7 @@ class ServerShards:
         server_class: The server class every shard runs.
         kwargs: Its arguments besides the model and the port.
         slices: ``(pieces, trainable flags)`` of shards 1 to S-1.
+        caps: `topk_caps` of shards 1 to S-1.
 
     Notes:
         While no child runs (before `start`, after `stop`) the children's slices and
@@ -92,13 +107,14 @@ class ServerShards:
         the final model is read after the stop.
     """
 
-    def __init__(self, model, weight_spec, layout, server_class, kwargs, slices):
+    def __init__(self, model, weight_spec, layout, server_class, kwargs, slices, caps):
         self.model = model
         self.weight_spec = weight_spec
         self.layout = layout
         self._server_class = server_class
         self._kwargs = kwargs
         self._flags = [flags for _, flags in slices]
+        self._caps = caps
         self._kept = [(list(weights), 0) for weights, _ in slices]  # while none runs
         self._children = []  # (process, pipe)
         self._reports = []  # per child, the pipe its handlers' errors come back on
@@ -113,13 +129,13 @@ class ServerShards:
         host, token = transport.host, transport.token
         max_pending_handshakes = transport.max_pending_handshakes
         self._stopping.clear()
-        for (weights, _), flags in zip(self._kept, self._flags):
+        for (weights, _), flags, caps in zip(self._kept, self._flags, self._caps):
             parent, child = context.Pipe()
             reports, reporter = context.Pipe(duplex=False)
             process = context.Process(
                 target=_serve_shard, daemon=True, name="distkeras-shard",
-                args=(child, reporter, self._server_class, weights, num_updates, flags,
-                      self._kwargs, host, token, max_pending_handshakes))
+                args=(child, reporter, self._server_class, (weights, flags, caps),
+                      num_updates, self._kwargs, host, token, max_pending_handshakes))
             process.start()
             child.close()
             reporter.close()
@@ -280,10 +296,11 @@ def _unread(pipe):
     return messages
 
 
-def _serve_shard(pipe, reporter, server_class, weights, count, flags, kwargs, host, token,
-                 pending):
-    """A child's life: serve the slice until the driver says stop (the pipe's commands:
-    ``get``, ``set``, ``stop``), telling ``reporter`` each handler's error."""
+def _serve_shard(pipe, reporter, server_class, piece, count, kwargs, host, token, pending):
+    """A child's life: serve the slice (``piece``: its weights, trainable flags and
+    `topk_caps`) until the driver says stop (the pipe's commands: ``get``, ``set``,
+    ``stop``), telling ``reporter`` each handler's error."""
+    weights, flags, caps = piece
     report_lock = threading.Lock()
 
     def report(error):
@@ -292,6 +309,7 @@ def _serve_shard(pipe, reporter, server_class, weights, count, flags, kwargs, ho
 
     try:
         server = server_class(SliceModel(weights, flags), 0, host, **kwargs)
+        take_topk_parts(server, caps)
         server.center.num_updates = count
         server.transport.token = token
         server.transport.max_pending_handshakes = pending

@@ -9,7 +9,9 @@ import pytest
 from conftest import accuracy, build_mlp
 
 
-def test_adag_with_two_server_shards_learns(spark, fashion_train, fashion_test):
+@pytest.mark.parametrize("compression", [None, "topk:0.1"])
+def test_adag_with_two_server_shards_learns(spark, fashion_train, fashion_test,
+                                            compression):
     import keras
 
     from distkeras.trainers import ADAG
@@ -17,7 +19,7 @@ def test_adag_with_two_server_shards_learns(spark, fashion_train, fashion_test):
     keras.utils.set_random_seed(5)
     rows, batch_size = 2000, 32
     trainer = ADAG(build_mlp(32), "adam", "categorical_crossentropy", num_workers=2,
-                   batch_size=batch_size, num_server_shards=2)
+                   batch_size=batch_size, num_server_shards=2, compression=compression)
     assert trainer.get_config()["num_server_shards"] == 2
     trained = trainer.train(fashion_train.limit(rows), verbose=0)
     assert trainer.parameter_server.shards is not None
@@ -71,10 +73,8 @@ def test_settings_that_cannot_be_sharded_are_refused_before_any_job():
     with pytest.raises(ValueError, match="escape hatch.*num_server_shards=1"):
         EscapeHatch(build_mlp(8), "adam", "categorical_crossentropy",
                     num_server_shards=2).validate_arguments()
-    with pytest.raises(ValueError, match="top-k.*compression='bfloat16' to keep the "
-                                         "shards, or num_server_shards=1 to keep top-k"):
-        ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="topk",
-             num_server_shards=2).validate_arguments()
+    ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="topk",
+         num_server_shards=2).validate_arguments()
     ADAG(build_mlp(8), "adam", "categorical_crossentropy", compression="bfloat16",
          num_server_shards=2).validate_arguments()
     with pytest.raises(ValueError, match="parameter_server_location='driver' to keep the "
