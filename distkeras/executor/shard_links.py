@@ -91,8 +91,12 @@ class ShardLinks:
 
         Returns:
             Shard 0's reply (its update count, the learning rate), with the joined
-            ``center``; or ``unchanged`` when every shard answered so. A shard that
-            answered ``unchanged`` while another did not is asked again with a full pull.
+            ``center``, or a top-k run's joined sparse reply (``indices`` at the model's
+            keys, ``values``, ``own``); or ``unchanged`` when every shard answered so. A
+            shard that answered ``unchanged`` while another did not is asked again with
+            a full pull (top-k: its reply joins the others' as one of no entries);
+            sparse replies that do not join (their ``own`` counts differ, or another
+            shard sent its center) are asked again for the center.
         """
         def ask(action):
             def exchange(shard):
@@ -104,9 +108,20 @@ class ShardLinks:
         unchanged = [shard for shard, reply in enumerate(replies)
                      if reply.get("unchanged") is True]
         if unchanged and len(unchanged) < len(replies):
-            for shard, reply in zip(unchanged, self._each(ask(networking.ACTION_PULL),
-                                                          unchanged)):
-                replies[shard] = reply
+            if all("indices" in reply or shard in unchanged
+                   for shard, reply in enumerate(replies)):
+                # Top-k: a shard that only this worker's commits moved is a sparse reply
+                # of no entries (the others' commits reach the shards at different times).
+                for shard in unchanged:
+                    reply = {name: value for name, value in replies[shard].items()
+                             if name != "unchanged"}
+                    replies[shard] = {**reply, "indices": np.zeros(0, np.uint32),
+                                      "values": np.zeros(0, np.float32)}
+                unchanged = []
+            else:
+                for shard, reply in zip(unchanged, self._each(ask(networking.ACTION_PULL),
+                                                              unchanged)):
+                    replies[shard] = reply
         sparse = [shard for shard, reply in enumerate(replies) if "indices" in reply]
         if sparse and not (len(sparse) == len(replies)
                            and len({replies[shard].get("own") for shard in sparse}) == 1):

@@ -282,12 +282,18 @@ class CenterExchange(CenterVariable):
             return False
         with self.mutex:
             num_updates = self.num_updates
-            only_own = (num_updates - conn.last_pull_update == conn.own_updates
-                        and conn.own_updates == conn.own_commits)
+            own = conn.own_updates
+            only_own = (num_updates - conn.last_pull_update == own
+                        and own == conn.own_commits)
             if only_own:
                 conn.pulled = True
                 conn.last_pull_update = num_updates
                 conn.own_updates = conn.own_commits = 0
         if only_own:
-            send_data(conn, self._pull_reply(unchanged=True, num_updates=num_updates))
+            fields = {"unchanged": True, "num_updates": num_updates}
+            if self.sparse_log is not None:
+                # Top-k: how many of the worker's commits it stands for (a sharded
+                # center's worker joins it with other shards' sparse replies).
+                fields["own"] = own
+            send_data(conn, self._pull_reply(**fields))
         return only_own

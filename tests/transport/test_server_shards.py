@@ -268,6 +268,56 @@ def test_a_topk_commit_that_one_shard_refuses_leaves_the_worker_the_whole_center
         server.stop()
 
 
+def test_a_topk_commit_that_reached_one_shard_first_still_joins_into_a_sparse_pull():
+    """Another worker's commit reaches the shards one after the other: a pull in between
+    finds one shard moved by it (a sparse reply) and one moved only by this worker's own
+    commit ("unchanged"); the two join into one sparse reply, with no center sent."""
+    server = sharded_server(AlgorithmServer, _dense_model(), 2, algorithm=DOWNPOUR(),
+                            compression="topk:0.1")
+    server.start()
+    mine, other = _links(server, 0), _links(server, 1)
+    try:
+        spec = server.shards.weight_spec
+        rng = np.random.default_rng(2)
+        encoders = [codecs.Encoder(codecs.parse("topk:0.1"), spec) for _ in range(2)]
+        center = encoders[0].take_pull(mine.pull(networking.ACTION_PULL), None)
+        encoders[1].take_pull(other.pull(networking.ACTION_PULL), None)
+
+        def update():
+            return weights_array([rng.standard_normal(shape).astype(np.float32)
+                                  for shape, _ in spec])
+
+        fields, sent = encoders[0].encode(update())
+        mine.commit({"worker_id": 0, "last_update": 0, **fields})
+        encoders[0].sent(sent)
+        _wait_until_applied(server, 1)
+        fields, _ = encoders[1].encode(update())
+        indices, values = fields["indices"], fields["values"]
+        boundary = other.key_starts[1]
+        for shard, chosen in ((0, indices < boundary), (1, indices >= boundary)):
+            # The other worker's commit, one shard at a time, with a pull in between.
+            networking.send_action(other.sockets[shard], networking.ACTION_COMMIT)
+            networking.send_data(other.sockets[shard], {
+                "worker_id": 1, "last_update": 0, "values": values[chosen],
+                "indices": (indices[chosen] - other.key_starts[shard]).astype(np.uint32)})
+            wanted = [2, 1] if shard == 0 else [2, 2]  # shard 0's count, shard 1's
+            deadline = time.monotonic() + 30
+            while [server.num_updates] + server.shards.counts() != wanted:
+                assert time.monotonic() < deadline, "the part was not applied"
+                time.sleep(0.005)
+            reply = mine.pull(networking.ACTION_PULL_UNLESS_OWN if shard == 0
+                              else networking.ACTION_PULL)
+            assert "center" not in reply and "unchanged" not in reply
+            assert reply["own"] == (1 if shard == 0 else 0)
+            center = encoders[0].take_pull(reply, center)
+        for got, want in zip(center, server.center_variable):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    finally:
+        mine.close()
+        other.close()
+        server.stop()
+
+
 def test_a_shard_closes_a_topk_part_of_more_entries_than_its_layers_send():
     server = sharded_server(AlgorithmServer, _dense_model(), 2, algorithm=DOWNPOUR(),
                             compression="topk:0.1")
