@@ -282,6 +282,8 @@ def operation_costs(params, repeat=10):
     between the designs that could lift the ceiling (docs/scaling.md)."""
     import ml_dtypes
 
+    from distkeras.transport import center_writes
+
     rng = np.random.default_rng(0)
     center = rng.random(params, dtype=np.float32)
     update = (rng.random(params, dtype=np.float32) * 1e-3).astype(np.float32)
@@ -301,6 +303,11 @@ def operation_costs(params, repeat=10):
         "float16 -> float32 (a float16 commit)": lambda: half.astype(np.float32),
         "float32 -> bfloat16 (ml_dtypes)": lambda: center.astype(ml_dtypes.bfloat16),
         "bfloat16 -> float32 (ml_dtypes)": lambda: brain.astype(np.float32),
+        "center + bfloat16 update into a reused buffer (numpy casting with ml_dtypes)":
+            lambda: np.add(center, brain, out=spare),
+        "center + bfloat16 update into a reused buffer, widened in chunks and checked "
+        "finite (the server's add)":
+            lambda: center_writes.add_bfloat16(center, brain.view(np.uint16), spare),
     }
     costs = {}
     for name, operation in operations.items():
@@ -346,7 +353,7 @@ def timed_server_operations():
 
     # The modules themselves, not the face `distkeras.parameter_servers`: the servers look
     # these names up where they are defined.
-    from distkeras.transport import center, parameter_servers
+    from distkeras.transport import center, center_writes, parameter_servers
 
     spent = collections.Counter()
 
@@ -366,6 +373,9 @@ def timed_server_operations():
     timed(center, "send_data", "send a pull")  # the center part answers pulls
     timed(center.CenterExchange, "model_update", "isfinite check")
     timed(parameter_servers.SocketParameterServer, "apply_rule", "add (under the lock)")
+    timed(center_writes.CenterWrites, "add_bfloat16", "add (under the lock)")
+    timed(center_writes.CenterWrites, "add_sparse", "add (under the lock)")
+    timed(center_writes, "read_finite", "check a compressed commit")
     return spent
 
 

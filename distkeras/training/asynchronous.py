@@ -135,8 +135,8 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
         num_server_shards: Processes that serve the center on the driver (1: one server,
             in this process). With S > 1 the weights split into S key ranges balanced by
             bytes, each served by its own process with the same rule, and every worker
-            exchanges with all of them at once (docs/scaling.md). Needs an algorithm,
-            no top-k compression and the server on the driver.
+            exchanges with all of them at once (docs/scaling.md). Needs an algorithm
+            and the server on the driver.
         **hyperparameters: The algorithm's (`Algorithm.hyperparameters`), by name; those
             not given take their declared defaults. The built-ins' trainers take theirs
             by position too, after ``communication_window`` (`distkeras.trainers`).
@@ -245,10 +245,10 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
             raise ValueError(
                 f"{type(self).__name__} has no algorithm: its worker and server (the "
                 "escape hatch) exchange float32 weights. Use compression=None.")
-        self._check_shards(settings, compression)
+        self._check_shards(settings)
         return settings
 
-    def _check_shards(self, settings, compression):
+    def _check_shards(self, settings):
         """Raises a ValueError, saying what to do, for a ``num_server_shards`` that is
         no positive int or that this run cannot shard."""
         shards = getattr(settings, "num_server_shards", 1)
@@ -260,13 +260,12 @@ class AsynchronousDistributedTrainer(DistributedTrainer):
                 f"{type(self).__name__} has no algorithm: its server (the escape hatch's "
                 "handle_commit) reads whole-model commits and cannot be sharded. Use "
                 "num_server_shards=1.")
-        if compression is not None and compression.kind == codecs.TOPK:
-            raise ValueError("num_server_shards > 1 does not combine with top-k compression. "
-                             "Use compression='bfloat16' or None, or num_server_shards=1.")
         if settings.parameter_server_location == "executor":
-            raise ValueError("num_server_shards > 1 serves the shards on the driver; "
-                             "parameter_server_location='executor' serves one server. "
-                             "Use num_server_shards=1, or the server on the driver.")
+            raise ValueError(
+                "num_server_shards > 1 serves the shards in processes on the driver; "
+                "parameter_server_location='executor' serves one server in a task of the "
+                "Spark job. Use parameter_server_location='driver' to keep the shards, or "
+                "num_server_shards=1 to keep the server in the Spark job.")
 
     def make_plan(self, run):
         return self.plan(run, self.allocate_worker, self.checked_parameter_server)

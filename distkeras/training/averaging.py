@@ -14,7 +14,7 @@ from distkeras.executor.epochs import Replay
 from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.keras_io.compile_config import optimizer_config
 from distkeras.training.plans import Plan
-from distkeras.transport import parameter_servers
+from distkeras.transport import epoch_servers
 from distkeras.transport.history_messages import (history_records, unpack_history,
                                                   unpack_metric_states)
 from distkeras.transport.networking import weights_array
@@ -86,7 +86,7 @@ class AveragingPlan(Plan):
 
         failures = []
         run.begin_epoch(1)
-        server = parameter_servers.AveragingServer(settings.master_model,
+        server = epoch_servers.AveragingServer(settings.master_model,
                                                    self.num_partitions(), on_average=end_epoch)
         server.barrier.learning_rate = run.learning_rate_of_callbacks()
         self.run_epoch_server(

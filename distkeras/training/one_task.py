@@ -15,7 +15,7 @@ from distkeras.keras_io import model_state
 from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.training.checks import check_optimizer_tracks_trainable, steps_taken
 from distkeras.training.plans import Plan
-from distkeras.transport import parameter_servers
+from distkeras.transport import epoch_servers
 from distkeras.transport.history_messages import (history_records, unpack_history,
                                                   unpack_metric_states)
 
@@ -79,7 +79,7 @@ class OneTaskPlan(Plan):
 
         failures = []
         run.begin_epoch(1)  # before the state is read: a callback may set the learning rate
-        server = parameter_servers.EpochServer(
+        server = epoch_servers.EpochServer(
             self.settings.master_model, model_state.get_optimizer_state(driver_model),
             on_epoch_end=end_epoch)
         self.run_epoch_server(

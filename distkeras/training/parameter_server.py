@@ -59,7 +59,8 @@ class ParameterServerPlan(Plan):
                 raise ValueError(
                     "num_server_shards > 1 serves the shards on the driver, which this "
                     "client's executors cannot reach (Spark Connect puts the server in the "
-                    "Spark job): use num_server_shards=1.")
+                    "Spark job): use num_server_shards=1, or train from a classic "
+                    "SparkSession to keep the shards.")
             return train_on_executor(self, frame, label_shapes, shuffle)
         run, settings = self.run, self.settings
         spark = frame.sparkSession

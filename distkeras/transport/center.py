@@ -126,6 +126,8 @@ class CenterExchange(CenterVariable):
         # The run's `compression.Compression` (set by the server), the top-k commits of a
         # rule that adds them as sent (`log_sparse`), and the last bfloat16 pull.
         self.compression = None
+        # A shard's top-k commits carry at most ``topk_counts`` entries, not exactly.
+        self.topk_at_most = False
         self.sparse_log = None
         self._log_bytes = 0
         self._bfloat16_pull = (None, None)
@@ -179,12 +181,13 @@ class CenterExchange(CenterVariable):
         if compression.kind == codecs.TOPK and adds_commits_as_sent:
             self.sparse_log = collections.deque()
 
-    def handle_pull(self, conn, addr):
+    def handle_pull(self, conn, addr, sparse_allowed=True):
         """Sends the center variable and the update count read under one lock.
 
         With compression, the center travels as the run's compression says: bfloat16, or
         (top-k, a rule that adds commits as sent) only the other workers' top-k commits
-        since this connection's last pull when those are fewer bytes (`sparse_since`).
+        since this connection's last pull when those are fewer bytes (`sparse_since`)
+        and ``sparse_allowed``.
         """
         with self.mutex:
             # Handlers replace the center variable, or change it in place only where
@@ -192,7 +195,7 @@ class CenterExchange(CenterVariable):
             # snapshot after the lock is released.
             center = self.center_variable
             num_updates = self.num_updates
-            sparse = self.sparse_since(conn, num_updates)
+            sparse = self.sparse_since(conn, num_updates) if sparse_allowed else None
             own = conn.own_updates
             conn.last_pull_update = num_updates
             conn.own_updates = conn.own_commits = 0
@@ -202,7 +205,7 @@ class CenterExchange(CenterVariable):
                                              values=sparse[1], own=own))
             return
         # Rebound, not kept: a bfloat16 pull leaves the float32 center free while it
-        # sends, for the next commit to write into (`AlgorithmServer._add_into_spare`).
+        # sends, for the next commit to write into (`center_writes.CenterWrites`).
         center = self._wire_center(center, num_updates)
         send_data(conn, self._pull_reply(center=center, num_updates=num_updates))
 
@@ -279,12 +282,18 @@ class CenterExchange(CenterVariable):
             return False
         with self.mutex:
             num_updates = self.num_updates
-            only_own = (num_updates - conn.last_pull_update == conn.own_updates
-                        and conn.own_updates == conn.own_commits)
+            own = conn.own_updates
+            only_own = (num_updates - conn.last_pull_update == own
+                        and own == conn.own_commits)
             if only_own:
                 conn.pulled = True
                 conn.last_pull_update = num_updates
                 conn.own_updates = conn.own_commits = 0
         if only_own:
-            send_data(conn, self._pull_reply(unchanged=True, num_updates=num_updates))
+            fields = {"unchanged": True, "num_updates": num_updates}
+            if self.sparse_log is not None:
+                # Top-k: how many of the worker's commits it stands for (a sharded
+                # center's worker joins it with other shards' sparse replies).
+                fields["own"] = own
+            send_data(conn, self._pull_reply(**fields))
         return only_own

@@ -143,11 +143,6 @@ def field_specs(compression, weight_spec):
     return {BFLOAT16: [(tuple(shape), bfloat16) for shape, _ in weight_spec]}
 
 
-def bfloat16_finite(arrays):
-    """Whether every bfloat16 value of ``arrays`` is finite (its exponent not all ones)."""
-    return all(not np.any((array.view(np.uint16) & 0x7F80) == 0x7F80) for array in arrays)
-
-
 def to_bfloat16(weights):
     """``weights`` (float32 arrays) rounded to bfloat16, to the nearest even."""
     bfloat16 = _bfloat16()
@@ -171,7 +166,13 @@ def truncated_bfloat16(weights):
         .view(bfloat16).reshape(np.shape(layer)) for layer in weights)
 
 
-def read_commit(data, compression, weight_spec, counts):
+def widened(layer):
+    """A bfloat16 array as float32, exactly: each value's 16 bits, shifted up."""
+    return np.left_shift(np.asarray(layer).view(np.uint16), 16,
+                         dtype=np.uint32).view(np.float32)
+
+
+def read_commit(data, compression, weight_spec, counts, at_most=False):
     """The compressed update a commit carries, checked against the model.
 
     Args:
@@ -179,6 +180,8 @@ def read_commit(data, compression, weight_spec, counts):
         compression: The run's `Compression`.
         weight_spec: The model's ``[(shape, dtype)]``.
         counts: `topk_counts` of the model (top-k).
+        at_most: The commit carries at most ``sum(counts)`` entries (a shard's part of
+            one), not exactly.
 
     Returns:
         bfloat16: the object array of bfloat16 layers (their shapes were checked as the
@@ -200,9 +203,9 @@ def read_commit(data, compression, weight_spec, counts):
     if not (isinstance(values, np.ndarray) and values.dtype == np.float32
             and values.shape == indices.shape):
         raise ProtocolError("A top-k commit must carry float32 \"values\", one per index.")
-    if len(indices) != sum(counts):
+    if len(indices) > sum(counts) or (len(indices) != sum(counts) and not at_most):
         raise ProtocolError(f"A top-k commit carries {len(indices)} entries; this model's "
-                            f"take {sum(counts)}.")
+                            f"take {'at most ' if at_most else ''}{sum(counts)}.")
     if len(indices) and (int(indices[-1]) >= total_entries(weight_spec)
                          or np.any(indices[1:] <= indices[:-1])):
         raise ProtocolError("A top-k commit's indices must rise strictly and stay below "
@@ -210,31 +213,10 @@ def read_commit(data, compression, weight_spec, counts):
     return indices, values
 
 
-def split_sparse(indices, values, starts):
-    """Per weight, ``(its index, flat positions in it, values)`` of a sorted top-k, for
-    the weights it touches (``starts``: `offsets`)."""
-    bounds = np.searchsorted(indices, starts)
-    parts = []
-    for layer, (begin, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        if end > begin:
-            parts.append((layer, indices[begin:end].astype(np.intp) - starts[layer],
-                          values[begin:end]))
-    return parts
-
-
-def add_sparse(weights, indices, values, starts):
-    """Adds a checked top-k commit to ``weights`` in place, every sum computed before any
-    is written (an overflow raised inside ``np.errstate`` leaves them as they were)."""
-    parts = split_sparse(indices, values, starts)
-    sums = [weights[layer].reshape(-1)[where] + change for layer, where, change in parts]
-    for (layer, where, _), total in zip(parts, sums):
-        weights[layer].reshape(-1)[where] = total
-
-
 def dense(compression, payload, weight_spec):
     """The float32 update a compressed commit (`read_commit`'s payload) stands for."""
     if compression.kind == BFLOAT16:
-        return weights_array(layer.astype(np.float32) for layer in payload)
+        return weights_array(widened(layer) for layer in payload)
     flat = np.zeros(total_entries(weight_spec), np.float32)
     flat[payload[0]] = payload[1]
     return _layers(flat, weight_spec)

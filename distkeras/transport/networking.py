@@ -46,6 +46,9 @@ ACTION_QUIT = b"q"
 # Pull, but answer {"unchanged": True} when every update since this connection's last pull
 # was its own commit applied as sent: the worker then knows the center already.
 ACTION_PULL_UNLESS_OWN = b"u"
+# Pull the center itself, never a top-k run's sparse reply (a sharded center's worker asks
+# so when its shards' sparse replies do not join).
+ACTION_PULL_CENTER = b"z"
 # A worker reports the error that stops it (one a restart would repeat), then closes.
 ACTION_FAILURE = b"f"
 # A worker is about to compile a training step (its first, or one for a new batch size or

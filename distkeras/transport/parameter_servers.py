@@ -13,30 +13,29 @@ the connection's thread to `SocketParameterServer.commit_action`, the server's
 Seed 000's names stay on the server itself (``center_variable``, ``mutex``,
 ``num_updates``; ``port``, ``token`` and ``history``, which every trainer reads); the rest
 is read from the part that holds it (``server.transport.errors``,
-``server.sink.worker_failures``, ``server.center.staleness``, ...).
+``server.sink.worker_failures``, ``server.center.staleness``, ...). The servers whose
+commits are epoch ends (an epoch barrier's) are in `epoch_servers`.
 """
 
 import logging
 
-import numpy as np
-
 from distkeras import algorithms
 from distkeras.algorithms import ServerContext
 from distkeras.algorithms import update_rules
+from distkeras.transport import center_writes
 from distkeras.transport import compression as codecs
 from distkeras.transport import networking
 from distkeras.transport.center import (CenterExchange, CenterVariable, RefusedUpdate,
-                                        refusing_nonfinite, unshared)
-from distkeras.transport.epoch_barrier import EpochBarrier
+                                        refusing_nonfinite)
+from distkeras.transport.center_writes import CenterWrites
 from distkeras.keras_io.archives import deserialize_model, serialize_model
 from distkeras.transport.history_sink import HistorySink
-from distkeras.transport.networking import recv_data, weights_array
+from distkeras.transport.networking import recv_data
 from distkeras.transport.socket_transport import SocketTransport
 
 __all__ = ["RefusedUpdate", "ParameterServer", "SocketParameterServer", "HistoryServer",
            "AlgorithmServer", "DeltaParameterServer", "ADAGParameterServer",
-           "DynSGDParameterServer", "ExperimentalParameterServer", "AveragingServer",
-           "EpochServer"]
+           "DynSGDParameterServer", "ExperimentalParameterServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +267,8 @@ class AlgorithmServer(SocketParameterServer):
     update count and the commit's staleness kept, a new center that would be non-finite
     refused. An algorithm that adds commits as sent (``C += update``) is served by
     `apply_rule` with `update_rules.add_update`, or with ``reuse_buffers`` without new
-    memory per commit.
+    memory per commit; its compressed commits are added from their compressed form.
+    Both by the server's ``writes`` (`center_writes.CenterWrites`).
 
     Args:
         model: The master `keras.Model`; its weights are the first center.
@@ -306,7 +306,7 @@ class AlgorithmServer(SocketParameterServer):
             raise ValueError("`reuse_buffers` must be True or False. Received: "
                              f"reuse_buffers={reuse_buffers!r}")
         self.reuse_buffers = reuse_buffers
-        self._spare_center = None  # the center before the current one, to write into
+        self.writes = CenterWrites(self.center)  # adds into the spare center, or in place
         self.algorithm = self.algorithm_class() if algorithm is None else algorithm
         # Non-trainable weights (BatchNormalization's statistics): see `update_rules`.
         self.trainable = update_rules.trainable_flags(model)
@@ -318,6 +318,16 @@ class AlgorithmServer(SocketParameterServer):
                             type(self).__name__)
         self.field_specs = codecs.field_specs(self.compression, self.center.weight_spec)
         self.center.compress(self.compression, self.algorithm.adds_commits_as_sent)
+
+    def action_handlers(self):
+        handlers = super().action_handlers()
+        if self.center.sparse_log is not None:  # top-k: a pull of the center itself
+            handlers[networking.ACTION_PULL_CENTER] = (self.handle_pull_center, False)
+        return handlers
+
+    def handle_pull_center(self, conn, addr):
+        """Like `handle_pull`, but always with the center, never a sparse reply."""
+        self.center.handle_pull(conn, addr, sparse_allowed=False)
 
     def handle_commit(self, conn, addr):
         """Receives one commit, checks it and applies it with the algorithm."""
@@ -331,7 +341,7 @@ class AlgorithmServer(SocketParameterServer):
             field = self.commit_field
             update = center.model_update(data[field] if field in data else data.get("delta"))
             with center.mutex:
-                self.apply_rule(self._add_into_spare if self.reuse_buffers
+                self.apply_rule(self.writes.add_into_spare if self.reuse_buffers
                                 else update_rules.add_update, update)
                 center.next_update(conn)
             return
@@ -359,8 +369,8 @@ class AlgorithmServer(SocketParameterServer):
             center.next_update(conn)
 
     def _compressed_commit(self, conn):
-        """Reads a compressed commit (`compression.read_commit`) and adds it from its
-        compressed form where the rule adds commits as sent.
+        """Reads a compressed commit (`center_writes.read_finite`) and adds it from its
+        compressed form where the rule adds commits as sent (`center_writes`).
 
         Returns:
             ``(message, None)`` once added, else ``(message, the float32 update)`` for
@@ -369,54 +379,18 @@ class AlgorithmServer(SocketParameterServer):
         center, compression = self.center, self.compression
         # Applied (copied out) before this connection reads its next frame.
         data = recv_data(conn, reuse_body=True)
-        payload = codecs.read_commit(data, compression, center.weight_spec,
-                                     center.topk_counts)
-        topk = compression.kind == codecs.TOPK
-        finite = (np.isfinite(payload[1]).all() if topk
-                  else codecs.bfloat16_finite(payload))
-        if not finite and not center.allow_nonfinite:
-            raise RefusedUpdate("it holds NaN or infinite values")
+        payload = center_writes.read_finite(data, compression, center)
         if not self.algorithm.adds_commits_as_sent:
-            return data, codecs.dense(compression, payload, center.weight_spec)
+            return data, center.model_update(
+                codecs.dense(compression, payload, center.weight_spec))
         with center.mutex:
-            if topk:
-                self._add_sparse(*payload)
+            if compression.kind == codecs.TOPK:
+                self.writes.add_sparse(*payload)
                 center.log_sparse(conn, *payload)
             else:
-                # numpy casts the bfloat16 operand in small buffers: no float32 copy.
-                self.apply_rule(self._add_into_spare, payload)
+                self.writes.add_bfloat16(payload)
             center.next_update(conn)
         return data, None
-
-    def _add_sparse(self, indices, values):
-        """Adds a top-k commit to the center in place, or to a copy where anything else
-        holds it (a pull sending it); call under ``mutex``. An overflow raises
-        `RefusedUpdate` and leaves the center unchanged."""
-        center = self.center
-        unheld = weights_array([np.empty(0)])
-        holders = [unheld]  # held as the center is, by an attribute and a local name
-        weights = center.center_variable
-        if not unshared(weights, holders[0]):
-            weights = weights_array(layer.copy() for layer in weights)
-        with refusing_nonfinite(center.allow_nonfinite):
-            codecs.add_sparse(weights, indices, values, center.starts)
-        center.center_variable = weights
-
-    def _add_into_spare(self, center, update):
-        """``center + update`` written into the spare center; call under ``self.mutex``.
-
-        The rule leaves ``center`` and ``update`` as they are (`apply_rule`'s contract):
-        ``center`` becomes the spare once replaced, written into only at a later commit
-        that finds nothing else holding it.
-        """
-        spare, self._spare_center = self._spare_center, None
-        unheld = weights_array([np.empty(0)])
-        if spare is None or spare is center or not unshared(spare, unheld):
-            spare = weights_array(np.empty_like(layer) for layer in center)
-        for out, layer, change in zip(spare, center, update):
-            np.add(layer, change, out=out)
-        self._spare_center = center
-        return spare
 
     def _commits_applied_as_sent(self):
         if type(self).handle_commit is AlgorithmServer.handle_commit:
@@ -455,145 +429,3 @@ class ExperimentalParameterServer(AlgorithmServer):
     def __init__(self, model, master_port=0, learning_rate=1.0):
         super().__init__(model, master_port,
                          algorithm=algorithms.Experimental(learning_rate=learning_rate))
-
-
-class _EpochBarrierServer(SocketParameterServer):
-    """A transport, a center, a history sink and an epoch barrier (``barrier``, an
-    `EpochBarrier`); subclasses say what each epoch's end makes of the weights (the
-    barrier calls `epoch_entry`, `average`, `end_epoch` and `reply_fields` under the
-    lock).
-
-    Args:
-        model: The master `keras.Model` (its weights: the first center).
-        num_workers: Workers that take part in every epoch's end.
-        master_port: Port to listen on; 0 lets the OS pick a free one.
-    """
-
-    # Its commits are epoch ends, not the workers' exchanges: no commit rate to show.
-    shows_commit_rate = False
-    # A rejoining worker's pull says which epochs it redoes (an epoch may still end
-    # between its handshake and its pull).
-    supersede_on_retry = False
-
-    def __init__(self, model, num_workers, master_port=0):
-        super().__init__(model, master_port)
-        self.barrier = EpochBarrier(num_workers, self.transport, self.center, self.sink,
-                                    self)
-
-    def handle_pull(self, conn, addr):
-        """A worker joins or rejoins (`EpochBarrier.handle_pull`)."""
-        self.barrier.handle_pull(conn, addr)
-
-    # Every pull answers with the weights and the epochs done.
-    handle_pull_unless_own = handle_pull
-
-    def handle_commit(self, conn, addr):
-        """A worker's epoch end (`EpochBarrier.handle_commit`)."""
-        self.barrier.handle_commit(conn, addr)
-
-    def epoch_entry(self, data, weights, samples):
-        """What a worker's commit of an epoch keeps until the epoch ends."""
-        return weights, samples
-
-    def average(self, entries):
-        """The new center of the epoch's entries (``{worker id: entry}``), or None to
-        keep the center."""
-        raise NotImplementedError(f"{type(self).__name__} must implement average().")
-
-    def end_epoch(self, epochs_done):
-        """Runs the driver's end of the epoch (the workers wait); returns whether to stop."""
-        return False
-
-    def reply_fields(self):
-        """Fields a reply carries besides the center and the epoch count."""
-        return {}
-
-
-class AveragingServer(_EpochBarrierServer):
-    """Model averaging at every epoch's end, for AveragingTrainer's workers in one job.
-
-    Each worker sends its weights when it finishes an epoch and waits (`EpochBarrier`);
-    once all ``num_workers`` have sent theirs for that epoch, the center becomes the mean
-    of those that trained on some rows (a replica of an empty partition would pull it
-    back), ``on_average(epochs_done, center)`` runs (the driver's end of the epoch:
-    validation and callbacks; it returns whether to stop) and every waiting worker gets
-    the mean back, with ``server.barrier.learning_rate`` when the driver sets one for the
-    next epoch.
-
-    Args:
-        model: The master `keras.Model` (its weights: the first center).
-        num_workers: Workers that take part in every average.
-        on_average: ``f(epochs_done, center) -> bool`` or None.
-        master_port: Port to listen on; 0 lets the OS pick a free one.
-    """
-
-    def __init__(self, model, num_workers, on_average=None, master_port=0):
-        super().__init__(model, num_workers, master_port)
-        self.on_average = on_average
-
-    def average(self, entries):
-        """The mean of the epoch's weights (in worker order) that trained on some rows."""
-        trained = [weights for _, (weights, samples) in sorted(entries.items())
-                   if samples > 0]
-        return update_rules.average_weights(trained) if trained else None
-
-    def end_epoch(self, epochs_done):
-        """Runs ``on_average``; returns whether to stop."""
-        if self.on_average is None:
-            return False
-        return self.on_average(epochs_done, self.center.center_variable)
-
-
-class EpochServer(_EpochBarrierServer):
-    """SingleTrainer's driver end when every epoch runs in one Spark task and the driver
-    validates or calls back at each epoch's end.
-
-    The one worker sends its weights and its optimizer's state at each epoch's end and
-    waits while ``on_epoch_end(epochs_done, weights, optimizer_state)`` runs on the driver;
-    the hook returns ``(stop, optimizer_state)``, the state to go on with (a callback may
-    have changed its learning rate), or None to keep the worker's. Replies carry the
-    weights and that state, so a task that Spark restarted goes on from the last epoch's
-    end, as the next task of a job per epoch would.
-
-    Args:
-        model: The master `keras.Model` (its weights: where training starts).
-        optimizer_state: The optimizer's state to start from (`model_state.get_optimizer_state`
-            of the compiled model whose optimizer the worker builds).
-        on_epoch_end: The driver's end of an epoch, or None.
-    """
-
-    FIELD = "optimizer_state"
-
-    def __init__(self, model, optimizer_state, on_epoch_end=None, master_port=0):
-        super().__init__(model, 1, master_port)
-        self.optimizer_state = weights_array(optimizer_state)
-        self.field_specs = {self.FIELD: [(value.shape, value.dtype)
-                                         for value in self.optimizer_state]}
-        self.center.max_frame_bytes += sum(value.nbytes for value in self.optimizer_state)
-        self.on_epoch_end = on_epoch_end
-
-    def epoch_entry(self, data, weights, samples):
-        state = data.get(self.FIELD)
-        if not (isinstance(state, np.ndarray) and state.dtype == object
-                and len(state) == len(self.optimizer_state)):
-            raise networking.ProtocolError(
-                "An epoch's commit must carry the optimizer's state.")
-        return weights, samples, state
-
-    def average(self, entries):
-        """The one worker's weights; its optimizer state is kept too."""
-        ((weights, _, state),) = entries.values()
-        self.optimizer_state = state
-        return weights
-
-    def end_epoch(self, epochs_done):
-        if self.on_epoch_end is None:
-            return False
-        stop, state = self.on_epoch_end(epochs_done, self.center.center_variable,
-                                        self.optimizer_state)
-        if state is not None:
-            self.optimizer_state = weights_array(state)
-        return stop
-
-    def reply_fields(self):
-        return {self.FIELD: self.optimizer_state}

@@ -7,9 +7,16 @@ transport, center, rule and checks, with its own lock, update count and stalenes
 children speak to the driver over a local pipe between parent and child
 (multiprocessing's, never a network socket: the center's slice, its count, its handlers'
 errors); workers reach every shard over TCP with the run's one token.
+
+A child whose handler raises, or that exits while it should serve (killed, out of
+memory), fails the run as a handler error of shard 0 does: a thread of the driver
+watches every child, adds the error, naming the shard, to shard 0's transport's
+``errors`` and calls its ``on_error`` (the trainer cancels the workers' Spark job).
 """
 
 import multiprocessing
+import threading
+from multiprocessing.connection import wait
 
 from distkeras.algorithms import update_rules
 from distkeras.transport import compression as codecs
@@ -19,6 +26,8 @@ from distkeras.transport.shard_layout import SliceModel, join, shard_layout, spl
 
 # Seconds a child has to start serving (a spawned interpreter imports the server).
 START_SECONDS = 120.0
+# Seconds between the watcher's looks at whether the shards are stopping.
+_WATCH_SECONDS = 0.2
 
 
 def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
@@ -35,12 +44,12 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
 
     Raises:
         ValueError: If the server cannot be sharded (the escape hatch's own
-            ``handle_commit``, top-k compression), or the layout leaves a shard empty.
+            ``handle_commit``), or the layout leaves a shard empty.
 
     Notes:
         bfloat16 compression shards as float32 does: each shard reads and sends its
-        slice in bfloat16. Top-k does not: its commits count their entries per whole
-        layer, and a layer may be split between shards.
+        slice in bfloat16. Top-k commits are split by key range (`ShardLinks`): each
+        shard takes at most its pieces' share of each layer's entries.
     """
     if not (isinstance(server_class, type) and issubclass(server_class, AlgorithmServer)
             and server_class.handle_commit is AlgorithmServer.handle_commit):
@@ -48,19 +57,35 @@ def sharded_server(server_class, model, num_shards, master_port=0, **kwargs):
             f"{getattr(server_class, '__name__', server_class)} applies commits with a "
             "handle_commit of its own (the escape hatch), which reads whole-model commits: "
             "it cannot serve a shard. Use num_server_shards=1, or an algorithm's trainer.")
-    compression = codecs.parse(kwargs.get("compression"))
-    if compression is not None and compression.kind == codecs.TOPK:
-        raise ValueError("num_server_shards > 1 does not combine with top-k compression: "
-                         "use compression='bfloat16' or None, or num_server_shards=1.")
     weights = model.get_weights()
     spec = [(weight.shape, weight.dtype) for weight in weights]
     layout = shard_layout(spec, num_shards)
     flags = update_rules.trainable_flags(model)
     slices = [(split(weights, pieces), [flags[layer] for layer, _, _ in pieces])
               for pieces in layout]
+    caps = topk_caps(codecs.parse(kwargs.get("compression")), spec, layout)
     server = server_class(SliceModel(*slices[0]), master_port, **kwargs)
-    server.shards = ServerShards(model, spec, layout, server_class, kwargs, slices[1:])
+    take_topk_parts(server, caps[0])
+    server.shards = ServerShards(model, spec, layout, server_class, kwargs, slices[1:],
+                                 caps[1:])
     return server
+
+
+def topk_caps(compression, weight_spec, layout):
+    """Per shard, the most entries of a top-k commit that each of its pieces can get
+    (its layer's count, at most the piece's size); None per shard without top-k."""
+    if compression is None or compression.kind != codecs.TOPK:
+        return [None] * len(layout)
+    counts = codecs.topk_counts(compression, weight_spec)
+    return [[min(stop - start, counts[layer]) for layer, start, stop in pieces]
+            for pieces in layout]
+
+
+def take_topk_parts(server, caps):
+    """Makes a shard's server take its part of each top-k commit: at most ``caps``."""
+    if caps is not None:
+        server.center.topk_counts = caps
+        server.center.topk_at_most = True
 
 
 class ServerShards:
@@ -74,6 +99,7 @@ class ServerShards:
         server_class: The server class every shard runs.
         kwargs: Its arguments besides the model and the port.
         slices: ``(pieces, trainable flags)`` of shards 1 to S-1.
+        caps: `topk_caps` of shards 1 to S-1.
 
     Notes:
         While no child runs (before `start`, after `stop`) the children's slices and
@@ -81,15 +107,19 @@ class ServerShards:
         the final model is read after the stop.
     """
 
-    def __init__(self, model, weight_spec, layout, server_class, kwargs, slices):
+    def __init__(self, model, weight_spec, layout, server_class, kwargs, slices, caps):
         self.model = model
         self.weight_spec = weight_spec
         self.layout = layout
         self._server_class = server_class
         self._kwargs = kwargs
         self._flags = [flags for _, flags in slices]
+        self._caps = caps
         self._kept = [(list(weights), 0) for weights, _ in slices]  # while none runs
         self._children = []  # (process, pipe)
+        self._reports = []  # per child, the pipe its handlers' errors come back on
+        self._watcher = None
+        self._stopping = threading.Event()
         self.ports = ()
 
     def start(self, transport, num_updates):
@@ -98,15 +128,19 @@ class ServerShards:
         context = multiprocessing.get_context("spawn")
         host, token = transport.host, transport.token
         max_pending_handshakes = transport.max_pending_handshakes
-        for (weights, _), flags in zip(self._kept, self._flags):
+        self._stopping.clear()
+        for (weights, _), flags, caps in zip(self._kept, self._flags, self._caps):
             parent, child = context.Pipe()
+            reports, reporter = context.Pipe(duplex=False)
             process = context.Process(
                 target=_serve_shard, daemon=True, name="distkeras-shard",
-                args=(child, self._server_class, weights, num_updates, flags, self._kwargs,
-                      host, token, max_pending_handshakes))
+                args=(child, reporter, self._server_class, (weights, flags, caps),
+                      num_updates, self._kwargs, host, token, max_pending_handshakes))
             process.start()
             child.close()
+            reporter.close()
             self._children.append((process, parent))
+            self._reports.append(reports)
         ports = []
         for process, pipe in self._children:
             if not pipe.poll(START_SECONDS):
@@ -126,6 +160,45 @@ class ServerShards:
                 raise RuntimeError(f"A parameter server shard failed to start: {reply}")
             ports.append(reply)
         self.ports = tuple(ports)
+        self._watcher = threading.Thread(target=self._watch, args=(transport,), daemon=True,
+                                         name="distkeras-shard-watch")
+        self._watcher.start()
+
+    def _watch(self, transport):
+        """Until the shards stop: each child's handler error, and a child's exit, become
+        an error of ``transport`` (shard 0's), told to its ``on_error`` as it happens."""
+        sentinels = {process.sentinel: shard for shard, (process, _)
+                     in enumerate(self._children, start=1)}
+        reports = {pipe: shard for shard, pipe in enumerate(self._reports, start=1)}
+        while not self._stopping.is_set() and (sentinels or reports):
+            for ready in wait(list(reports) + list(sentinels), _WATCH_SECONDS):
+                if self._stopping.is_set():
+                    return
+                if ready in reports:
+                    try:
+                        message = ready.recv()
+                    except (EOFError, OSError):  # the child has gone: its sentinel tells
+                        del reports[ready]
+                        continue
+                    self._fail(transport, self._shard_error(reports[ready], message))
+                elif ready in sentinels:
+                    shard = sentinels.pop(ready)
+                    process = self._children[shard - 1][0]
+                    process.join(timeout=1.0)
+                    self._fail(transport, self._shard_error(shard, _exited(process.exitcode)))
+
+    def _shard_error(self, shard, cause):
+        """The error of child ``shard`` (1 to S-1), naming it."""
+        pid = self._children[shard - 1][0].pid
+        return f"parameter server shard {shard} of {len(self._children) + 1} (pid {pid}): " \
+            f"{cause}"
+
+    @staticmethod
+    def _fail(transport, error):
+        with transport.lock:
+            transport.errors.append(error)
+        if transport.on_error is not None:
+            transport.on_error(error)
 
     def _ask(self, *command):
         """Each child's reply to ``command``.
@@ -178,31 +251,69 @@ class ServerShards:
         handlers' errors."""
         if not self._children:
             return []
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
         try:
             replies = self._ask("stop", grace_seconds)
         except RuntimeError as error:  # the run's error: the slices of that child are lost
             replies = None
             errors = [str(error)]
+        # What the handlers reported that the watcher has not read.
+        late = [self._shard_error(shard, message)
+                for shard, pipe in enumerate(self._reports, start=1)
+                for message in _unread(pipe)]
         for process, pipe in self._children:
             process.join(timeout=10.0)
             if process.is_alive():
                 process.terminate()
             pipe.close()
-        self._children = []
+        for pipe in self._reports:
+            pipe.close()
+        self._children, self._reports = [], []
         if replies is None:
-            return errors
-        self._kept = [(weights, count) for _, weights, count in replies]
-        return [error for own_errors, _, _ in replies for error in own_errors]
+            return errors + late
+        self._kept = [(weights, count) for weights, count in replies]
+        return late
 
 
-def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token, pending):
-    """A child's life: serve the slice until the driver says stop (the pipe's commands:
-    ``get``, ``set``, ``stop``)."""
+def _exited(exitcode):
+    """What a child's exit code says, for its error."""
+    if exitcode is not None and exitcode < 0:
+        return f"the process has exited (killed by signal {-exitcode})"
+    return f"the process has exited (exit code {exitcode})"
+
+
+def _unread(pipe):
+    """The messages waiting in ``pipe`` (a closed one's included)."""
+    messages = []
+    try:
+        while pipe.poll():
+            messages.append(pipe.recv())
+    except (EOFError, OSError):  # closed: nothing more
+        pass
+    return messages
+
+
+def _serve_shard(pipe, reporter, server_class, piece, count, kwargs, host, token, pending):
+    """A child's life: serve the slice (``piece``: its weights, trainable flags and
+    `topk_caps`) until the driver says stop (the pipe's commands: ``get``, ``set``,
+    ``stop``), telling ``reporter`` each handler's error."""
+    weights, flags, caps = piece
+    report_lock = threading.Lock()
+
+    def report(error):
+        with report_lock:  # the connections' threads report through one pipe
+            reporter.send(error)
+
     try:
         server = server_class(SliceModel(weights, flags), 0, host, **kwargs)
+        take_topk_parts(server, caps)
         server.center.num_updates = count
         server.transport.token = token
         server.transport.max_pending_handshakes = pending
+        server.transport.on_error = report
         server.start()
     except Exception as error:  # told to the driver, which raises it
         pipe.send(f"{type(error).__name__}: {error}")
@@ -224,7 +335,6 @@ def _serve_shard(pipe, server_class, weights, count, flags, kwargs, host, token,
                 center.center_variable = weights_array(args[0])
             pipe.send(None)
         else:
-            server.stop(args[0])
-            pipe.send(([f"shard {server.port}: {error}" for error in server.transport.errors],
-                       list(center.center_variable), center.num_updates))
+            server.stop(args[0])  # its handlers' errors went to ``reporter`` as they came
+            pipe.send((list(center.center_variable), center.num_updates))
             return

@@ -18,7 +18,7 @@ from ps_support import Client, assert_weights_equal, expect_closed_by_server, la
 
 @pytest.fixture
 def averaging_server():
-    from distkeras.transport.parameter_servers import AveragingServer
+    from distkeras.transport.epoch_servers import AveragingServer
     from ps_support import make_model
 
     ends = []
@@ -153,7 +153,7 @@ def test_an_epoch_sent_ahead_of_the_others_closes_that_connection(averaging_serv
 
 
 def test_a_failing_end_of_epoch_stops_the_workers_and_is_kept():
-    from distkeras.transport.parameter_servers import AveragingServer
+    from distkeras.transport.epoch_servers import AveragingServer
     from ps_support import make_model
 
     def on_average(epochs_done, center):
@@ -274,7 +274,7 @@ def test_a_lost_worker_restarts_the_job_from_the_last_average(spark, fashion_tra
 def test_weights_with_nan_still_make_the_epochs_mean():
     """A diverged replica's weights (NaN) are averaged as one job per epoch averages them:
     refused, they got no reply and every worker waited forever."""
-    from distkeras.transport.parameter_servers import AveragingServer
+    from distkeras.transport.epoch_servers import AveragingServer
     from ps_support import make_model
 
     server = AveragingServer(make_model(), num_workers=2)
@@ -351,7 +351,7 @@ def test_a_callback_of_the_users_own_may_run_spark_jobs(spark, fashion_train):
 def test_a_workers_failure_report_reaches_the_driver_and_ends_its_connection():
     from distkeras.transport import networking
     from distkeras.networking import send_data
-    from distkeras.transport.parameter_servers import AveragingServer
+    from distkeras.transport.epoch_servers import AveragingServer
     from ps_support import make_model
 
     heard = []

@@ -25,7 +25,7 @@ def _state(iterations, rate):
 
 @pytest.fixture
 def epoch_server():
-    from distkeras.transport.parameter_servers import EpochServer
+    from distkeras.transport.epoch_servers import EpochServer
     from ps_support import make_model
 
     ends = []
@@ -153,7 +153,7 @@ def test_one_task_trains_and_validates_as_a_task_per_epoch_does(spark, fashion_t
     trainer, model, seen = _train(frame, validation)
     reference_trainer, reference, reference_seen = _train(frame, validation, one_task=False)
 
-    from distkeras.transport.parameter_servers import EpochServer
+    from distkeras.transport.epoch_servers import EpochServer
 
     assert isinstance(trainer.parameter_server, EpochServer)
     assert trainer.parameter_server.barrier.epochs_done == 3

@@ -11,8 +11,10 @@ import pytest
 
 from distkeras import algorithms
 from distkeras.algorithms import update_rules
+from distkeras.transport import center_writes
 from distkeras.transport import compression as codecs
 from distkeras.transport import networking
+from distkeras.transport.center import RefusedUpdate
 from distkeras.transport.networking import weights_array
 from distkeras.transport.parameter_servers import (AlgorithmServer, DeltaParameterServer,
                                                    DynSGDParameterServer)
@@ -125,6 +127,85 @@ def test_a_pull_cuts_the_center_to_its_upper_16_bits():
     assert as_lists(pulled) == [[[0.33203125, -0.33203125], [2.0, 0], [0, 0]], [-0.0, 2.5]]
     assert np.signbit(np.float32(pulled[1][0]))
     assert as_lists(codecs.to_bfloat16(layers([1 / 3] * 6, [0, 0])))[0][0][0] == 0.333984375
+
+
+# Every bfloat16 bit pattern whose exponent is not all ones: the finite values, the
+# negative ones, zeros of both signs and the subnormals among them.
+FINITE_BITS = np.array([bits for bits in range(1 << 16) if bits & 0x7F80 != 0x7F80],
+                       np.uint16)
+
+
+def test_widening_a_bfloat16_gives_the_float32_of_the_same_value_for_every_pattern():
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    widened = codecs.widened(every.view(BF16))
+    assert widened.dtype == np.float32
+    # Bit for bit, NaNs and infinities included: what ml_dtypes' cast gives.
+    np.testing.assert_array_equal(widened.view(np.uint32),
+                                  every.view(BF16).astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("size", [1, 7, center_writes.CHUNK, 2 * center_writes.CHUNK + 5])
+def test_the_bfloat16_add_is_the_float32_add_of_the_widened_values(size):
+    rng = np.random.default_rng(size)
+    bits = FINITE_BITS[rng.integers(0, FINITE_BITS.size, size)]
+    bits[:min(size, 4)] = [0x8000, 0x0001, 0x8001, 0xFF7F][:min(size, 4)]  # -0, subnormals
+    center = (rng.standard_normal(size) * 10.0 ** rng.integers(-40, 30, size)).astype(
+        np.float32)
+    center[:min(size, 2)] = [-0.0, 1e-45][:min(size, 2)]
+    out = np.full(size, np.nan, np.float32)
+    center_writes.add_bfloat16(center, bits, out)
+    want = center + bits.view(BF16).astype(np.float32)  # numpy's float32 add
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("pattern", [0x7F80, 0xFF80, 0x7FC0, 0xFFC1],
+                         ids=["inf", "-inf", "nan", "-nan"])
+def test_the_bfloat16_add_refuses_non_finite_values_in_any_chunk(pattern):
+    size = 2 * center_writes.CHUNK + 5
+    bits = np.zeros(size, np.uint16)
+    bits[center_writes.CHUNK + 3] = pattern
+    center = np.ones(size, np.float32)
+    with pytest.raises(RefusedUpdate, match="NaN or infinite"):
+        center_writes.add_bfloat16(center, bits, np.empty_like(center))
+    out = np.empty_like(center)
+    center_writes.add_bfloat16(center, bits, out, allow_nonfinite=True)
+    assert not np.isfinite(out[center_writes.CHUNK + 3])
+    assert (center == 1).all()
+
+
+def test_the_bfloat16_add_refuses_a_sum_that_overflows():
+    bits = np.array([0x3F80, 0x7F7F], np.uint16)  # 1.0 and bfloat16's largest, 3.39e38
+    with pytest.raises(RefusedUpdate, match="non-finite"):
+        center_writes.add_bfloat16(np.float32([1, 3e38]), bits, np.empty(2, np.float32))
+
+
+def test_a_bfloat16_commit_is_added_without_a_float32_copy_of_it():
+    """Past the first commit, which makes the spare center, an add allocates only the
+    chunk's buffers: no float32 copy of the commit, no new center."""
+    import tracemalloc
+
+    import keras
+
+    from distkeras.transport.center import CenterExchange
+
+    model = keras.Sequential([keras.Input((500,)), keras.layers.Dense(1000)])  # 2 MB
+    center = CenterExchange(model)
+    writes = center_writes.CenterWrites(center)
+    bits = weights_array(codecs.to_bfloat16(
+        [np.full(layer.shape, 0.5, np.float32) for layer in center.center_variable]))
+    before = [np.array(layer) for layer in center.center_variable]
+    for _ in range(2):
+        writes.add_bfloat16(bits)
+    tracemalloc.start()
+    try:
+        writes.add_bfloat16(bits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * center_writes.CHUNK  # the chunk's buffers; the model is 2 MB
+    half = np.float32(0.5)
+    for layer, start in zip(center.center_variable, before):
+        np.testing.assert_array_equal(layer, start + half + half + half)
 
 
 def test_topk_commit_sends_the_largest_entries_of_each_layer_and_keeps_the_rest():

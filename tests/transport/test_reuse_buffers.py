@@ -91,7 +91,7 @@ def test_the_center_before_last_is_written_into_when_nothing_holds_it(started):
         client.commit(random_layers(rng))
         client.pull()
     # The spare (the center before the current one) stays alive, so its id is its own.
-    spare = id(server._spare_center)
+    spare = id(server.writes.spare)
     client.commit(random_layers(rng))
     client.pull()
     assert id(server.center_variable) == spare

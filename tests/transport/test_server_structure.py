@@ -15,7 +15,7 @@ import pytest
 
 from distkeras import parameter_servers as face
 from distkeras.algorithms import Algorithm
-from distkeras.transport import parameter_servers
+from distkeras.transport import epoch_servers, parameter_servers
 from ps_support import Client, make_model
 
 MAX_DEPTH = 4
@@ -27,10 +27,11 @@ TRANSPORT = pathlib.Path(parameter_servers.__file__).parent
 
 
 def server_classes():
-    """Every server class of the module and of the dist-keras face."""
-    classes = {value for module in (parameter_servers, face) for value in vars(module).values()
+    """Every server class of the modules and of the dist-keras face."""
+    classes = {value for module in (parameter_servers, epoch_servers, face)
+               for value in vars(module).values()
                if isinstance(value, type) and issubclass(value, parameter_servers.ParameterServer)}
-    assert len(classes) >= 10  # the ten names of __all__ and the private epoch server
+    assert len(classes) >= 11  # both modules' servers, the private epoch server among them
     return sorted(classes, key=lambda cls: cls.__name__)
 
 

@@ -202,7 +202,8 @@ def test_the_servers_hold_their_parts_instead_of_inheriting_them():
     from distkeras.transport.center import CenterExchange, CenterVariable
     from distkeras.transport.epoch_barrier import EpochBarrier
     from distkeras.transport.history_sink import HistorySink
-    from distkeras.transport.parameter_servers import AveragingServer, EpochServer, HistoryServer
+    from distkeras.transport.epoch_servers import AveragingServer, EpochServer
+    from distkeras.transport.parameter_servers import HistoryServer
 
     for part in (SocketTransport, CenterVariable, HistorySink, EpochBarrier):
         for server_class in (SocketParameterServer, HistoryServer, AveragingServer,
