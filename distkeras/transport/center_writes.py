@@ -37,8 +37,8 @@ def add_bfloat16(center, bits, out, allow_nonfinite=False):
 
     Notes:
         Each sum is the float32 sum of ``center`` and the update's exact float32 value,
-        as ``np.add`` with the bfloat16 operand gives, at a third of its CPU (ml_dtypes
-        casts element by element).
+        as ``np.add`` with the bfloat16 operand gives, without ml_dtypes' cast element
+        by element.
     """
     flat_center, flat_bits = center.reshape(-1), bits.reshape(-1)
     flat_out = out.reshape(-1)
