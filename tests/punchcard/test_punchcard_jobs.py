@@ -29,10 +29,10 @@ def _submit_retrying(url, secret, payload):
 
 
 def test_concurrent_clients_then_cancel_mid_training(server, secrets, data_path):
-    clients = 10
+    clients = 6
     payloads = [Job(secret, f"job{index}", data_path, 1, 2, adag_trainer()).payload()
                 for index, secret in enumerate(secrets[1][:clients])]
-    # Each model is checked in a child process of its own, two at a time: a minute for 10,
+    # Each model is checked in a child process of its own, two at a time: half a minute for 6,
     # in which the first job would run to its end. None starts until all are in.
     server.punchcard.max_running = 0
     with ThreadPoolExecutor(clients) as pool:
