@@ -2,6 +2,7 @@
 
 docs/benchmarks.md keeps today's figure for each question, copied from there by hand."""
 
+import json
 import os
 import platform
 import re
@@ -34,6 +35,15 @@ def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def included(paths):
+    """The records that earlier runs of a benchmark wrote with its ``--json``."""
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            records += json.load(handle)
+    return records
 
 
 def write_section(title, body, backend=None, doc=DOC):

@@ -35,6 +35,7 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import numpy as np  # noqa: E402
+import report  # noqa: E402  (benchmarks/report.py, beside this script)
 
 # Each algorithm's trainer defaults (distkeras/trainers.py).
 ALGORITHMS = {"DOWNPOUR": {"window": 5}, "ADAG": {"window": 12}, "DynSGD": {"window": 5},
@@ -304,7 +305,8 @@ def main(argv=None):
     (images, labels), (test_images, test_labels) = load_rows(args.rows, args.test_rows)
     replicas = Replicas(args.hidden, seed=args.seed)
     results = []
-    earlier = {(r["algorithm"], r.get("compression", "none")) for r in included(args.include)}
+    earlier = {(r["algorithm"], r.get("compression", "none"))
+               for r in report.included(args.include)}
     for algorithm in args.algorithms:
         for compression in args.compression:
             if (algorithm, compression) in earlier:
@@ -327,7 +329,7 @@ def main(argv=None):
                 if args.json:  # after every point: a long run keeps what it measured
                     with open(args.json, "w", encoding="utf-8") as handle:
                         json.dump(results, handle, indent=1)
-    results = included(args.include) + results
+    results = report.included(args.include) + results
     header = ["algorithm (window)"] + [f"{count} workers" for count in args.workers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in dict.fromkeys(label(r) for r in sorted(
@@ -352,15 +354,6 @@ def compression_name(text):
         except ValueError as error:
             raise argparse.ArgumentTypeError(f"{text!r}: none, or {error}") from None
     return text
-
-
-def included(paths):
-    """The results that earlier runs wrote with ``--json``."""
-    results = []
-    for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            results += json.load(handle)
-    return results
 
 
 if __name__ == "__main__":

@@ -308,15 +308,6 @@ def compression_table(records):
     return "\n".join(lines)
 
 
-def included(paths):
-    """The run records that earlier runs wrote with ``--json``."""
-    records = []
-    for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            records += json.load(handle)
-    return records
-
-
 def run_name(text):
     base, plus, compression = text.partition("+")
     name, _, window = base.partition("/")
@@ -401,7 +392,7 @@ def main():
             "(SingleTrainer: 1); `local[2]`, executors warmed up; `fit` in the driver "
             f"process. Validation: the first {args.validation} test images after each "
             "epoch; test accuracy on all 10,000.\n\n" + "\n".join(sections))
-    earlier = included(args.include)
+    earlier = report.included(args.include)
     if any("+" in record["run"] for record in earlier + records):
         body += "\n### Accuracy with compression\n\n" + compression_table(earlier + records)
     report.write_section(args.title, body, **(
